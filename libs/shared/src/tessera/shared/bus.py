@@ -226,7 +226,10 @@ class Bus:
 
         while True:
             try:
-                msgs = await sub.fetch(batch, timeout=1.0, heartbeat=0.25)
+                # No idle heartbeat: nats-py 2.16 sends it on its no_wait follow-up pull without
+                # `expires`, which the server rejects ("heartbeat value too large") after it has
+                # already delivered the batch, stranding those messages until ack_wait.
+                msgs = await sub.fetch(batch, timeout=1.0)
             except (nats.errors.TimeoutError, asyncio.TimeoutError):
                 continue  # no messages: normal
             except NotFoundError:
@@ -236,7 +239,7 @@ class Bus:
             except (nats.errors.ConnectionClosedError, nats.errors.NoServersError):
                 raise
             except Exception as exc:  # disconnected / reconnecting: wait and try again
-                log.debug("fetch on %s failed (%r); retrying", durable, exc)
+                log.warning("fetch on %s failed (%r %s); retrying", durable, exc, getattr(exc, "description", ""))
                 await asyncio.sleep(0.5)
                 continue
             if concurrency == 1:
@@ -283,6 +286,7 @@ class Bus:
                             raise TemporaryError("compare-and-set kept losing", delay=0.1)
                         await asyncio.sleep(0.001 * attempt)
                 await msg.ack()
+                log.debug("acked %s", msg.subject)
             except PermanentError as exc:
                 span.set_attribute("tessera.dead_letter", str(exc))
                 await self._give_up(msg, str(exc), delivered)

@@ -23,6 +23,17 @@ class NatsServerError(RuntimeError):
     pass
 
 
+def die_with_parent() -> None:
+    """Runs in a child before exec: the kernel sends it SIGTERM when its parent dies, however
+    the parent dies, so a SIGKILLed `tessera up` or test run leaves no server or service behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
 def find_binary() -> str:
     """The nats-server binary: next to this interpreter first (the venv), then PATH."""
     here = Path(sys.executable).parent / "nats-server"
@@ -90,6 +101,7 @@ class NatsServer:
         self.proc = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         wait_for_port(self.port, timeout, self.proc)
         return self

@@ -134,6 +134,10 @@ async def serve(settings: ServiceSettings, build: Build, *, stop: asyncio.Event 
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):  # not the main thread
             pass
+    try:  # SIGUSR1 prints every task's stack: how to see what a stuck service is waiting for
+        loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
+    except (NotImplementedError, RuntimeError):
+        pass
     bus = await connect_with_retry(settings, telemetry)
     try:
         await bus.ensure_topology()
@@ -147,6 +151,13 @@ async def serve(settings: ServiceSettings, build: Build, *, stop: asyncio.Event 
         await bus.close()
         telemetry.shutdown()
         log.info("%s stopped", settings.service)
+
+
+def _dump_tasks() -> None:
+    for task in asyncio.all_tasks():
+        print(f"--- task {task.get_name()}", file=sys.stderr)
+        task.print_stack(limit=12, file=sys.stderr)
+    sys.stderr.flush()
 
 
 def setup_logging(level: str, service: str) -> None:
@@ -175,4 +186,7 @@ def main(service: str, build: Build, settings: ServiceSettings | None = None) ->
     except RootTaskEnded as exc:
         log.error("stopping: %s", exc)
         return 1
+    except ConfigError as exc:
+        log.error("configuration: %s", exc)
+        return 2
     return 0

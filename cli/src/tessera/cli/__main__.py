@@ -1,0 +1,369 @@
+"""`tessera`: the command line, a client of Tessera's public interfaces.
+
+  tessera up                 run Tessera locally on a simulated fleet, live GPU table until Ctrl-C
+  tessera demo               the same scenario to the end, a summary, exit 0
+  tessera submit ...         ask for GPUs in HAMi's vocabulary
+  tessera release CLAIM      give a claim back
+  tessera status | claims    the fleet table / the claims table
+  tessera tenant ...         tenant control planes
+  tessera bench ...          benchmarks (placement, tenants)
+  tessera asyncapi           write (or --check) the AsyncAPI document of the subjects
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console, Group
+from rich.live import Live
+
+from tessera.shared import api
+
+from tessera.cli import scenario, views
+from tessera.cli.client import Client, CliError, nats_url
+from tessera.cli.cluster import LocalCluster
+
+console = Console()
+err = Console(stderr=True)
+
+REPO_ROOT = Path(__file__).resolve().parents[4] if len(Path(__file__).resolve().parents) > 4 else Path.cwd()
+
+
+def _default_profile() -> str:
+    candidate = REPO_ROOT / "profiles" / "demo.yaml"
+    return str(candidate if candidate.exists() else Path("profiles/demo.yaml"))
+
+
+# --- local system ----------------------------------------------------------------------------
+
+
+def _start_cluster(args) -> LocalCluster:
+    workdir = Path(args.workdir).resolve()
+    reuse = os.environ.get("TESSERA_NATS_URL") if not args.embedded else None
+    cluster = LocalCluster(
+        workdir=workdir,
+        profile=Path(args.profile).resolve(),
+        nats_url=reuse,
+        otlp_endpoint=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
+    )
+    cluster.start(progress=lambda m: err.print(f"[dim]•[/] {m}"))
+    try:
+        err.print("[dim]•[/] waiting for services to be ready")
+        cluster.wait_ready(timeout=90)
+    except Exception:
+        cluster.stop()
+        raise
+    err.print(f"[dim]•[/] NATS at {cluster.url}; logs in {workdir / 'logs'}")
+    return cluster
+
+
+async def _scenario(url: str) -> tuple[Client, list[str]]:
+    client = await Client.connect(url)
+    err.print("[dim]•[/] creating tenants " + ", ".join(scenario.TENANTS))
+    await scenario.create_tenants(client)
+    claims = await scenario.submit_workload(client)
+    err.print(f"[dim]•[/] submitted {len(claims)} claims")
+    return client, claims
+
+
+async def _settle(client: Client, claims: list[str], timeout: float = 60) -> views.FleetState:
+    deadline = time.monotonic() + timeout
+    while True:
+        state = await client.fleet()
+        waiting = [c for c in claims if state.claims.get(c) is None or state.claims[c].state in ("requested", "allocated")]
+        if not waiting or time.monotonic() > deadline:
+            return state
+        await asyncio.sleep(0.2)
+
+
+async def cmd_up(args) -> int:
+    cluster = _start_cluster(args)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    client = None
+    try:
+        client, _ = await _scenario(cluster.url)
+        with Live(console=console, refresh_per_second=2, screen=False) as live:
+            while not stop.is_set():
+                state = await client.fleet()
+                live.update(Group(views.gpu_table(state), views.summary(state), "[dim]Ctrl-C stops everything[/]"))
+                dead = cluster.dead()
+                if dead:
+                    raise CliError(f"{dead[0].name} stopped unexpectedly; see {dead[0].log_path}")
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=1.0)
+                except asyncio.TimeoutError:
+                    pass
+    finally:
+        if client is not None:
+            await client.close()
+        err.print("[dim]•[/] stopping services")
+        codes = cluster.stop()
+        bad = {k: v for k, v in codes.items() if v not in (0, -signal.SIGTERM)}
+        err.print("[dim]•[/] stopped" + (f" (non-zero exits: {bad})" if bad else " cleanly"))
+    return 0
+
+
+async def cmd_demo(args) -> int:
+    cluster = _start_cluster(args)
+    client = None
+    try:
+        client, claims = await _scenario(cluster.url)
+        state = await _settle(client, claims)
+        console.print(views.gpu_table(state, title="Tessera fleet after the demo workload"))
+        console.print(views.summary(state))
+        console.print(views.claims_table(state))
+        by_state = {c: state.claims[c].state for c in claims if c in state.claims}
+        prepared = sum(1 for s in by_state.values() if s == "prepared")
+        unsched = [state.claims[c] for c in claims if by_state.get(c) == "unschedulable"]
+        err.print("[dim]•[/] releasing every claim")
+        for claim in claims:
+            await client.release(claim, reason="demo finished")
+        for claim in claims:
+            await client.wait_for(claim, {"released"}, timeout=30)
+        after = await client.fleet()
+        left = sum(len(lg.entries) for lg in after.ledgers.values())
+        console.print(
+            f"\n[bold]demo summary[/]: {len(claims)} claims, {prepared} prepared on GPUs, "
+            f"{len(unsched)} unschedulable"
+            + (f" ({unsched[0].reason})" if unsched else "")
+            + f"; all released, ledger entries left: {left}"
+        )
+        if left:
+            raise CliError("the ledger still holds allocations after every claim was released")
+        return 0
+    finally:
+        if client is not None:
+            await client.close()
+        cluster.stop()
+
+
+# --- client commands -------------------------------------------------------------------------
+
+
+def _resources(args) -> dict:
+    resources: dict[str, int] = {"nvidia.com/gpu": args.gpus}
+    if args.gpumem is not None:
+        resources["nvidia.com/gpumem"] = args.gpumem
+    if args.gpumem_percent is not None:
+        resources["nvidia.com/gpumem-percentage"] = args.gpumem_percent
+    if args.gpucores is not None:
+        resources["nvidia.com/gpucores"] = args.gpucores
+    if args.priority is not None:
+        resources["nvidia.com/priority"] = args.priority
+    return resources
+
+
+def _annotations(args) -> dict:
+    ann = {}
+    for flag, name in (("use_gputype", "nvidia.com/use-gputype"), ("nouse_gputype", "nvidia.com/nouse-gputype"),
+                       ("use_gpuuuid", "nvidia.com/use-gpuuuid"), ("nouse_gpuuuid", "nvidia.com/nouse-gpuuuid"),
+                       ("node_policy", "hami.io/node-scheduler-policy"), ("gpu_policy", "hami.io/gpu-scheduler-policy")):
+        value = getattr(args, flag)
+        if value:
+            ann[name] = value
+    return ann
+
+
+async def cmd_submit(args) -> int:
+    client = await Client.connect(args.nats)
+    try:
+        result = await client.submit(
+            api.SubmitRequest(tenant=args.tenant, resources=_resources(args), annotations=_annotations(args),
+                              claim=args.claim, node=args.node)
+        )
+        claim = result["claim"]
+        if not args.wait:
+            console.print(claim)
+            return 0
+        record = await client.wait_for(claim, {"prepared", "running", "unschedulable", "failed"}, timeout=args.timeout)
+        if record.state == "unschedulable":
+            err.print(f"claim {claim} is unschedulable: {record.reason}")
+            return 3
+        devices = ", ".join(f"{d.uuid} ({d.memory_mib} MiB, {d.cores}%)" for d in record.devices)
+        console.print(f"{claim} {record.state} on {record.node}: {devices}")
+        return 0
+    finally:
+        await client.close()
+
+
+async def cmd_release(args) -> int:
+    client = await Client.connect(args.nats)
+    try:
+        result = await client.release(args.claim)
+        if args.wait:
+            await client.wait_for(args.claim, {"released"}, timeout=args.timeout)
+            result["state"] = "released"
+        console.print(f"{args.claim} {result['state']}")
+        return 0
+    finally:
+        await client.close()
+
+
+async def cmd_status(args) -> int:
+    client = await Client.connect(args.nats)
+    try:
+        state = await client.fleet()
+        console.print(views.gpu_table(state))
+        console.print(views.summary(state))
+        return 0
+    finally:
+        await client.close()
+
+
+async def cmd_claims(args) -> int:
+    client = await Client.connect(args.nats)
+    try:
+        console.print(views.claims_table(await client.fleet()))
+        return 0
+    finally:
+        await client.close()
+
+
+def cmd_asyncapi(args) -> int:
+    from tessera.shared.asyncapi import render
+
+    document = render()
+    path = Path(args.output)
+    if args.check:
+        current = path.read_text() if path.exists() else ""
+        if current != document:
+            err.print(f"{path} is out of date: run 'tessera asyncapi' to regenerate it")
+            return 1
+        console.print(f"{path} is current")
+        return 0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(document)
+    console.print(f"wrote {path}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    """Benchmarks live with the code they measure; the CLI runs them as separate programs."""
+    targets = {
+        "placement": [sys.executable, "-m", "tessera.placement.bench", "placement"],
+        "placement-speed": [sys.executable, "-m", "tessera.placement.bench", "speed"],
+        "placement-nats": [sys.executable, "-m", "tessera.placement.natsbench"],
+        "tenants": [sys.executable, "-m", "tessera.controlplane.bench"],
+    }
+    if args.what == "all":
+        code = 0
+        for name in ("placement", "placement-speed", "placement-nats", "tenants"):
+            err.print(f"[bold]== bench {name}[/]")
+            code |= subprocess.call(targets[name])
+        return code
+    if args.what not in targets:
+        raise CliError(f"unknown benchmark {args.what!r}; choose one of: all, {', '.join(targets)}")
+    return subprocess.call(targets[args.what] + args.rest)
+
+
+# --- parser ----------------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tessera", description="Multi-tenant GPU sharing: the Tessera command line.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def local(name: str, help_: str):
+        sp = sub.add_parser(name, help=help_, description=help_)
+        sp.add_argument("--profile", default=_default_profile(), help="fleet profile YAML (default: profiles/demo.yaml)")
+        sp.add_argument("--workdir", default=str(REPO_ROOT / ".run"), help="where NATS data and service logs go")
+        sp.add_argument("--embedded", action="store_true", help="always start an embedded nats-server, even if TESSERA_NATS_URL is set")
+        return sp
+
+    local("up", "run Tessera on a simulated fleet and show a live GPU table until Ctrl-C").set_defaults(func=cmd_up)
+    local("demo", "run the demo scenario to the end, print a summary and exit").set_defaults(func=cmd_demo)
+
+    def client_cmd(name: str, help_: str):
+        sp = sub.add_parser(name, help=help_, description=help_)
+        sp.add_argument("--nats", default=None, help="NATS URL (default: $TESSERA_NATS_URL or nats://127.0.0.1:4222)")
+        return sp
+
+    s = client_cmd("submit", "ask for GPUs (HAMi resource names as flags)")
+    s.add_argument("--tenant", required=True)
+    s.add_argument("--gpus", type=int, default=1, help="nvidia.com/gpu: number of GPUs (default 1)")
+    s.add_argument("--gpumem", type=int, help="nvidia.com/gpumem: MiB per GPU")
+    s.add_argument("--gpumem-percent", type=int, help="nvidia.com/gpumem-percentage: percent of each card's memory")
+    s.add_argument("--gpucores", type=int, help="nvidia.com/gpucores: percent of SMs per GPU (100 = exclusive)")
+    s.add_argument("--priority", type=int, help="nvidia.com/priority")
+    s.add_argument("--use-gputype"); s.add_argument("--nouse-gputype")
+    s.add_argument("--use-gpuuuid"); s.add_argument("--nouse-gpuuuid")
+    s.add_argument("--node-policy", help="hami.io/node-scheduler-policy"); s.add_argument("--gpu-policy", help="hami.io/gpu-scheduler-policy")
+    s.add_argument("--claim", help="your own claim id (makes retries idempotent)")
+    s.add_argument("--node", help="pin the claim to one node")
+    s.add_argument("--wait", action="store_true", help="wait until the claim is prepared or unschedulable")
+    s.add_argument("--timeout", type=float, default=30)
+    s.set_defaults(func=cmd_submit)
+
+    r = client_cmd("release", "give a claim back")
+    r.add_argument("claim")
+    r.add_argument("--wait", action="store_true")
+    r.add_argument("--timeout", type=float, default=30)
+    r.set_defaults(func=cmd_release)
+
+    client_cmd("status", "the fleet: GPUs and their slices per tenant").set_defaults(func=cmd_status)
+    client_cmd("claims", "every claim and its state").set_defaults(func=cmd_claims)
+
+    a = sub.add_parser("asyncapi", help="write the AsyncAPI document of Tessera's subjects")
+    a.add_argument("--output", default=str(REPO_ROOT / "docs" / "asyncapi.json"))
+    a.add_argument("--check", action="store_true", help="fail if the document is out of date")
+    a.set_defaults(func=cmd_asyncapi)
+
+    b = sub.add_parser("bench", help="run a benchmark: all, placement, placement-speed, placement-nats, tenants")
+    b.add_argument("what")
+    b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments passed to the benchmark")
+    b.set_defaults(func=cmd_bench)
+
+    try:
+        from tessera.cli import tenant
+
+        tenant.register(sub)
+    except ImportError:  # the tenant commands ship with the control-plane manager's client module
+        pass
+    try:
+        from tessera.cli import run as run_cmd
+
+        run_cmd.register(sub)
+    except ImportError:
+        pass
+    return p
+
+
+def _sigterm_as_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so every `finally` that stops services runs.
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        result = args.func(args)
+        if asyncio.iscoroutine(result):
+            result = asyncio.run(result)
+        return int(result or 0)
+    except CliError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a clear line, not a traceback, for what the user can act on
+        from tessera.shared.errors import ConfigError
+
+        if isinstance(exc, (ConfigError, RuntimeError, OSError)):
+            err.print(f"[red]error:[/] {exc}")
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""The CLI's view of Tessera: a client of the public NATS subjects and KV buckets, nothing more.
+
+It never imports a service. Requests go to the documented request/reply subjects; state is read from
+the documented buckets (inventory, ledger, claims, tenants), exactly as an outside tool would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass
+
+import msgspec
+
+from tessera.shared import api, subjects
+from tessera.shared.bus import Bus
+from tessera.shared.claimstore import ClaimStore
+from tessera.shared.errors import TemporaryError
+from tessera.shared.events import ClaimRecord, NodeInventory, NodeLedger
+from tessera.shared.ledger import Ledger
+from tessera.shared.settings import BusSettings
+
+_inventory = msgspec.json.Decoder(NodeInventory)
+_encoder = msgspec.json.Encoder()
+
+
+class CliError(Exception):
+    """Something the user should read: printed without a traceback, exit code 1 (or .code)."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def nats_url(explicit: str | None = None) -> str:
+    return explicit or os.environ.get("TESSERA_NATS_URL") or "nats://127.0.0.1:4222"
+
+
+@dataclass
+class FleetState:
+    inventories: dict[str, NodeInventory]
+    ledgers: dict[str, NodeLedger]
+    claims: dict[str, ClaimRecord]
+
+
+class Client:
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+
+    @classmethod
+    async def connect(cls, url: str | None = None) -> "Client":
+        settings = BusSettings(url=nats_url(url), max_reconnect_attempts=3)
+        try:
+            bus = await Bus.connect(settings, "cli", connect_timeout=3)
+        except TemporaryError as exc:
+            raise CliError(f"{exc}\nIs Tessera running? Start it with 'make up', or set TESSERA_NATS_URL.") from None
+        return cls(bus)
+
+    async def close(self) -> None:
+        await self.bus.close()
+
+    async def call(self, subject: str, request: msgspec.Struct, timeout: float = 10.0):
+        try:
+            data = await self.bus.request(subject, _encoder.encode(request), timeout=timeout)
+        except TemporaryError as exc:
+            raise CliError(str(exc)) from None
+        reply = api.decode_reply(data)
+        if not reply.ok:
+            err = reply.error
+            where = f" (field {err.field})" if err and err.field else ""
+            raise CliError(f"{err.message if err else 'request failed'}{where}")
+        return reply.result
+
+    async def submit(self, request: api.SubmitRequest) -> dict:
+        return await self.call(subjects.API_SUBMIT, request)
+
+    async def release(self, claim: str, reason: str = "requested") -> dict:
+        return await self.call(subjects.API_RELEASE, api.ReleaseRequest(claim=claim, reason=reason))
+
+    async def fleet(self) -> FleetState:
+        inv_kv = await self.bus.kv(subjects.KV_INVENTORY)
+        inventories: dict[str, NodeInventory] = {}
+        try:
+            keys = await inv_kv.keys()
+        except Exception:
+            keys = []
+        for key in keys:
+            entry = await inv_kv.get(key)
+            if entry.value:
+                inventories[key] = _inventory.decode(entry.value)
+        ledgers = await Ledger(await self.bus.kv(subjects.KV_LEDGER)).all_nodes()
+        claims = {c.claim: c for c in await ClaimStore(await self.bus.kv(subjects.KV_CLAIMS)).all()}
+        return FleetState(inventories, ledgers, claims)
+
+    async def claim(self, claim: str) -> ClaimRecord | None:
+        record, _ = await ClaimStore(await self.bus.kv(subjects.KV_CLAIMS)).get(claim)
+        return record
+
+    async def wait_for(self, claim: str, states: set[str], timeout: float = 30.0) -> ClaimRecord:
+        """Poll the claim's record until it reaches one of ``states`` (the CLI is not latency-bound)."""
+        deadline = time.monotonic() + timeout
+        record = None
+        while time.monotonic() < deadline:
+            record = await self.claim(claim)
+            if record is not None and record.state in states:
+                return record
+            await asyncio.sleep(0.1)
+        state = record.state if record else "unknown"
+        raise CliError(f"claim {claim} is still {state} after {timeout:.0f}s (waiting for {', '.join(sorted(states))})")

@@ -1,0 +1,180 @@
+"""A local Tessera: an embedded nats-server and the five services as separate processes.
+
+`tessera up`, `tessera demo` and the end-to-end tests all start the system this way, so what the
+tests exercise is what a newcomer runs. Each service is its own OS process (its console script),
+configured only through its environment; stopping sends SIGTERM to every process, waits, and kills
+what is left, so a clean shutdown leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tessera.shared import profile as profiles
+from tessera.shared.natsserver import NatsServer, die_with_parent, free_port
+
+SERVICES = ("controlplane", "capacity", "translator", "placement")
+
+
+def _script(name: str) -> str:
+    path = Path(sys.executable).parent / name
+    return str(path) if path.exists() else name
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+    http_port: int
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+@dataclass
+class LocalCluster:
+    """Start with ``start()``, stop with ``stop()``; ``url`` is the NATS URL clients should use."""
+
+    workdir: Path
+    profile: Path
+    nats_url: str | None = None  # reuse an existing server (TESSERA_NATS_URL) instead of embedding one
+    otlp_endpoint: str | None = None
+    placement_replicas: int = 1
+    extra_env: dict[str, str] = field(default_factory=dict)
+    heartbeat_seconds: float = 2.0
+    lost_after_seconds: float = 10.0
+    nats: NatsServer | None = None
+    processes: list[ServiceProcess] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        if self.nats_url:
+            return self.nats_url
+        assert self.nats is not None, "cluster not started"
+        return self.nats.url
+
+    def nodes(self) -> list[str]:
+        return [n.node for n in profiles.load(self.profile)]
+
+    def start(self, *, progress=lambda msg: None) -> "LocalCluster":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if not self.nats_url:
+            progress("starting nats-server with JetStream")
+            self.nats = NatsServer(self.workdir / "nats").start()
+        nodes = self.nodes()  # fail on a bad profile before starting anything else
+        for name in SERVICES:
+            replicas = self.placement_replicas if name == "placement" else 1
+            for i in range(replicas):
+                self.spawn(name, instance=f"{name}-{i}" if replicas > 1 else name)
+        for node in nodes:
+            self.spawn("enforcer", instance=f"enforcer-{node}", env={"TESSERA_NODE": node})
+        progress(f"started {len(self.processes)} service processes for {len(nodes)} nodes")
+        return self
+
+    def service_env(self, name: str, instance: str, http_port: int) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            TESSERA_NATS_URL=self.url,
+            TESSERA_HTTP_PORT=str(http_port),
+            TESSERA_INSTANCE=instance,
+            TESSERA_PROFILE=str(self.profile),
+            TESSERA_STATE_DIR=str(self.workdir / "state" / instance),
+            TESSERA_HEARTBEAT_SECONDS=str(self.heartbeat_seconds),
+            TESSERA_LOST_AFTER_SECONDS=str(self.lost_after_seconds),
+            PYTHONUNBUFFERED="1",
+        )
+        if self.otlp_endpoint:
+            env["OTEL_EXPORTER_OTLP_ENDPOINT"] = self.otlp_endpoint
+        env.update(self.extra_env)
+        return env
+
+    def spawn(self, name: str, *, instance: str, env: dict[str, str] | None = None) -> ServiceProcess:
+        port = free_port()
+        full_env = self.service_env(name, instance, port)
+        full_env.update(env or {})
+        logs = self.workdir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log_path = logs / f"{instance}.log"
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [_script(f"tessera-{name}")],
+                env=full_env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C in the terminal reaches `tessera up`, which stops us
+                preexec_fn=die_with_parent,
+            )
+        sp = ServiceProcess(instance, proc, log_path, port)
+        self.processes.append(sp)
+        return sp
+
+    def find(self, instance: str) -> ServiceProcess:
+        for sp in self.processes:
+            if sp.name == instance:
+                return sp
+        raise KeyError(instance)
+
+    def dead(self) -> list[ServiceProcess]:
+        return [sp for sp in self.processes if not sp.alive()]
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Wait until every service answers 200 on /readyz (or fail naming those that don't)."""
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        waiting = {sp.name: sp for sp in self.processes}
+        while waiting and time.monotonic() < deadline:
+            for name, sp in list(waiting.items()):
+                if not sp.alive():
+                    raise RuntimeError(f"{name} exited with {sp.proc.returncode}; see {sp.log_path}")
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{sp.http_port}/readyz", timeout=0.5) as r:
+                        if r.status == 200:
+                            del waiting[name]
+                except OSError:
+                    pass
+            time.sleep(0.1)
+        if waiting:
+            raise RuntimeError(f"not ready after {timeout:.0f}s: {', '.join(sorted(waiting))}")
+
+    def stop_process(self, sp: ServiceProcess, *, timeout: float = 10.0) -> int:
+        if sp.alive():
+            sp.proc.send_signal(signal.SIGTERM)
+            try:
+                sp.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                sp.proc.kill()
+                sp.proc.wait()
+        return sp.proc.returncode
+
+    def stop(self, *, timeout: float = 10.0) -> dict[str, int]:
+        """SIGTERM everything at once, wait, then SIGKILL stragglers; returns exit codes."""
+        for sp in self.processes:
+            if sp.alive():
+                sp.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        codes: dict[str, int] = {}
+        for sp in self.processes:
+            try:
+                sp.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                sp.proc.kill()
+                sp.proc.wait()
+            codes[sp.name] = sp.proc.returncode
+        if self.nats is not None:
+            self.nats.stop()
+        return codes
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,225 @@
+"""`tessera tenant create|get|list|delete`: a client of the control-plane manager's NATS API.
+
+The CLI knows the manager only through its public request/reply subjects
+(tessera.api.tenants.<verb>) and the shared request/reply types; it never imports the manager.
+Replies are shown as a table (or JSON with --json); a refusal prints the manager's message and the
+field it names, and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import msgspec
+import yaml
+
+from tessera.shared import api, subjects
+from tessera.shared.api import TenantRequest
+from tessera.shared.bus import Bus
+from tessera.shared.errors import TemporaryError
+from tessera.shared.events import GpuQuota
+from tessera.shared.settings import BusSettings
+
+DEFAULT_URL = "nats://127.0.0.1:4222"
+EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE = 0, 1, 3, 2
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``tenant`` with its four subcommands; each sets ``run`` to an ``async def run(args) -> int``."""
+    tenant = subparsers.add_parser("tenant", help="create, inspect and delete tenants")
+    verbs = tenant.add_subparsers(dest="tenant_command", metavar="{create,get,list,delete}")
+    verbs.required = True
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--nats", dest="tenant_nats", default=None,
+                       help=f"NATS URL (default: $TESSERA_NATS_URL or {DEFAULT_URL})")
+        p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the manager")
+        p.add_argument("--json", action="store_true", help="print the raw reply as JSON")
+
+    create = verbs.add_parser("create", help="create a tenant (or change its spec; repeating is harmless)")
+    create.add_argument("name")
+    create.add_argument("--gpus", type=int, help="GPU count quota")
+    create.add_argument("--memory-mib", type=int, help="GPU memory quota in MiB (sum over GPUs)")
+    create.add_argument("--cores", type=int, help="GPU core quota (sum of per-GPU percents)")
+    create.add_argument("--size", choices=("small", "medium", "large"), help="control-plane size class")
+    create.add_argument("--datastore", choices=("nats", "postgres", "etcd"), help="datastore driver")
+    create.add_argument("--replicas", type=int, help="control-plane replicas")
+    create.add_argument("--kubernetes-version", help="e.g. v1.33.1")
+    create.add_argument("--spec", type=Path, help="a TenantControlPlane spec (YAML or JSON); flags override it")
+    common(create)
+    create.set_defaults(run=run_create)
+
+    get = verbs.add_parser("get", help="show one tenant")
+    get.add_argument("name")
+    common(get)
+    get.set_defaults(run=run_get)
+
+    lst = verbs.add_parser("list", help="list tenants")
+    common(lst)
+    lst.set_defaults(run=run_list)
+
+    delete = verbs.add_parser("delete", help="delete a tenant and everything it owns")
+    delete.add_argument("name")
+    common(delete)
+    delete.set_defaults(run=run_delete)
+    return tenant
+
+
+# --- handlers --------------------------------------------------------------------------------
+
+
+async def run_create(args: argparse.Namespace) -> int:
+    try:
+        spec = _spec_from_args(args)
+    except ValueError as exc:
+        print(f"tessera tenant create: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    quota = None
+    if any(v is not None for v in (args.gpus, args.memory_mib, args.cores)):
+        quota = GpuQuota(gpus=args.gpus, memory_mib=args.memory_mib, cores=args.cores)
+    req = TenantRequest(name=args.name, quota=quota, spec=spec or None)
+    return await _call(args, "create", req, lambda r: print(render_detail(r)))
+
+
+async def run_get(args: argparse.Namespace) -> int:
+    return await _call(args, "get", TenantRequest(name=args.name), lambda r: print(render_detail(r)))
+
+
+async def run_list(args: argparse.Namespace) -> int:
+    return await _call(args, "list", TenantRequest(), lambda r: print(render_table(r)))
+
+
+async def run_delete(args: argparse.Namespace) -> int:
+    def show(result: dict) -> None:
+        word = "deleted" if result.get("existed") else "was already gone"
+        print(f"tenant {result.get('name')} {word}")
+
+    return await _call(args, "delete", TenantRequest(name=args.name), show)
+
+
+# --- plumbing --------------------------------------------------------------------------------
+
+
+def nats_url(args: argparse.Namespace) -> str:
+    return (
+        getattr(args, "tenant_nats", None)
+        or getattr(args, "nats", None)
+        or os.environ.get("TESSERA_NATS_URL")
+        or DEFAULT_URL
+    )
+
+
+async def _call(args: argparse.Namespace, verb: str, req: TenantRequest, show) -> int:
+    url = nats_url(args)
+    try:
+        bus = await asyncio.wait_for(
+            Bus.connect(BusSettings(url=url, max_reconnect_attempts=1, reconnect_time_wait=0.2), "cli",
+                        connect_timeout=2.0),
+            timeout=10,
+        )
+    except (TemporaryError, asyncio.TimeoutError) as exc:
+        print(f"tessera tenant {verb}: cannot reach NATS at {url}: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    try:
+        data = await bus.request(f"{subjects.API_TENANTS}.{verb}", msgspec.json.encode(req), timeout=args.timeout)
+    except TemporaryError as exc:
+        print(f"tessera tenant {verb}: {exc} (is tessera-controlplane running?)", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    finally:
+        await bus.close()
+    reply = api.decode_reply(data)
+    if args.json:
+        print(json.dumps(msgspec.to_builtins(reply), indent=2, sort_keys=True))
+        return EXIT_OK if reply.ok else EXIT_REFUSED
+    if not reply.ok:
+        err = reply.error
+        where = f" [{err.field}]" if err and err.field else ""
+        print(f"tessera tenant {verb}: {err.code if err else 'error'}{where}: {err.message if err else ''}",
+              file=sys.stderr)
+        return EXIT_REFUSED
+    show(reply.result)
+    return EXIT_OK
+
+
+def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    spec: dict[str, Any] = {}
+    if args.spec is not None:
+        try:
+            loaded = yaml.safe_load(args.spec.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ValueError(f"cannot read --spec {args.spec}: {exc}") from None
+        if isinstance(loaded, dict) and loaded.get("kind") == "TenantControlPlane":
+            loaded = loaded.get("spec") or {}  # a whole custom resource: take its spec
+        if not isinstance(loaded, dict):
+            raise ValueError(f"--spec {args.spec} must hold a mapping (the TenantControlPlane spec)")
+        spec = loaded
+    if args.size:
+        spec["size"] = args.size
+    if args.datastore:
+        spec.setdefault("datastore", {})["driver"] = args.datastore
+    if args.replicas is not None:
+        spec.setdefault("kubernetes", {})["replicas"] = args.replicas
+    if args.kubernetes_version:
+        spec.setdefault("kubernetes", {})["version"] = args.kubernetes_version
+    return spec
+
+
+# --- views -----------------------------------------------------------------------------------
+
+COLUMNS = ("NAME", "PHASE", "GPUS", "GPU MEM MiB", "CORES", "SIZE", "DATASTORE", "REPLICAS", "AGE")
+
+
+def _q(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _age(created: float | None) -> str:
+    if not created:
+        return "-"
+    s = max(0, int(time.time() - created))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit}"
+    return f"{s}s"
+
+
+def _row(t: dict) -> tuple[str, ...]:
+    q = t.get("quota") or {}
+    return (
+        t.get("name", ""), t.get("phase", ""), _q(q.get("gpus")), _q(q.get("memory_mib")),
+        _q(q.get("cores")), t.get("size", ""), t.get("driver", ""), _q(t.get("replicas")),
+        _age(t.get("created")),
+    )
+
+
+def render_table(tenants: Sequence[dict]) -> str:
+    rows = [COLUMNS, *(_row(t) for t in tenants)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    if not tenants:
+        lines.append("(no tenants)")
+    return "\n".join(lines)
+
+
+def render_detail(t: dict) -> str:
+    q = t.get("quota") or {}
+    fields = [
+        ("Name", t.get("name")), ("Phase", t.get("phase")), ("Reason", t.get("reason") or "-"),
+        ("Message", t.get("message") or "-"),
+        ("GPU quota", f"gpus={_q(q.get('gpus'))} memory_mib={_q(q.get('memory_mib'))} cores={_q(q.get('cores'))}"),
+        ("Size", t.get("size")), ("Replicas", t.get("replicas")),
+        ("Kubernetes", t.get("kubernetes_version")),
+        ("Datastore", f"{t.get('driver')} {t.get('datastore') or ''}".strip()),
+        ("Endpoint", t.get("endpoint") or "-"),
+        ("Generation", f"{t.get('observed_generation')}/{t.get('generation')} observed"),
+        ("Age", _age(t.get("created"))),
+    ]
+    width = max(len(k) for k, _ in fields)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in fields)

@@ -1,0 +1,102 @@
+"""The AsyncAPI 3.0 document of Tessera's subjects, generated from the Structs that define them.
+
+External tools subscribe to Tessera's subjects; this document is their contract. It is rendered from
+events.py, api.py and subjects.py (never written by hand) into docs/asyncapi.json by
+``tessera asyncapi``; a test fails when the checked-in document differs from what the code says.
+"""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+
+from tessera.shared import api, events, subjects
+
+FAMILIES = [
+    # (channel id, address, stream, union, description)
+    ("inventory", "tessera.inventory.{node}", subjects.STREAM_INVENTORY, events.InventoryEvent,
+     "Node GPU inventory snapshots, heartbeats and lost-node notices (capacity publisher)."),
+    ("claims", "tessera.claims.{tenant}.{claim}.{event}", subjects.STREAM_CLAIMS, events.ClaimEvent,
+     "Claim lifecycle: requested, allocated, unschedulable, prepared, running, release, released, failed."),
+    ("usage", "tessera.usage.{node}", subjects.STREAM_USAGE, events.UsageEvent,
+     "Observed per-claim and per-node GPU usage (node enforcer)."),
+    ("tenants", "tessera.tenants.{tenant}.{event}", subjects.STREAM_TENANTS, events.TenantEvent,
+     "Tenant lifecycle and quota (control-plane manager)."),
+    ("dlq", "tessera.dlq.{service}", subjects.STREAM_DLQ, events.DlqEvent,
+     "Messages a service gave up on, with the reason."),
+]
+
+REQUESTS = [
+    ("submit", subjects.API_SUBMIT, api.SubmitRequest, "Submit a GPU request (translator); reply: Reply."),
+    ("release", subjects.API_RELEASE, api.ReleaseRequest, "Release a claim (translator); reply: Reply."),
+    ("tenants", subjects.API_TENANTS + ".{verb}", api.TenantRequest,
+     "Tenant API (control-plane manager): verb is create, get, list or delete; reply: Reply."),
+]
+
+KV = {
+    subjects.KV_INVENTORY: ("NodeInventory", "node -> its inventory"),
+    subjects.KV_LEDGER: ("NodeLedger / TenantUsage", "node.<node> -> live allocations; tenant.<t> -> quota use"),
+    subjects.KV_CLAIMS: ("ClaimRecord", "claim -> current state"),
+    subjects.KV_TENANTS: ("TenantRecord", "tenant -> quota and phase"),
+}
+
+
+def _members(union) -> list[type]:
+    return list(getattr(union, "__args__", (union,)))
+
+
+def render() -> str:
+    types: list[type] = []
+    for *_, union, _ in FAMILIES:
+        types += _members(union)
+    types += [t for _, _, t, _ in REQUESTS] + [api.Reply, events.ClaimRecord, events.NodeLedger,
+                                                events.TenantUsage, events.TenantRecord]
+    _, components = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
+    channels: dict = {}
+    messages: dict = {}
+    operations: dict = {}
+    for cid, address, stream, union, description in FAMILIES:
+        params = {p.strip("{}"): {"description": p.strip("{}")} for p in address.split(".") if p.startswith("{")}
+        refs = {}
+        for member in _members(union):
+            name = member.__name__
+            kind = member.__struct_config__.tag
+            messages[name] = {
+                "name": name,
+                "title": f"{cid}: {kind}",
+                "contentType": "application/json",
+                "payload": {"$ref": f"#/components/schemas/{name}"},
+                "headers": {"type": "object", "properties": {
+                    "Nats-Msg-Id": {"type": "string", "description": "deduplication id"},
+                    "traceparent": {"type": "string", "description": "W3C trace context"}}},
+            }
+            refs[name] = {"$ref": f"#/components/messages/{name}"}
+        channels[cid] = {"address": address, "description": f"{description} JetStream stream {stream}.",
+                         "parameters": params, "messages": refs}
+        operations[f"receive-{cid}"] = {"action": "receive", "channel": {"$ref": f"#/channels/{cid}"}}
+    for cid, address, req, description in REQUESTS:
+        name = req.__name__
+        messages[name] = {"name": name, "contentType": "application/json",
+                          "payload": {"$ref": f"#/components/schemas/{name}"}}
+        messages.setdefault("Reply", {"name": "Reply", "contentType": "application/json",
+                                      "payload": {"$ref": "#/components/schemas/Reply"}})
+        channels[f"api-{cid}"] = {"address": address, "description": description,
+                                  "messages": {name: {"$ref": f"#/components/messages/{name}"},
+                                               "Reply": {"$ref": "#/components/messages/Reply"}}}
+        operations[f"request-{cid}"] = {"action": "send", "channel": {"$ref": f"#/channels/api-{cid}"},
+                                        "reply": {"channel": {"$ref": f"#/channels/api-{cid}"}}}
+    document = {
+        "asyncapi": "3.0.0",
+        "info": {
+            "title": "Tessera bus",
+            "version": "0.1.0",
+            "description": "Subjects, payloads and KV buckets of Tessera. Generated by `tessera asyncapi`; "
+                           "do not edit. KV buckets: " + "; ".join(f"{b}: {d} ({t})" for b, (t, d) in KV.items()),
+        },
+        "defaultContentType": "application/json",
+        "channels": channels,
+        "operations": operations,
+        "components": {"messages": messages, "schemas": components},
+    }
+    return json.dumps(document, indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,192 @@
+"""The allocation ledger: compare-and-set records of what is allocated on every GPU.
+
+The ``ledger`` KV bucket is the single source of truth for allocations. Key ``node.<node>`` holds
+every live allocation on that node (a NodeLedger), key ``tenant.<tenant>`` what each tenant holds
+(for quota). Every write is ``kv.update(key, value, last=revision)``: two placement replicas that
+race for the same GPU cannot both win, the loser gets a ConflictError and re-reads. This is the
+Kubernetes resourceVersion conflict, without node locks. Placement commits; the enforcer (or
+placement, for a claim that never reached a node) releases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from tessera.shared import subjects
+from tessera.shared.bus import KeyNotFoundError, KeyValue, KeyWrongLastSequenceError
+from tessera.shared.errors import ConflictError
+from tessera.shared.events import GpuQuota, LedgerEntry, NodeLedger, TenantUsage, encode
+
+_node_decoder = msgspec.json.Decoder(NodeLedger)
+_tenant_decoder = msgspec.json.Decoder(TenantUsage)
+
+
+@dataclass
+class DeviceTotals:
+    memory_mib: int = 0
+    cores: int = 0
+    shares: int = 0
+    exclusive: bool = False
+
+
+def device_totals(ledger: NodeLedger) -> dict[str, DeviceTotals]:
+    """Per-GPU sums derived from the entries (the entries, not the sums, are what is stored)."""
+    totals: dict[str, DeviceTotals] = {}
+    for entry in ledger.entries.values():
+        for share in entry.shares:
+            t = totals.setdefault(share.uuid, DeviceTotals())
+            t.memory_mib += share.memory_mib
+            t.cores += share.cores
+            t.shares += 1
+            t.exclusive = t.exclusive or share.cores >= 100
+    return totals
+
+
+def claim_quota(entry: LedgerEntry) -> GpuQuota:
+    return GpuQuota(
+        gpus=len(entry.shares),
+        memory_mib=sum(s.memory_mib for s in entry.shares),
+        cores=sum(s.cores for s in entry.shares),
+    )
+
+
+def tenant_totals(usage: TenantUsage) -> GpuQuota:
+    return GpuQuota(
+        gpus=sum(q.gpus or 0 for q in usage.claims.values()),
+        memory_mib=sum(q.memory_mib or 0 for q in usage.claims.values()),
+        cores=sum(q.cores or 0 for q in usage.claims.values()),
+    )
+
+
+class Ledger:
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+
+    # --- nodes -----------------------------------------------------------------------------
+
+    async def read_node(self, node: str) -> tuple[NodeLedger, int | None]:
+        try:
+            entry = await self.kv.get(subjects.ledger_node_key(node))
+        except KeyNotFoundError:
+            return NodeLedger(node=node), None
+        if entry.value is None or entry.value == b"":
+            return NodeLedger(node=node), entry.revision
+        return _node_decoder.decode(entry.value), entry.revision
+
+    async def _write(self, key: str, value: bytes, revision: int | None) -> int:
+        try:
+            if revision is None:
+                return await self.kv.create(key, value)
+            return await self.kv.update(key, value, last=revision)
+        except KeyWrongLastSequenceError as exc:
+            raise ConflictError(f"{key} changed since revision {revision}") from exc
+        except Exception as exc:  # create() on a key that exists raises a plain APIError
+            if "wrong last sequence" in str(exc).lower() or "key exists" in str(exc).lower():
+                raise ConflictError(f"{key} changed since revision {revision}") from exc
+            raise
+
+    async def commit(
+        self, node: str, entry: LedgerEntry, ledger: NodeLedger, revision: int | None
+    ) -> tuple[NodeLedger, int]:
+        """Add ``entry`` to the node's ledger as read at ``revision``; ConflictError if it moved.
+
+        Returns the new ledger and its revision, so the caller's next write needs no re-read."""
+        entries = dict(ledger.entries)
+        entries[entry.claim] = entry
+        new = NodeLedger(node=node, entries=entries)
+        new_revision = await self._write(subjects.ledger_node_key(node), encode(new), revision)
+        return new, new_revision
+
+    async def release(self, node: str, claim: str) -> LedgerEntry | None:
+        """Remove a claim's allocation from a node; idempotent (None if it was not there)."""
+        while True:
+            ledger, revision = await self.read_node(node)
+            entry = ledger.entries.get(claim)
+            if entry is None:
+                return None
+            entries = {k: v for k, v in ledger.entries.items() if k != claim}
+            try:
+                await self._write(
+                    subjects.ledger_node_key(node), encode(NodeLedger(node=node, entries=entries)), revision
+                )
+                return entry
+            except ConflictError:
+                continue
+
+    async def all_nodes(self) -> dict[str, NodeLedger]:
+        out: dict[str, NodeLedger] = {}
+        try:
+            keys = await self.kv.keys()
+        except Exception:  # nats-py raises NoKeysError on an empty bucket
+            return out
+        for key in keys:
+            if key.startswith("node."):
+                ledger, _ = await self.read_node(key[5:])
+                out[ledger.node] = ledger
+        return out
+
+    # --- tenants (quota) -------------------------------------------------------------------
+
+    async def read_tenant(self, tenant: str) -> tuple[TenantUsage, int | None]:
+        try:
+            entry = await self.kv.get(subjects.ledger_tenant_key(tenant))
+        except KeyNotFoundError:
+            return TenantUsage(tenant=tenant), None
+        if not entry.value:
+            return TenantUsage(tenant=tenant), entry.revision
+        return _tenant_decoder.decode(entry.value), entry.revision
+
+    async def reserve_quota(self, tenant: str, claim: str, amount: GpuQuota, usage: TenantUsage, revision: int | None) -> None:
+        claims = dict(usage.claims)
+        claims[claim] = amount
+        await self._write(
+            subjects.ledger_tenant_key(tenant), encode(TenantUsage(tenant=tenant, claims=claims)), revision
+        )
+
+    async def return_quota(self, tenant: str, claim: str) -> bool:
+        while True:
+            usage, revision = await self.read_tenant(tenant)
+            if claim not in usage.claims:
+                return False
+            claims = {k: v for k, v in usage.claims.items() if k != claim}
+            try:
+                await self._write(
+                    subjects.ledger_tenant_key(tenant), encode(TenantUsage(tenant=tenant, claims=claims)), revision
+                )
+                return True
+            except ConflictError:
+                continue
+
+
+def decode_node_ledger(data: bytes) -> NodeLedger:
+    return _node_decoder.decode(data)
+
+
+def check_fit(devices: list, ledger: NodeLedger, entry: LedgerEntry) -> str | None:
+    """Why ``entry`` cannot be added to ``ledger`` on a node with ``devices`` (None: it fits).
+
+    This is the last line of defence against over-commit: placement runs it on the ledger it is
+    about to overwrite, whatever its (possibly stale) in-memory view of the fleet said.
+    """
+    by_uuid = {d.uuid: d for d in devices}
+    totals = device_totals(ledger)
+    seen: set[str] = set()
+    for share in entry.shares:
+        device = by_uuid.get(share.uuid)
+        if device is None:
+            return f"GPU {share.uuid} is not in the node's inventory"
+        if share.uuid in seen:
+            return f"GPU {share.uuid} appears twice in one claim"
+        seen.add(share.uuid)
+        t = totals.get(share.uuid, DeviceTotals())
+        if t.exclusive or (share.cores >= 100 and t.shares > 0):
+            return f"GPU {share.uuid} is used exclusively or cannot be shared"
+        if t.memory_mib + share.memory_mib > device.memory_mib:
+            return f"GPU {share.uuid} memory {t.memory_mib}+{share.memory_mib} > {device.memory_mib} MiB"
+        if t.cores + share.cores > 100:
+            return f"GPU {share.uuid} cores {t.cores}+{share.cores} > 100%"
+        if t.shares + 1 > device.max_shares:
+            return f"GPU {share.uuid} already has {t.shares} of {device.max_shares} shares"
+    return None

@@ -1,0 +1,186 @@
+/* config.c: where the limits come from, and the rule that keeps a workload from lifting them.
+ * Sources are the environment (names as HAMi's device plugin sets them), the node's config file
+ * /etc/tessera/vgpu.conf, and an extra file named by TESSERA_VGPU_CONFIG. Every source can only
+ * lower a limit: the effective limit is the minimum over all sources that name one (the Ledger then
+ * also takes the minimum with what the first process of the workload recorded). There is no switch
+ * that turns enforcement off. The shared cache path is taken from the node's file when it names one,
+ * so a workload cannot split its budget by pointing processes at different files. */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "vgpu.h"
+
+#define NODE_CONFIG "/etc/tessera/vgpu.conf"
+
+/* "<n>" bytes, "<n>k", "<n>m", "<n>g", "<n>t" (binary units, either case, optional trailing "b"/"ib") */
+int vgpu_parse_size(const char *s, uint64_t *out)
+{
+    if (!s)
+        return -1;
+    while (isspace((unsigned char)*s))
+        s++;
+    if (!isdigit((unsigned char)*s))
+        return -1;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    uint64_t mul = 1;
+    switch (tolower((unsigned char)*end)) {
+    case 'k': mul = 1ULL << 10; end++; break;
+    case 'm': mul = 1ULL << 20; end++; break;
+    case 'g': mul = 1ULL << 30; end++; break;
+    case 't': mul = 1ULL << 40; end++; break;
+    default: break;
+    }
+    if (mul > 1 && tolower((unsigned char)*end) == 'i')
+        end++;
+    if (tolower((unsigned char)*end) == 'b')
+        end++;
+    while (isspace((unsigned char)*end))
+        end++;
+    if (*end)
+        return -1;
+    if (v > UINT64_MAX / mul)
+        return -1;
+    *out = (uint64_t)v * mul;
+    return 0;
+}
+
+typedef struct {
+    uint64_t mem_all, mem[VGPU_MAX_DEVICES];
+    uint32_t sm_all, sm[VGPU_MAX_DEVICES];
+    char cache[4096];
+} source;
+
+static void source_set(source *src, const char *key, const char *val, const char *origin)
+{
+    const char *mp = "CUDA_DEVICE_MEMORY_LIMIT", *sp = "CUDA_DEVICE_SM_LIMIT";
+    size_t ml = strlen(mp), sl = strlen(sp);
+    if (!strcmp(key, "CUDA_DEVICE_MEMORY_SHARED_CACHE")) {
+        snprintf(src->cache, sizeof src->cache, "%s", val);
+        return;
+    }
+    int is_mem = !strncmp(key, mp, ml), is_sm = !strncmp(key, sp, sl);
+    if (!is_mem && !is_sm)
+        return;
+    const char *rest = key + (is_mem ? ml : sl);
+    int dev = -1;
+    if (*rest == '_') {
+        char *end;
+        long d = strtol(rest + 1, &end, 10);
+        if (end == rest + 1 || *end || d < 0)
+            return;
+        if (d >= VGPU_MAX_DEVICES) {
+            vgpu_log(VGPU_LOG_WARN, "%s: %s: only %d devices are supported", origin, key, VGPU_MAX_DEVICES);
+            return;
+        }
+        dev = (int)d;
+    } else if (*rest) {
+        return;
+    }
+    if (is_mem) {
+        uint64_t v;
+        if (vgpu_parse_size(val, &v)) {
+            vgpu_log(VGPU_LOG_ERROR, "%s: cannot parse %s=%s (want <n>, <n>k, <n>m or <n>g); ignored", origin, key, val);
+            return;
+        }
+        if (dev < 0) src->mem_all = v; else src->mem[dev] = v;
+    } else {
+        char *end;
+        long pct = strtol(val, &end, 10);
+        if (end == val || *end || pct < 0) {
+            vgpu_log(VGPU_LOG_ERROR, "%s: cannot parse %s=%s (want a percentage); ignored", origin, key, val);
+            return;
+        }
+        uint32_t p = pct >= 100 ? 0 : (uint32_t)pct;
+        if (dev < 0) src->sm_all = p; else src->sm[dev] = p;
+    }
+}
+
+/* Within one source a per-device value overrides the all-devices value; across sources, minimum. */
+static void source_merge(vgpu_config *c, const source *src)
+{
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
+        uint64_t m = src->mem[d] ? src->mem[d] : src->mem_all;
+        uint32_t s = src->sm[d] ? src->sm[d] : src->sm_all;
+        c->mem_limit[d] = vgpu_min_limit(c->mem_limit[d], m);
+        c->sm_limit[d] = (uint32_t)vgpu_min_limit(c->sm_limit[d], s);
+    }
+}
+
+static int read_file(const char *path, source *src)
+{
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return -1;
+    char line[4352];
+    while (fgets(line, sizeof line, f)) {
+        char *p = line;
+        while (isspace((unsigned char)*p))
+            p++;
+        if (*p == '#' || !*p)
+            continue;
+        char *eq = strchr(p, '=');
+        if (!eq)
+            continue;
+        *eq = 0;
+        char *val = eq + 1, *k_end = eq;
+        while (k_end > p && isspace((unsigned char)k_end[-1]))
+            *--k_end = 0;
+        if (!strncmp(p, "export ", 7))
+            p += 7;
+        size_t vl = strlen(val);
+        while (vl && isspace((unsigned char)val[vl - 1]))
+            val[--vl] = 0;
+        while (isspace((unsigned char)*val))
+            val++;
+        source_set(src, p, val, path);
+    }
+    fclose(f);
+    return 0;
+}
+
+void vgpu_config_load(vgpu_config *c)
+{
+    memset(c, 0, sizeof *c);
+    source node = {0}, extra = {0}, env = {0};
+    const char *node_path = NODE_CONFIG;
+#ifdef VGPU_TEST_HOOKS
+    if (getenv("TESSERA_VGPU_TEST_NODE_CONFIG"))
+        node_path = getenv("TESSERA_VGPU_TEST_NODE_CONFIG");
+#endif
+    int have_node = read_file(node_path, &node) == 0;
+    const char *extra_path = getenv("TESSERA_VGPU_CONFIG");
+    int have_extra = extra_path && *extra_path && read_file(extra_path, &extra) == 0;
+    if (extra_path && *extra_path && !have_extra)
+        vgpu_log(VGPU_LOG_WARN, "TESSERA_VGPU_CONFIG=%s cannot be read; ignored", extra_path);
+    for (char **e = environ; e && *e; e++) {
+        if (strncmp(*e, "CUDA_DEVICE_", 12) != 0)
+            continue;
+        char key[128];
+        const char *eq = strchr(*e, '=');
+        if (!eq || (size_t)(eq - *e) >= sizeof key)
+            continue;
+        memcpy(key, *e, (size_t)(eq - *e));
+        key[eq - *e] = 0;
+        source_set(&env, key, eq + 1, "environment");
+    }
+    source_merge(c, &node);
+    source_merge(c, &extra);
+    source_merge(c, &env);
+    const char *cache = node.cache[0] ? node.cache : extra.cache[0] ? extra.cache : env.cache;
+    snprintf(c->cache_path, sizeof c->cache_path, "%s", cache);
+    if (have_node)
+        vgpu_log(VGPU_LOG_INFO, "limits from %s apply as ceilings", node_path);
+#ifdef VGPU_TEST_HOOKS
+    const char *hold = getenv("TESSERA_VGPU_TEST_HOLD_LOCK_MS");
+    c->test_hold_lock_ms = hold ? atoi(hold) : 0;
+#endif
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++)
+        if (c->mem_limit[d] || c->sm_limit[d])
+            vgpu_log(VGPU_LOG_INFO, "device %d: memory limit %llu bytes, SM limit %u%%", d,
+                     (unsigned long long)c->mem_limit[d], c->sm_limit[d]);
+}

@@ -1,0 +1,284 @@
+/* limiter.c: the SM-share limiter. A share of a GPU is a share of its time, so the limiter meters
+ * device time, not SM counts: that is why it holds its share whatever the number of SMs (HAMi-core's
+ * utilisation-to-token mapping barely throttles on big GPUs, #274 #314).
+ *
+ * Each metered launch is bracketed by two events on its own stream; when they complete, the kernel's
+ * device time is known. The budget is a GCRA ("virtual scheduling") clock per device, one int64 in
+ * the shared Ledger so all processes of a workload draw on one budget: running for t ns at share s
+ * advances the clock by t/s; a launch may start while clock - now <= TAU. An estimate (moving average
+ * of measured times) is charged at launch and corrected when the measurement arrives, so the queue
+ * cannot run far ahead of the budget. Unlimited devices cost one branch per launch. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <string.h>
+#include <time.h>
+
+#include "vgpu.h"
+
+#define TAU_NS (2 * 1000000LL)   /* burst tolerance: how far ahead of its budget a workload may run */
+#define RING 32                  /* metered launches in flight per device */
+#define MAX_SLEEP_NS (50 * 1000000LL)
+
+typedef struct {
+    CUevent start, end;
+    CUcontext ctx;
+    int64_t charged_ns;
+    uint32_t pct;
+} pair;
+
+typedef struct {
+    pthread_mutex_t mu;
+    pair pairs[RING];
+    int ring[RING];   /* indices into pairs, in flight, oldest first */
+    int head, count;
+    int free_list[RING];
+    int nfree, npairs;
+    int64_t est_ns;
+    int calibrated;
+} devstate;
+
+static devstate ds[VGPU_MAX_DEVICES];
+static pthread_once_t ds_once = PTHREAD_ONCE_INIT;
+
+static void ds_init(void)
+{
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++)
+        pthread_mutex_init(&ds[d].mu, NULL);
+}
+
+static void tat_add(int dev, int64_t ns, uint32_t pct, int from_now)
+{
+    int64_t *tat = ledger_sm_tat(dev);
+    int64_t add = ns * 100 / (int64_t)pct;
+    if (!from_now) {
+        __atomic_add_fetch(tat, add, __ATOMIC_RELAXED);
+        return;
+    }
+    int64_t floor = vgpu_now_ns() - TAU_NS;
+    int64_t old = __atomic_load_n(tat, __ATOMIC_RELAXED), nv;
+    do {
+        nv = (old > floor ? old : floor) + add;
+    } while (!__atomic_compare_exchange_n(tat, &old, nv, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+}
+
+static void wait_admission(int dev)
+{
+    int64_t *tat = ledger_sm_tat(dev);
+    for (;;) {
+        int64_t ahead = __atomic_load_n(tat, __ATOMIC_RELAXED) - vgpu_now_ns() - TAU_NS;
+        if (ahead <= 0)
+            return;
+        if (ahead > MAX_SLEEP_NS)
+            ahead = MAX_SLEEP_NS;
+        struct timespec ts = {.tv_sec = ahead / 1000000000LL, .tv_nsec = ahead % 1000000000LL};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* under d->mu: settle the oldest in-flight launch; `wait` blocks until it has run */
+static int settle_oldest(int dev, devstate *d, int wait)
+{
+    if (!d->count)
+        return 0;
+    int idx = d->ring[d->head];
+    pair *p = &d->pairs[idx];
+    CUresult q = wait ? vgpu_drv.cuEventSynchronize(p->end) : vgpu_drv.cuEventQuery(p->end);
+    if (q == CUDA_ERROR_NOT_READY)
+        return 0;
+    float ms = 0;
+    if (q == CUDA_SUCCESS && vgpu_drv.cuEventElapsedTime(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
+        int64_t actual = (int64_t)((double)ms * 1e6);
+        tat_add(dev, actual - p->charged_ns, p->pct, 0);
+        d->est_ns = d->est_ns ? (7 * d->est_ns + actual) / 8 : actual;
+    }
+    d->head = (d->head + 1) % RING;
+    d->count--;
+    d->free_list[d->nfree++] = idx;
+    return 1;
+}
+
+static int record(CUevent ev, CUstream s, int ptds)
+{
+    if (ptds && vgpu_drv.cuEventRecord_ptsz)
+        return vgpu_drv.cuEventRecord_ptsz(ev, s);
+    return vgpu_drv.cuEventRecord(ev, s);
+}
+
+/* under d->mu: an event pair made in the calling thread's context */
+static int acquire_pair(devstate *d)
+{
+    CUcontext ctx = NULL;
+    if (!vgpu_drv.cuCtxGetCurrent || vgpu_drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+        return -1;
+    for (int i = 0; i < d->nfree; i++) {
+        int idx = d->free_list[i];
+        if (d->pairs[idx].ctx == ctx) {
+            d->free_list[i] = d->free_list[--d->nfree];
+            return idx;
+        }
+    }
+    int idx;
+    if (d->npairs < RING) {
+        idx = d->npairs++;
+    } else if (d->nfree) {
+        idx = d->free_list[--d->nfree]; /* made in another context: remake it here */
+        vgpu_drv.cuEventDestroy(d->pairs[idx].start);
+        vgpu_drv.cuEventDestroy(d->pairs[idx].end);
+    } else {
+        return -1;
+    }
+    pair *p = &d->pairs[idx];
+    if (vgpu_drv.cuEventCreate(&p->start, 0) != CUDA_SUCCESS) {
+        p->ctx = NULL;
+        d->free_list[d->nfree++] = idx;
+        return -1;
+    }
+    if (vgpu_drv.cuEventCreate(&p->end, 0) != CUDA_SUCCESS) {
+        vgpu_drv.cuEventDestroy(p->start);
+        p->ctx = NULL;
+        d->free_list[d->nfree++] = idx;
+        return -1;
+    }
+    p->ctx = ctx;
+    return idx;
+}
+
+static int metering_available(void)
+{
+    return vgpu_drv.cuEventCreate && vgpu_drv.cuEventDestroy && vgpu_drv.cuEventRecord && vgpu_drv.cuEventQuery &&
+           vgpu_drv.cuEventSynchronize && vgpu_drv.cuEventElapsedTime && vgpu_drv.cuCtxGetCurrent;
+}
+
+int limiter_begin(vgpu_launch *l, CUstream stream, int ptds)
+{
+    if (!ledger_any_sm_limit() || !vgpu_ready())
+        return 0;
+    int dev = vgpu_current_device();
+    uint32_t pct = dev >= 0 ? ledger_sm_limit(dev) : 0;
+    if (!pct || !metering_available())
+        return 0;
+    /* work captured into a graph does not run now; recording events there would break the capture */
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult (*is_capturing)(CUstream, CUstreamCaptureStatus *) =
+        ptds && vgpu_drv.cuStreamIsCapturing_ptsz ? vgpu_drv.cuStreamIsCapturing_ptsz : vgpu_drv.cuStreamIsCapturing;
+    if (is_capturing && (is_capturing(stream, &cs) != CUDA_SUCCESS || cs != CU_STREAM_CAPTURE_STATUS_NONE))
+        return 0;
+    pthread_once(&ds_once, ds_init);
+    devstate *d = &ds[dev];
+    pthread_mutex_lock(&d->mu);
+    while (settle_oldest(dev, d, 0))
+        ;
+    pthread_mutex_unlock(&d->mu);
+    wait_admission(dev);
+    l->dev = dev;
+    l->ptds = ptds;
+    l->pct = pct;
+    l->stream = stream;
+    pthread_mutex_lock(&d->mu);
+    if (d->count == RING)
+        settle_oldest(dev, d, 1);
+    l->pair = acquire_pair(d);
+    if (l->pair >= 0 && record(d->pairs[l->pair].start, stream, ptds) != CUDA_SUCCESS) {
+        d->free_list[d->nfree++] = l->pair;
+        l->pair = -1;
+    }
+    pthread_mutex_unlock(&d->mu);
+    return 1;
+}
+
+void limiter_end(vgpu_launch *l, CUresult r)
+{
+    devstate *d = &ds[l->dev];
+    pthread_mutex_lock(&d->mu);
+    if (r != CUDA_SUCCESS) {
+        if (l->pair >= 0)
+            d->free_list[d->nfree++] = l->pair;
+        pthread_mutex_unlock(&d->mu);
+        return;
+    }
+    int64_t est = d->est_ns;
+    tat_add(l->dev, est, l->pct, 1);
+    if (l->pair >= 0) {
+        pair *p = &d->pairs[l->pair];
+        if (record(p->end, l->stream, l->ptds) != CUDA_SUCCESS) {
+            d->free_list[d->nfree++] = l->pair;
+        } else {
+            p->charged_ns = est;
+            p->pct = l->pct;
+            d->ring[(d->head + d->count) % RING] = l->pair;
+            d->count++;
+            if (!d->calibrated) {
+                /* the first launch is measured at once, so the estimate is never zero for long */
+                while (d->count)
+                    settle_oldest(l->dev, d, 1);
+                d->calibrated = 1;
+            }
+        }
+    }
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* ---- wrappers ------------------------------------------------------------------------------ */
+
+#define LAUNCH_WRAPPER(sym, ptds, stream_expr, args, ...)                                            \
+    VGPU_EXPORT CUresult sym(__VA_ARGS__)                                                            \
+    {                                                                                                \
+        VGPU_ENTER(sym);                                                                             \
+        vgpu_launch l;                                                                               \
+        if (!limiter_begin(&l, (stream_expr), ptds))                                                 \
+            return REAL(sym) args;                                                                   \
+        CUresult r = REAL(sym) args;                                                                 \
+        limiter_end(&l, r);                                                                          \
+        return r;                                                                                    \
+    }
+
+#define KARGS (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra)
+#define CARGS (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams)
+LAUNCH_WRAPPER(cuLaunchKernel, 0, hStream, KARGS, TESSERA_LAUNCH_ARGS, void **kernelParams, void **extra)
+LAUNCH_WRAPPER(cuLaunchKernel_ptsz, 1, hStream, KARGS, TESSERA_LAUNCH_ARGS, void **kernelParams, void **extra)
+LAUNCH_WRAPPER(cuLaunchCooperativeKernel, 0, hStream, CARGS, TESSERA_LAUNCH_ARGS, void **kernelParams)
+LAUNCH_WRAPPER(cuLaunchCooperativeKernel_ptsz, 1, hStream, CARGS, TESSERA_LAUNCH_ARGS, void **kernelParams)
+
+VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)
+{
+    VGPU_ENTER(cuLaunchKernelEx);
+    vgpu_launch l;
+    if (!config || !limiter_begin(&l, config->hStream, 0))
+        return REAL(cuLaunchKernelEx)(config, f, kernelParams, extra);
+    CUresult r = REAL(cuLaunchKernelEx)(config, f, kernelParams, extra);
+    limiter_end(&l, r);
+    return r;
+}
+
+VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)
+{
+    VGPU_ENTER(cuLaunchKernelEx_ptsz);
+    vgpu_launch l;
+    if (!config || !limiter_begin(&l, config->hStream, 1))
+        return REAL(cuLaunchKernelEx_ptsz)(config, f, kernelParams, extra);
+    CUresult r = REAL(cuLaunchKernelEx_ptsz)(config, f, kernelParams, extra);
+    limiter_end(&l, r);
+    return r;
+}
+
+void limiter_fork_prepare(void)
+{
+    pthread_once(&ds_once, ds_init);
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++)
+        pthread_mutex_lock(&ds[d].mu);
+}
+void limiter_fork_parent(void)
+{
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++)
+        pthread_mutex_unlock(&ds[d].mu);
+}
+void limiter_fork_child(void)
+{
+    /* the parent's events belong to its contexts, which the child cannot use */
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
+        ds[d].head = ds[d].count = ds[d].nfree = ds[d].npairs = 0;
+        ds[d].calibrated = 0;
+        ds[d].est_ns = 0;
+        pthread_mutex_unlock(&ds[d].mu);
+    }
+}

@@ -1,0 +1,181 @@
+"""The capacity publisher: announces each node's GPUs, keeps them alive, notices nodes going silent.
+
+For every node it serves (all nodes of a simulated profile, or the one real node it runs on) it
+writes the inventory to the ``inventory`` bucket and publishes it on ``tessera.inventory.<node>``,
+then publishes a heartbeat every ``TESSERA_HEARTBEAT_SECONDS``. Every publisher also watches all
+heartbeats: a node silent for ``TESSERA_LOST_AFTER_SECONDS`` is marked lost (label
+``tessera.dev/lost=true`` in its inventory record, and a ``lost`` event), so placement stops using it
+and the enforcers' leak reclaim can release what it held. A heartbeat from a lost node restores it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Mapping
+
+import msgspec
+
+from tessera.shared import subjects
+from tessera.shared.events import NodeHeartbeat, NodeInventory, NodeLost, encode, inventory_decoder
+from tessera.shared.runner import ServiceContext
+from tessera.shared.settings import env_float, env_str
+
+from tessera.shared import profile as profiles
+
+log = logging.getLogger("tessera.capacity")
+
+LOST_LABEL = "tessera.dev/lost"
+_inventory_record = msgspec.json.Decoder(NodeInventory)
+
+
+@dataclass(frozen=True)
+class CapacitySettings:
+    profile: str = "profiles/demo.yaml"
+    discovery: str = "profile"  # profile | nvml
+    nodes: tuple[str, ...] = ()  # () = every node of the profile
+    heartbeat_seconds: float = 5.0
+    lost_after_seconds: float = 20.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "CapacitySettings":
+        env = os.environ if env is None else env
+        nodes = tuple(n.strip() for n in env_str(env, "TESSERA_CAPACITY_NODES", "").split(",") if n.strip())
+        return cls(
+            profile=env_str(env, "TESSERA_PROFILE", cls.profile),
+            discovery=env_str(env, "TESSERA_DISCOVERY", cls.discovery),
+            nodes=nodes,
+            heartbeat_seconds=env_float(env, "TESSERA_HEARTBEAT_SECONDS", cls.heartbeat_seconds),
+            lost_after_seconds=env_float(env, "TESSERA_LOST_AFTER_SECONDS", cls.lost_after_seconds),
+        )
+
+
+def discover(settings: CapacitySettings) -> list[NodeInventory]:
+    if settings.discovery == "nvml":
+        from tessera.capacity.nvml import discover_local_node
+
+        return [discover_local_node(settings.nodes[0] if settings.nodes else None)]
+    nodes = profiles.load(settings.profile)
+    if settings.nodes:
+        wanted = set(settings.nodes)
+        missing = wanted - {n.node for n in nodes}
+        if missing:
+            raise profiles.ProfileError(
+                f"TESSERA_CAPACITY_NODES names nodes not in {settings.profile}: {', '.join(sorted(missing))}"
+            )
+        nodes = [n for n in nodes if n.node in wanted]
+    return nodes
+
+
+class CapacityService:
+    def __init__(self, ctx: ServiceContext, settings: CapacitySettings) -> None:
+        self.ctx = ctx
+        self.bus = ctx.bus
+        self.settings = settings
+        self.nodes = discover(settings)
+        self.last_seen: dict[str, float] = {}
+        self.lost: set[str] = set()
+
+    async def start(self) -> dict:
+        self.kv = await self.bus.kv(subjects.KV_INVENTORY)
+        announced = self.ctx.gate("announced")
+        return {
+            "announce-and-heartbeat": self._heartbeats(announced),
+            "watch-heartbeats": self._watch_heartbeats(),
+            "detect-lost": self._detect_lost(),
+        }
+
+    async def announce(self, inv: NodeInventory) -> None:
+        await self.kv.put(inv.node, encode(inv))
+        await self.bus.publish(subjects.inventory(inv.node), inv, msg_id=f"{inv.node}:inventory:{inv.generation}")
+
+    async def _heartbeats(self, announced) -> None:
+        generation = int(time.time())
+        for inv in self.nodes:
+            await self.announce(msgspec.structs.replace(inv, generation=generation))
+        announced()
+        log.info("announced %d nodes, %d GPUs", len(self.nodes), sum(len(n.devices) for n in self.nodes))
+        seq = 0
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_seconds)
+            seq += 1
+            await self.bus.publish_many(
+                (subjects.inventory(inv.node), NodeHeartbeat(node=inv.node, seq=seq), None) for inv in self.nodes
+            )
+
+    async def _watch_heartbeats(self) -> None:
+        """Every publisher tracks every node's last sign of life (core subscription, no storage)."""
+        now = time.time()
+        try:
+            for key in await self.kv.keys():
+                self.last_seen.setdefault(key, now)  # grace period for nodes known before we started
+        except Exception:  # NoKeysError: empty bucket
+            pass
+        sub = await self.bus.nc.subscribe(f"{subjects.INVENTORY}.>")
+        try:
+            async for msg in sub.messages:
+                try:
+                    event = inventory_decoder.decode(msg.data)
+                except (msgspec.ValidationError, msgspec.DecodeError):
+                    continue  # the stream's own consumers dead-letter it; here it is just not a heartbeat
+                if isinstance(event, (NodeHeartbeat, NodeInventory)):
+                    self.last_seen[event.node] = time.time()
+                    if event.node in self.lost:
+                        await self._restore(event.node)
+        finally:
+            await sub.unsubscribe()
+
+    async def _detect_lost(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.2, self.settings.heartbeat_seconds / 2))
+            cutoff = time.time() - self.settings.lost_after_seconds
+            for node, seen in list(self.last_seen.items()):
+                if seen < cutoff and node not in self.lost:
+                    await self._mark_lost(node, seen)
+
+    async def _mark_lost(self, node: str, seen: float) -> None:
+        """Label the node lost in its inventory record (CAS, so two publishers agree) and say so."""
+        self.lost.add(node)
+        try:
+            entry = await self.kv.get(node)
+        except Exception:
+            return
+        if not entry.value:
+            return
+        inv = _inventory_record.decode(entry.value)
+        if inv.labels.get(LOST_LABEL) == "true":
+            return
+        labels = dict(inv.labels, **{LOST_LABEL: "true"})
+        try:
+            await self.kv.update(node, encode(msgspec.structs.replace(inv, labels=labels)), last=entry.revision)
+        except Exception:
+            return  # another publisher marked it, or it came back; either way not ours to say
+        log.warning("node %s lost: no heartbeat for %.0fs", node, time.time() - seen)
+        await self.bus.publish(
+            subjects.inventory(node),
+            NodeLost(node=node, last_seen=seen, reason=f"no heartbeat for {self.settings.lost_after_seconds:.0f}s"),
+            msg_id=f"{node}:lost:{int(seen)}",
+        )
+
+    async def _restore(self, node: str) -> None:
+        self.lost.discard(node)
+        try:
+            entry = await self.kv.get(node)
+        except Exception:
+            return
+        inv = _inventory_record.decode(entry.value)
+        if inv.labels.get(LOST_LABEL) != "true":
+            return
+        labels = {k: v for k, v in inv.labels.items() if k != LOST_LABEL}
+        try:
+            await self.kv.update(node, encode(msgspec.structs.replace(inv, labels=labels)), last=entry.revision)
+            log.info("node %s is back", node)
+        except Exception:
+            pass
+
+
+async def build(ctx: ServiceContext) -> dict:
+    return await CapacityService(ctx, CapacitySettings.from_env()).start()

@@ -1,0 +1,49 @@
+"""Entry point of the control-plane manager (`tessera-controlplane`): wire the parts, run the tasks.
+
+Root tasks: one request/reply server per API verb (tessera.api.tenants.<verb>) and the resync loop
+that reconciles every stored tenant on start-up and then periodically, which is how a restarted
+manager converges and how certificates get rotated before they expire.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Coroutine, Mapping
+
+from tessera.controlplane.app import Manager
+from tessera.controlplane.settings import ControlPlaneSettings
+from tessera.shared import runner, subjects
+from tessera.shared.errors import ConfigError
+from tessera.shared.runner import ServiceContext
+
+log = logging.getLogger("tessera.controlplane")
+
+SERVICE = "controlplane"
+
+
+def make_build(settings: ControlPlaneSettings):
+    async def build(ctx: ServiceContext) -> Mapping[str, Coroutine]:
+        manager = await Manager.start(ctx.bus, settings)
+        converged = ctx.gate("converged")
+        tasks: dict[str, Coroutine] = {
+            f"api-{verb}": ctx.bus.serve(f"{subjects.API_TENANTS}.{verb}", handler)
+            for verb, handler in manager.api.handlers().items()
+        }
+        tasks.update(manager.root_tasks(on_first=converged))
+        return tasks
+
+    return build
+
+
+def main() -> int:
+    try:
+        settings = ControlPlaneSettings.from_env()
+    except ConfigError as exc:
+        print(f"tessera-{SERVICE}: {exc}", file=sys.stderr)
+        return 2
+    return runner.main(SERVICE, make_build(settings))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,199 @@
+"""The manager's request/reply API: create, get, list and delete tenants over core NATS.
+
+Requests are user input (the CLI, outside tools): they are decoded strictly and every refusal is a
+reply that names the field, never an exception that reaches the bus. Create and delete only record
+the desired state (compare-and-set on the controlplanes bucket) and then run one reconcile pass, so
+the reply already reports the phase the tenant reached; a repeated create with the same spec
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Awaitable, Callable, Mapping
+
+import msgspec
+
+from tessera.controlplane.capacity import HostCapacity, InsufficientCapacity, check_fits
+from tessera.controlplane.reconciler import Reconciler
+from tessera.controlplane.spec import (
+    SpecError,
+    TenantControlPlane,
+    TenantControlPlaneSpec,
+    check_name,
+    parse_spec,
+)
+from tessera.controlplane.store import TenantStore
+from tessera.shared import api
+from tessera.shared.api import TenantRequest
+from tessera.shared.errors import ConflictError
+from tessera.shared.events import GpuQuota
+
+log = logging.getLogger("tessera.controlplane.api")
+
+_request_decoder = msgspec.json.Decoder(TenantRequest)
+
+Handler = Callable[[bytes, Mapping[str, str]], Awaitable[bytes]]
+
+
+class TenantView(msgspec.Struct, kw_only=True):
+    """What create/get/list return: the summary a table shows, plus the full spec."""
+
+    name: str
+    phase: str
+    reason: str
+    message: str
+    quota: GpuQuota
+    size: str
+    driver: str
+    datastore: str
+    endpoint: str
+    kubernetes_version: str
+    replicas: int
+    generation: int
+    observed_generation: int
+    created: float
+    deleting: bool = False
+    spec: dict = {}
+
+
+def view(record: TenantControlPlane) -> TenantView:
+    return TenantView(
+        name=record.name,
+        phase="Deleting" if record.deleting else record.status.phase,
+        reason=record.status.reason,
+        message=record.status.message,
+        quota=record.spec.quota.to_quota(),
+        size=record.spec.size,
+        driver=record.spec.datastore.driver,
+        datastore=record.status.datastore,
+        endpoint=record.status.endpoint,
+        kubernetes_version=record.spec.kubernetes.version,
+        replicas=record.spec.kubernetes.replicas,
+        generation=record.generation,
+        observed_generation=record.status.observed_generation,
+        created=record.created,
+        deleting=record.deleting,
+        spec=msgspec.to_builtins(record.spec),
+    )
+
+
+class TenantApi:
+    def __init__(self, store: TenantStore, reconciler: Reconciler, capacity: HostCapacity) -> None:
+        self.store = store
+        self.reconciler = reconciler
+        self.capacity = capacity
+        self._admission = asyncio.Lock()  # one capacity decision at a time in this process
+
+    def handlers(self) -> dict[str, Handler]:
+        return {"create": self.create, "get": self.get, "list": self.list, "delete": self.delete}
+
+    async def create(self, data: bytes, headers: Mapping[str, str]) -> bytes:
+        async def act(req: TenantRequest) -> bytes:
+            name = check_name(req.name)
+            spec = parse_spec(req.spec, req.quota)
+            async with self._admission:
+                record = await self._admit(name, spec)
+            record = await self.reconciler.reconcile(name) or record
+            return api.ok(view(record))
+
+        return await self._guard(data, act)
+
+    async def get(self, data: bytes, headers: Mapping[str, str]) -> bytes:
+        async def act(req: TenantRequest) -> bytes:
+            name = check_name(req.name)
+            stored = await self.store.controlplanes.get(name)
+            if stored is None:
+                return api.error(f"tenant {name!r} does not exist", field="name", code="not-found")
+            return api.ok(view(stored.value))
+
+        return await self._guard(data, act)
+
+    async def list(self, data: bytes, headers: Mapping[str, str]) -> bytes:
+        async def act(req: TenantRequest) -> bytes:
+            records = await self._all()
+            return api.ok([view(r) for r in records])
+
+        return await self._guard(data or b"{}", act)
+
+    async def delete(self, data: bytes, headers: Mapping[str, str]) -> bytes:
+        async def act(req: TenantRequest) -> bytes:
+            name = check_name(req.name)
+            for _ in range(20):
+                stored = await self.store.controlplanes.get(name)
+                if stored is None:
+                    break
+                if stored.value.deleting:
+                    break
+                marked = msgspec.structs.replace(stored.value, deleting=True)
+                try:
+                    await self.store.controlplanes.put(name, marked, revision=stored.revision)
+                    break
+                except ConflictError:
+                    continue
+            existed = stored is not None
+            # Runs the teardown; also finishes an earlier, interrupted one and cleans orphans.
+            await self.reconciler.reconcile(name)
+            if not existed and await self.store.tenants.get(name) is not None:
+                await self.reconciler.resync()
+            return api.ok({"name": name, "deleted": True, "existed": existed})
+
+        return await self._guard(data, act)
+
+    async def _admit(self, name: str, spec: TenantControlPlaneSpec) -> TenantControlPlane:
+        """Store the desired spec (new tenant, or a changed spec); an identical create is a no-op."""
+        for _ in range(20):
+            stored = await self.store.controlplanes.get(name)
+            if stored is not None and stored.value.deleting:
+                raise ConflictError(f"tenant {name!r} is being deleted; retry once it is gone")
+            if stored is not None and stored.value.spec == spec:
+                return stored.value
+            if self.capacity.cpu_millis or self.capacity.memory_mib:
+                check_fits(self.capacity, await self._all(), name, spec)
+            if stored is None:
+                record = TenantControlPlane(name=name, uid=uuid.uuid4().hex[:12], spec=spec)
+                revision = None
+            else:
+                record = msgspec.structs.replace(
+                    stored.value, spec=spec, generation=stored.value.generation + 1
+                )
+                revision = stored.revision
+            try:
+                await self.store.controlplanes.put(name, record, revision=revision)
+                return record
+            except ConflictError:
+                continue
+        raise ConflictError(f"tenant {name!r} kept changing; retry")
+
+    async def _all(self) -> list[TenantControlPlane]:
+        records = []
+        for key in await self.store.controlplanes.keys():
+            stored = await self.store.controlplanes.get(key)
+            if stored is not None:
+                records.append(stored.value)
+        return records
+
+    async def _guard(self, data: bytes, act: Callable[[TenantRequest], Awaitable[bytes]]) -> bytes:
+        """Decode strictly and turn every failure into an error reply: nothing escapes to the bus."""
+        try:
+            req = _request_decoder.decode(data)
+        except msgspec.ValidationError as exc:
+            message, path = api.describe_validation_error(exc)
+            return api.error(message, field=path.removeprefix("$").lstrip("."))
+        except msgspec.DecodeError as exc:
+            return api.error(f"request is not valid JSON: {exc}")
+        try:
+            return await act(req)
+        except SpecError as exc:
+            return api.error(str(exc), field=exc.field)
+        except InsufficientCapacity as exc:
+            return api.error(str(exc), field="spec", code="insufficient-capacity")
+        except ConflictError as exc:
+            return api.error(str(exc), code="conflict")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("tenant request failed")
+            return api.error(f"{type(exc).__name__}: {exc}", code="unavailable")

@@ -1,0 +1,126 @@
+"""The manager assembled: store, datastore drivers, PKI, host cluster, reconciler and API.
+
+Kept apart from __main__ so that tests and the benchmark can run a real manager inside their own
+event loop against their own servers, with the same wiring as the service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable, Coroutine
+
+from tessera.controlplane.api import TenantApi
+from tessera.controlplane.capacity import HostCapacity
+from tessera.controlplane.datastores import DatastoreDriver
+from tessera.controlplane.host import HostCluster, NoHost, RenderedHost
+from tessera.controlplane.pki import PkiAuthority
+from tessera.controlplane.reconciler import Reconciler
+from tessera.controlplane.settings import ControlPlaneSettings
+from tessera.controlplane.store import TenantStore
+from tessera.shared.bus import Bus
+
+log = logging.getLogger("tessera.controlplane")
+
+
+class Manager:
+    def __init__(
+        self,
+        store: TenantStore,
+        reconciler: Reconciler,
+        api: TenantApi,
+        drivers: dict[str, DatastoreDriver],
+        host: HostCluster,
+        settings: ControlPlaneSettings,
+    ) -> None:
+        self.store = store
+        self.reconciler = reconciler
+        self.api = api
+        self.drivers = drivers
+        self.host = host
+        self.settings = settings
+
+    @classmethod
+    async def start(
+        cls,
+        bus: Bus,
+        settings: ControlPlaneSettings,
+        *,
+        host: HostCluster | None = None,
+        drivers: dict[str, DatastoreDriver] | None = None,
+    ) -> "Manager":
+        store = await TenantStore.open(bus)
+        drivers = drivers if drivers is not None else await make_drivers(bus, settings)
+        host = host or make_host(settings)
+        pki = PkiAuthority(settings.cert_days, settings.rotate_before_days)
+
+        async def publish(subject, event, msg_id):
+            return await bus.publish(subject, event, msg_id=msg_id)
+
+        reconciler = Reconciler(store, publish, drivers, pki, host, settings.platform_namespace)
+        capacity = HostCapacity(settings.host_cpu_millis, settings.host_memory_mib)
+        return cls(store, reconciler, TenantApi(store, reconciler, capacity), drivers, host, settings)
+
+    async def resync_forever(self, on_first: Callable[[], None] | None = None) -> None:
+        try:
+            first = True
+            while True:
+                await self.reconciler.resync()
+                if first and on_first is not None:
+                    on_first()
+                first = False
+                await asyncio.sleep(self.settings.resync_seconds)
+        finally:
+            await self.close()
+
+    def root_tasks(self, on_first: Callable[[], None] | None = None) -> dict[str, Coroutine]:
+        """The manager's own loops: periodic resync, and in Kubernetes mode the readiness watch."""
+        tasks: dict[str, Coroutine] = {"resync": self.resync_forever(on_first)}
+        if hasattr(self.host, "watch"):
+            tasks["readiness-watch"] = self.follow_host()
+        return tasks
+
+    async def follow_host(self) -> None:
+        """Reconcile a tenant whenever the host cluster reports a change to its control plane."""
+        await self.host.watch(self._on_host_change)  # type: ignore[attr-defined]
+
+    async def _on_host_change(self, tenant: str) -> None:
+        try:
+            await self.reconciler.reconcile(tenant)
+        except Exception as exc:  # the next event or resync tries again
+            log.warning("reconcile %s after host change failed: %s", tenant, exc)
+
+    async def close(self) -> None:
+        await self.host.close()
+        for driver in self.drivers.values():
+            try:
+                await driver.close()
+            except Exception as exc:
+                log.warning("closing %s driver: %s", driver.name, exc)
+
+
+async def make_drivers(bus: Bus, settings: ControlPlaneSettings) -> dict[str, DatastoreDriver]:
+    drivers: dict[str, DatastoreDriver] = {}
+    if "nats" in settings.drivers:
+        from tessera.controlplane.datastores.natskv import NatsKvDriver
+
+        drivers["nats"] = NatsKvDriver.from_settings(bus, settings)
+    if "postgres" in settings.drivers:
+        from tessera.controlplane.datastores.postgres import PostgresDriver
+
+        drivers["postgres"] = PostgresDriver(settings.postgres_dsn, settings.postgres_tenant_host)
+    if "etcd" in settings.drivers:
+        from tessera.controlplane.datastores.etcd import EtcdDriver
+
+        drivers["etcd"] = EtcdDriver(settings.etcd_endpoint, settings.etcd_root_password)
+    return drivers
+
+
+def make_host(settings: ControlPlaneSettings) -> HostCluster:
+    if settings.host_mode == "render":
+        return RenderedHost(settings.manifests_dir)
+    if settings.host_mode == "kubernetes":
+        from tessera.controlplane.kube import KubeHost
+
+        return KubeHost()
+    return NoHost()

@@ -1,0 +1,71 @@
+"""PostgreSQL datastore: a database and a login role per tenant on a shared server.
+
+Isolation is PostgreSQL's own: the tenant's role owns its database, CONNECT on that database is
+revoked from PUBLIC, so every other tenant's role is refused at connection time by the server. The
+control plane reaches it the way Kamaji's kine does, with a postgresql:// DSN for its own role.
+Every statement is idempotent (IF EXISTS / catalogue checks) so reconcile may run it forever.
+"""
+
+from __future__ import annotations
+
+import secrets
+from urllib.parse import quote
+
+import psycopg
+from psycopg import sql
+
+from tessera.controlplane.credentials import DatastoreCredentials
+from tessera.controlplane.datastores import DatastoreUnavailable
+
+
+def database_name(tenant: str) -> str:
+    return "tessera_" + tenant.replace("-", "_")
+
+
+def role_name(tenant: str) -> str:
+    return "tessera_t_" + tenant.replace("-", "_")
+
+
+class PostgresDriver:
+    name = "postgres"
+
+    def __init__(self, admin_dsn: str, tenant_host: str) -> None:
+        self.admin_dsn = admin_dsn
+        self.tenant_host = tenant_host  # host:port the tenants' control planes use
+
+    async def _admin(self) -> psycopg.AsyncConnection:
+        try:
+            return await psycopg.AsyncConnection.connect(self.admin_dsn, autocommit=True, connect_timeout=5)
+        except psycopg.OperationalError as exc:
+            raise DatastoreUnavailable(f"cannot reach PostgreSQL as administrator: {exc}") from exc
+
+    async def ensure(self, tenant: str, current: DatastoreCredentials | None) -> DatastoreCredentials:
+        db, role = database_name(tenant), role_name(tenant)
+        password = current.password if current and current.driver == self.name and current.username == role else ""
+        password = password or secrets.token_urlsafe(24)
+        conn = await self._admin()
+        async with conn:
+            exists = await (await conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,))).fetchone()
+            verb = "ALTER" if exists else "CREATE"
+            await conn.execute(
+                sql.SQL(verb + " ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD {}").format(
+                    sql.Identifier(role), sql.Literal(password)
+                )
+            )
+            has_db = await (await conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (db,))).fetchone()
+            if not has_db:
+                await conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(db), sql.Identifier(role)))
+            await conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(db)))
+            await conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(db), sql.Identifier(role)))
+        dsn = f"postgresql://{quote(role)}:{quote(password)}@{self.tenant_host}/{db}"
+        return DatastoreCredentials(driver=self.name, endpoint=dsn, username=role, password=password, scope=db)
+
+    async def remove(self, tenant: str) -> None:
+        db, role = database_name(tenant), role_name(tenant)
+        conn = await self._admin()
+        async with conn:
+            await conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db)))
+            await conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+    async def close(self) -> None:
+        return None

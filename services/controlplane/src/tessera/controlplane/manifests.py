@@ -1,0 +1,306 @@
+"""Host-cluster objects for one tenant control plane, rendered as plain dicts.
+
+What Kamaji leaves out is the point of this module: every container carries explicit requests and
+limits (from the spec or its size class), and a NetworkPolicy admits to the API server only the
+tenant's own nodes (their CIDRs) and the platform namespace; everything else is dropped. Objects
+are validated against the real Kubernetes OpenAPI schemas (kubernetes-validate, strict) before
+anything is applied or written.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import re
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+from kubernetes_validate import utils as kv_utils
+from referencing import Registry, Resource
+
+from tessera.controlplane.credentials import TenantSecrets
+from tessera.controlplane.sizes import effective_resources
+from tessera.controlplane.spec import Resources, TenantControlPlane
+
+HOST_SCHEMA_VERSION = "1.33.0"
+MANAGER = "tessera-controlplane"
+KINE_IMAGE = "docker.io/rancher/kine:v0.13.14"
+
+
+def namespace(tenant: str) -> str:
+    return f"tenant-{tenant}"
+
+
+def labels(tenant: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "tenant-control-plane",
+        "app.kubernetes.io/instance": tenant,
+        "app.kubernetes.io/managed-by": MANAGER,
+        "tessera.io/tenant": tenant,
+    }
+
+
+def _resources(res: Resources) -> dict[str, Any]:
+    return {
+        "requests": {"cpu": f"{res.requests.cpu_millis}m", "memory": f"{res.requests.memory_mib}Mi"},
+        "limits": {"cpu": f"{res.limits.cpu_millis}m", "memory": f"{res.limits.memory_mib}Mi"},
+    }
+
+
+_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "runAsUser": 65532,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def _secret(name: str, ns: str, tenant: str, data: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": ns, "labels": labels(tenant)},
+        "type": "Opaque",
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in sorted(data.items())},
+    }
+
+
+def datastore_endpoint(secrets: TenantSecrets) -> str:
+    """The --etcd-servers value: etcd directly, or the kine shim in front of NATS / PostgreSQL."""
+    ds = secrets.datastore
+    if ds is not None and ds.driver == "etcd":
+        return ds.endpoint
+    return "http://127.0.0.1:2379"
+
+
+def render(record: TenantControlPlane, secrets: TenantSecrets, platform_namespace: str) -> list[dict[str, Any]]:
+    t = record.name
+    ns = namespace(t)
+    spec = record.spec
+    lab = labels(t)
+    res = effective_resources(spec)
+    version = spec.kubernetes.version
+    port = spec.network.port
+    ds = secrets.datastore
+
+    apiserver_args = [
+        "kube-apiserver",
+        f"--secure-port={port}",
+        f"--etcd-servers={datastore_endpoint(secrets)}",
+        f"--service-cluster-ip-range={spec.network.service_cidr}",
+        "--tls-cert-file=/pki/apiserver.crt",
+        "--tls-private-key-file=/pki/apiserver.key",
+        "--client-ca-file=/pki/ca.crt",
+        "--service-account-key-file=/pki/sa.pub",
+        "--service-account-signing-key-file=/pki/sa.key",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        "--requestheader-client-ca-file=/pki/front-proxy-ca.crt",
+        "--proxy-client-cert-file=/pki/front-proxy-client.crt",
+        "--proxy-client-key-file=/pki/front-proxy-client.key",
+        "--requestheader-allowed-names=front-proxy-client",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        "--allow-privileged=true",
+    ]
+    if ds is not None and ds.driver == "etcd":
+        apiserver_args.append(f"--etcd-prefix={ds.scope.rstrip('/')}")
+    if spec.network.address:
+        apiserver_args.append(f"--advertise-address={spec.network.address}")
+
+    def probe(path: str) -> dict[str, Any]:
+        return {"httpGet": {"path": path, "port": port, "scheme": "HTTPS"}, "periodSeconds": 10, "failureThreshold": 3}
+
+    pki_mount = [{"name": "pki", "mountPath": "/pki", "readOnly": True}]
+    kubeconfig_mount = [{"name": "kubeconfig", "mountPath": "/kubeconfig", "readOnly": True}]
+    containers = [
+        {
+            "name": "kube-apiserver",
+            "image": f"registry.k8s.io/kube-apiserver:{version}",
+            "command": apiserver_args,
+            "ports": [{"name": "https", "containerPort": port, "protocol": "TCP"}],
+            "resources": _resources(res["api_server"]),
+            "livenessProbe": probe("/livez"),
+            "readinessProbe": probe("/readyz"),
+            "securityContext": _SECURITY,
+            "volumeMounts": pki_mount,
+        },
+        {
+            "name": "kube-controller-manager",
+            "image": f"registry.k8s.io/kube-controller-manager:{version}",
+            "command": [
+                "kube-controller-manager",
+                "--kubeconfig=/kubeconfig/admin.conf",
+                "--leader-elect=true",
+                "--cluster-signing-cert-file=/pki/ca.crt",
+                "--cluster-signing-key-file=/pki/ca.key",
+                "--root-ca-file=/pki/ca.crt",
+                "--service-account-private-key-file=/pki/sa.key",
+                f"--service-cluster-ip-range={spec.network.service_cidr}",
+                f"--cluster-cidr={spec.network.pod_cidr}",
+                "--use-service-account-credentials=true",
+            ],
+            "resources": _resources(res["controller_manager"]),
+            "securityContext": _SECURITY,
+            "volumeMounts": pki_mount + kubeconfig_mount,
+        },
+        {
+            "name": "kube-scheduler",
+            "image": f"registry.k8s.io/kube-scheduler:{version}",
+            "command": ["kube-scheduler", "--kubeconfig=/kubeconfig/admin.conf", "--leader-elect=true"],
+            "resources": _resources(res["scheduler"]),
+            "securityContext": _SECURITY,
+            "volumeMounts": kubeconfig_mount,
+        },
+    ]
+    if ds is None or ds.driver != "etcd":  # NATS and PostgreSQL are reached through kine
+        containers.append(
+            {
+                "name": "datastore-shim",
+                "image": KINE_IMAGE,
+                "args": ["--listen-address=127.0.0.1:2379", "--endpoint=$(DATASTORE_ENDPOINT)"],
+                "env": [{"name": "DATASTORE_ENDPOINT", "valueFrom": {"secretKeyRef": {
+                    "name": f"{t}-datastore", "key": "endpoint"}}}],
+                "resources": _resources(res["datastore_shim"]),
+                "securityContext": _SECURITY,
+            }
+        )
+
+    datastore_data = {}
+    if ds is not None:
+        endpoint = ds.endpoint
+        if ds.driver == "nats" and ds.username:
+            scheme, _, rest = endpoint.partition("://")
+            endpoint = f"{scheme}://{ds.username}:{ds.password}@{rest}?bucket={ds.scope}"
+        elif ds.driver == "nats":
+            endpoint = f"{endpoint}?bucket={ds.scope}"
+        datastore_data = {"driver": ds.driver, "endpoint": endpoint, "username": ds.username,
+                          "password": ds.password, "scope": ds.scope}
+
+    ingress_from: list[dict[str, Any]] = [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": platform_namespace}}},
+        {"podSelector": {"matchLabels": lab}},
+    ]
+    ingress_from += [{"ipBlock": {"cidr": cidr}} for cidr in spec.network.node_cidrs]
+
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": lab}},
+        _secret(f"{t}-pki", ns, t, secrets.pki),
+        _secret(f"{t}-datastore", ns, t, datastore_data),
+        _secret(f"{t}-admin-kubeconfig", ns, t, {"admin.conf": secrets.kubeconfig}),
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": f"{t}-control-plane", "namespace": ns, "labels": lab},
+            "spec": {
+                "replicas": spec.kubernetes.replicas,
+                "selector": {"matchLabels": lab},
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+                "template": {
+                    "metadata": {"labels": lab},
+                    "spec": {
+                        "automountServiceAccountToken": False,
+                        "enableServiceLinks": False,
+                        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+                        "containers": containers,
+                        "volumes": [
+                            {"name": "pki", "secret": {"secretName": f"{t}-pki", "defaultMode": 0o400}},
+                            {"name": "kubeconfig", "secret": {"secretName": f"{t}-admin-kubeconfig", "defaultMode": 0o400}},
+                        ],
+                        "topologySpreadConstraints": [{
+                            "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                            "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": lab},
+                        }],
+                    },
+                },
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": f"{t}-apiserver", "namespace": ns, "labels": lab},
+            "spec": {
+                "type": spec.network.service_type,
+                "selector": lab,
+                "ports": [{"name": "https", "port": port, "targetPort": port, "protocol": "TCP"}],
+            },
+        },
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": f"{t}-apiserver-ingress", "namespace": ns, "labels": lab},
+            "spec": {
+                "podSelector": {"matchLabels": lab},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": ingress_from, "ports": [{"protocol": "TCP", "port": port}]}],
+            },
+        },
+    ]
+
+
+class InvalidManifest(Exception):
+    pass
+
+
+@functools.lru_cache(maxsize=4)
+def _definitions(version: str) -> Resource:
+    return Resource.from_contents(
+        kv_utils.schema_contents(f"kubernetes-json-schema/v{version}-local-strict/_definitions.json", version)
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _validator(kind: str, api_version: str, version: str) -> jsonschema.protocols.Validator:
+    """kubernetes-validate's strict schema for one kind, loaded once (it reloads them per call)."""
+    group = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    try:
+        schema = kv_utils.schema_contents(
+            f"kubernetes-json-schema/v{version}-local-strict/{kind.lower()}-{group}.json", version
+        )
+    except FileNotFoundError:
+        raise kubernetes_validate.SchemaNotFoundError(kind=kind, version=version, api_version=api_version) from None
+    registry = _definitions(version) @ (Resource.from_contents(schema) @ Registry())
+    return jsonschema.validators.Draft202012Validator(schema, registry=registry)
+
+
+def _schema_version(wanted: str) -> str:
+    mm = kv_utils.major_minor(wanted.lstrip("v"))
+    return [v for v in kv_utils.all_versions() if kv_utils.major_minor(v) <= mm][-1]
+
+
+def validate(objects: list[dict[str, Any]], version: str = HOST_SCHEMA_VERSION) -> None:
+    """Check every object against the Kubernetes schemas of the host's version (strict: no unknown fields)."""
+    schema_version = _schema_version(version)
+    for obj in objects:
+        error = jsonschema.exceptions.best_match(
+            _validator(obj["kind"], obj["apiVersion"], schema_version).iter_errors(obj)
+        )
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path)
+            raise InvalidManifest(f"{obj['kind']} {obj['metadata']['name']}: {error.message} at {where}")
+
+
+def endpoint(record: TenantControlPlane) -> str:
+    """The URL tenants' kubeconfigs point at: the advertised address, else the Service's DNS name."""
+    host = record.spec.network.address or f"{record.name}-apiserver.{namespace(record.name)}.svc"
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    return f"https://{host}:{record.spec.network.port}"
+
+
+def object_refs(tenant: str) -> list[tuple[str, str, str, str | None]]:
+    """(apiVersion, kind, name, namespace) of everything render() makes, children first."""
+    t, ns = tenant, namespace(tenant)
+    return [
+        ("networking.k8s.io/v1", "NetworkPolicy", f"{t}-apiserver-ingress", ns),
+        ("v1", "Service", f"{t}-apiserver", ns),
+        ("apps/v1", "Deployment", f"{t}-control-plane", ns),
+        ("v1", "Secret", f"{t}-admin-kubeconfig", ns),
+        ("v1", "Secret", f"{t}-datastore", ns),
+        ("v1", "Secret", f"{t}-pki", ns),
+        ("v1", "Namespace", ns, None),
+    ]

@@ -1,0 +1,184 @@
+"""The reconciler: drive each tenant from its stored spec to the world, and report what it saw.
+
+Reconcile, don't remember: every pass starts from the controlplanes bucket and the real systems
+(datastore server, host cluster), never from this process's memory. Each step is idempotent, so a
+second create is harmless, a manager restarted from empty memory converges on its first resync, and
+a deletion interrupted half-way is finished by the next pass. A per-tenant lock only keeps one
+process from racing itself; replicas are kept apart by compare-and-set on the record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from typing import Awaitable, Callable, Mapping
+
+import msgspec
+
+from tessera.controlplane import manifests
+from tessera.controlplane.credentials import TenantSecrets
+from tessera.controlplane.datastores import DatastoreDriver
+from tessera.controlplane.host import HostCluster
+from tessera.controlplane.pki import PkiAuthority
+from tessera.controlplane.spec import Phase, TenantControlPlane, TenantControlPlaneStatus
+from tessera.controlplane.store import TenantStore
+from tessera.shared import subjects
+from tessera.shared.errors import ConflictError, TemporaryError
+from tessera.shared.events import TenantCreated, TenantDeleted, TenantRecord, TenantUpdated
+
+log = logging.getLogger("tessera.controlplane.reconciler")
+
+Publish = Callable[[str, msgspec.Struct, str], Awaitable[object]]
+
+
+class Reconciler:
+    def __init__(
+        self,
+        store: TenantStore,
+        publish: Publish,
+        drivers: Mapping[str, DatastoreDriver],
+        pki: PkiAuthority,
+        host: HostCluster,
+        platform_namespace: str = "tessera-system",
+    ) -> None:
+        self.platform_namespace = platform_namespace
+        self.store = store
+        self.publish = publish
+        self.drivers = drivers
+        self.pki = pki
+        self.host = host
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+
+    async def reconcile(self, name: str) -> TenantControlPlane | None:
+        """One pass for one tenant; returns the record as now stored (None once deleted)."""
+        async with self._locks[name]:
+            for _ in range(20):
+                try:
+                    return await self._pass(name)
+                except ConflictError:
+                    continue  # someone else wrote the record: re-read and go again
+            raise TemporaryError(f"tenant {name}: record kept changing during reconcile")
+
+    async def resync(self) -> None:
+        """Reconcile every stored tenant and clean up public records with no desired state."""
+        names = set(await self.store.controlplanes.keys())
+        for name in sorted(names):
+            try:
+                await self.reconcile(name)
+            except Exception as exc:  # one tenant's failure must not stop the others
+                log.warning("reconcile %s failed: %s", name, exc)
+        for orphan in set(await self.store.tenants.keys()) - names:
+            await self._teardown(orphan, uid=None)
+
+    async def _pass(self, name: str) -> TenantControlPlane | None:
+        stored = await self.store.controlplanes.get(name)
+        if stored is None:
+            return None
+        record = stored.value
+        if record.deleting:
+            await self._teardown(name, uid=record.uid, record=record)
+            return None
+        phase, reason, message, endpoint, scope, not_after = await self._converge(record)
+        status = TenantControlPlaneStatus(
+            phase=phase,
+            reason=reason,
+            message=message,
+            observed_generation=record.generation,
+            endpoint=endpoint,
+            datastore=scope,
+            certificates_not_after=not_after,
+            last_transition=record.status.last_transition,
+        )
+        first = record.status.observed_generation == 0
+        changed = (
+            first
+            or record.status.phase != phase
+            or record.status.observed_generation != record.generation
+            or record.status.reason != reason
+        )
+        if changed:
+            status.last_transition = time.time()
+        quota = record.spec.quota.to_quota()
+        await self._publish_record(name, TenantRecord(tenant=name, quota=quota, phase=phase, created=record.created))
+        if not changed and record.status == status:
+            return record
+        updated = msgspec.structs.replace(record, status=status)
+        await self.store.controlplanes.put(name, updated, revision=stored.revision)
+        if first:
+            await self.publish(
+                subjects.tenant(name, "created"),
+                TenantCreated(tenant=name, quota=quota),
+                f"{name}.{record.uid}.created",
+            )
+        if changed:
+            await self.publish(
+                subjects.tenant(name, "updated"),
+                TenantUpdated(tenant=name, quota=quota, phase=phase, reason=reason),
+                f"{name}.{record.uid}.g{record.generation}.{phase}.{reason}",
+            )
+        return updated
+
+    async def _converge(self, record: TenantControlPlane) -> tuple[Phase, str, str, str, str, float]:
+        name = record.name
+        stored = await self.store.secrets.get(name)
+        secrets = stored.value if stored else TenantSecrets(tenant=name)
+        before = msgspec.json.encode(secrets)
+        driver = self.drivers.get(record.spec.datastore.driver)
+        if driver is None:
+            return ("NotReady", "DatastoreUnavailable",
+                    f"datastore driver {record.spec.datastore.driver!r} is not configured on this manager",
+                    "", "", 0.0)
+        try:
+            secrets.datastore = await driver.ensure(name, secrets.datastore)
+        except Exception as exc:
+            log.warning("tenant %s: datastore: %s", name, exc)
+            return ("NotReady", "DatastoreUnavailable", str(exc), "", "", secrets.not_after)
+        endpoint = manifests.endpoint(record)
+        self.pki.ensure(record, secrets, endpoint, manifests.namespace(name))
+        if msgspec.json.encode(secrets) != before:
+            await self.store.secrets.put(name, secrets, revision=stored.revision if stored else None)
+        objects = manifests.render(record, secrets, self.platform_namespace)
+        try:
+            manifests.validate(objects)
+        except manifests.InvalidManifest as exc:  # a bug in rendering, not the tenant's fault
+            log.error("tenant %s: %s", name, exc)
+            return ("NotReady", "InvalidManifest", str(exc), endpoint, secrets.datastore.scope, secrets.not_after)
+        try:
+            await self.host.apply(name, objects)
+            ready, why = await self.host.ready(name)
+        except Exception as exc:
+            log.warning("tenant %s: host cluster: %s", name, exc)
+            return ("NotReady", "HostApplyFailed", str(exc), endpoint, secrets.datastore.scope, secrets.not_after)
+        if ready:
+            phase: Phase = "Ready"
+            reason = "Ready"
+        else:
+            phase = "Upgrading" if record.status.phase == "Ready" else "Provisioning"
+            reason = "WaitingForControlPlane"
+        return (phase, reason, why, endpoint, secrets.datastore.scope, secrets.not_after)
+
+    async def _publish_record(self, name: str, record: TenantRecord) -> None:
+        current = await self.store.tenants.get(name)
+        if current is not None and current.value.quota == record.quota and current.value.phase == record.phase:
+            return
+        await self.store.tenants.put(name, record, revision=current.revision if current else None)
+
+    async def _teardown(self, name: str, uid: str | None, record: TenantControlPlane | None = None) -> None:
+        """Remove everything the tenant owns, in the reverse order of creation; safe to repeat."""
+        await self.host.remove(name)
+        stored = await self.store.secrets.get(name)
+        drivers = [self.drivers[record.spec.datastore.driver]] if record and record.spec.datastore.driver in self.drivers else []
+        if stored and stored.value.datastore and stored.value.datastore.driver in self.drivers:
+            drivers.append(self.drivers[stored.value.datastore.driver])
+        for driver in {id(d): d for d in drivers}.values():
+            await driver.remove(name)
+        await self.store.secrets.delete(name)
+        await self.store.tenants.delete(name)
+        await self.store.controlplanes.delete(name)
+        await self.publish(
+            subjects.tenant(name, "deleted"),
+            TenantDeleted(tenant=name),
+            f"{name}.{uid or 'orphan'}.deleted",
+        )

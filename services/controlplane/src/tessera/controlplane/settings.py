@@ -1,0 +1,75 @@
+"""The manager's own settings, read from the environment once into a frozen object.
+
+Everything here is about what the manager provisions (datastore servers, host cluster, PKI
+lifetimes); how to reach NATS and the probe port come from the shared ServiceSettings.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal, Mapping
+
+from tessera.shared.errors import ConfigError
+from tessera.shared.settings import env_float, env_int, env_str
+
+DRIVERS = ("nats", "postgres", "etcd")
+HostMode = Literal["none", "render", "kubernetes"]
+
+
+@dataclass(frozen=True)
+class ControlPlaneSettings:
+    drivers: tuple[str, ...] = ("nats",)
+    # NATS datastore: where tenants connect, and (config-file authorization) the users file the
+    # manager owns plus the nats-server pid file to signal a reload. Empty: no per-tenant users.
+    nats_tenant_url: str = ""
+    nats_auth_file: str = ""
+    nats_pid_file: str = ""
+    postgres_dsn: str = "postgresql://postgres@127.0.0.1:5432/postgres"
+    postgres_tenant_host: str = "127.0.0.1:5432"
+    etcd_endpoint: str = "http://127.0.0.1:2379"
+    etcd_root_password: str = ""
+    host_mode: HostMode = "none"
+    manifests_dir: str = ""
+    platform_namespace: str = "tessera-system"
+    host_cpu_millis: int = 0  # 0: unbounded
+    host_memory_mib: int = 0
+    cert_days: int = 365
+    rotate_before_days: int = 30
+    resync_seconds: float = 30.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "ControlPlaneSettings":
+        env = os.environ if env is None else env
+        drivers = tuple(d.strip() for d in env_str(env, "TESSERA_CP_DRIVERS", "nats").split(",") if d.strip())
+        for d in drivers:
+            if d not in DRIVERS:
+                raise ConfigError(f"TESSERA_CP_DRIVERS: unknown driver {d!r}; choose from {', '.join(DRIVERS)}")
+        mode = env_str(env, "TESSERA_CP_HOST", "none")
+        if mode not in ("none", "render", "kubernetes"):
+            raise ConfigError(f"TESSERA_CP_HOST={mode!r}: use none, render or kubernetes")
+        manifests_dir = env_str(env, "TESSERA_CP_MANIFESTS_DIR", "")
+        if mode == "render" and not manifests_dir:
+            raise ConfigError("TESSERA_CP_HOST=render needs TESSERA_CP_MANIFESTS_DIR (where to write)")
+        rotate = env_int(env, "TESSERA_CP_ROTATE_BEFORE_DAYS", 30, minimum=0)
+        days = env_int(env, "TESSERA_CP_CERT_DAYS", 365, minimum=1)
+        if rotate >= days:
+            raise ConfigError("TESSERA_CP_ROTATE_BEFORE_DAYS must be below TESSERA_CP_CERT_DAYS")
+        return cls(
+            drivers=drivers,
+            nats_tenant_url=env_str(env, "TESSERA_CP_NATS_TENANT_URL", ""),
+            nats_auth_file=env_str(env, "TESSERA_CP_NATS_AUTH_FILE", ""),
+            nats_pid_file=env_str(env, "TESSERA_CP_NATS_PID_FILE", ""),
+            postgres_dsn=env_str(env, "TESSERA_CP_POSTGRES_DSN", cls.postgres_dsn),
+            postgres_tenant_host=env_str(env, "TESSERA_CP_POSTGRES_TENANT_HOST", cls.postgres_tenant_host),
+            etcd_endpoint=env_str(env, "TESSERA_CP_ETCD_ENDPOINT", cls.etcd_endpoint),
+            etcd_root_password=env_str(env, "TESSERA_CP_ETCD_ROOT_PASSWORD", ""),
+            host_mode=mode,  # type: ignore[arg-type]
+            manifests_dir=manifests_dir,
+            platform_namespace=env_str(env, "TESSERA_CP_PLATFORM_NAMESPACE", "tessera-system"),
+            host_cpu_millis=env_int(env, "TESSERA_CP_HOST_CPU_MILLIS", 0, minimum=0),
+            host_memory_mib=env_int(env, "TESSERA_CP_HOST_MEMORY_MIB", 0, minimum=0),
+            cert_days=days,
+            rotate_before_days=rotate,
+            resync_seconds=env_float(env, "TESSERA_CP_RESYNC_SECONDS", 30.0),
+        )

@@ -1,0 +1,218 @@
+"""The TenantControlPlane: what a tenant asked for (spec) and what the manager observed (status).
+
+The spec is user input (CLI, request/reply, a Kubernetes custom resource), so it forbids unknown
+fields and names the offending field on any error. Field names are camelCase on the wire so that the
+same document is valid as the ``spec`` of the TenantControlPlane custom resource
+(deploy/k8s/crds/tenantcontrolplanes.yaml mirrors these Structs; a test keeps the two in step).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta, Struct, field
+
+from tessera.shared.api import describe_validation_error
+from tessera.shared.events import GpuQuota, TenantName, now
+
+SizeClass = Literal["small", "medium", "large"]
+Phase = Literal["Provisioning", "Ready", "NotReady", "Upgrading", "Deleting"]
+Driver = Literal["nats", "postgres", "etcd"]
+ServiceType = Literal["ClusterIP", "NodePort", "LoadBalancer"]
+
+KubernetesVersion = Annotated[str, Meta(pattern=r"^v1\.(2[89]|3[0-9])\.[0-9]+$")]
+Cidr = Annotated[str, Meta(min_length=1, max_length=43)]
+SubjectAltName = Annotated[str, Meta(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9.:*-]+$")]
+
+
+class SpecError(ValueError):
+    """Invalid spec; ``field`` is the dotted path of the offending field (e.g. spec.network.port)."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class _Spec(Struct, forbid_unknown_fields=True, kw_only=True, rename="camel", frozen=True):
+    """Base of every spec document: camelCase names, unknown fields rejected."""
+
+
+class Amount(_Spec):
+    cpu_millis: Annotated[int, Meta(ge=10, le=64000)]
+    memory_mib: Annotated[int, Meta(ge=16, le=262144)]
+
+
+class Resources(_Spec):
+    requests: Amount
+    limits: Amount
+
+
+class ComponentResources(_Spec):
+    """Explicit per-component resources; any component left out is filled from the size class."""
+
+    api_server: Resources | None = None
+    controller_manager: Resources | None = None
+    scheduler: Resources | None = None
+    datastore_shim: Resources | None = None
+
+
+class KubernetesSpec(_Spec):
+    version: KubernetesVersion = "v1.33.1"
+    replicas: Annotated[int, Meta(ge=1, le=5)] = 2
+
+
+class NetworkProfile(_Spec):
+    service_type: ServiceType = "ClusterIP"
+    address: str = ""  # the advertised address; empty: the Service's cluster DNS name
+    port: Annotated[int, Meta(ge=1, le=65535)] = 6443
+    cert_sans: list[SubjectAltName] = []
+    service_cidr: Cidr = "10.96.0.0/16"
+    pod_cidr: Cidr = "10.244.0.0/16"
+    # Addresses of the tenant's own worker nodes: the only clients besides the platform that the
+    # NetworkPolicy admits to the tenant's API server.
+    node_cidrs: list[Cidr] = []
+
+
+class DatastoreRef(_Spec):
+    driver: Driver = "nats"
+
+
+class QuotaSpec(_Spec):
+    """GPU quota; a field left out means unlimited in that dimension."""
+
+    gpus: Annotated[int, Meta(ge=0, le=100000)] | None = None
+    memory_mib: Annotated[int, Meta(ge=0)] | None = None
+    cores: Annotated[int, Meta(ge=0)] | None = None
+
+    def to_quota(self) -> GpuQuota:
+        return GpuQuota(gpus=self.gpus, memory_mib=self.memory_mib, cores=self.cores)
+
+    @classmethod
+    def from_quota(cls, quota: GpuQuota) -> "QuotaSpec":
+        return cls(gpus=quota.gpus, memory_mib=quota.memory_mib, cores=quota.cores)
+
+
+class TenantControlPlaneSpec(_Spec):
+    kubernetes: KubernetesSpec = KubernetesSpec()
+    size: SizeClass = "small"
+    resources: ComponentResources = ComponentResources()
+    network: NetworkProfile = NetworkProfile()
+    datastore: DatastoreRef = DatastoreRef()
+    quota: QuotaSpec = QuotaSpec()
+
+
+class TenantControlPlaneStatus(Struct, kw_only=True, rename="camel"):
+    """Observed state; written only by the manager."""
+
+    phase: Phase = "Provisioning"
+    reason: str = ""
+    message: str = ""
+    observed_generation: int = 0
+    endpoint: str = ""
+    datastore: str = ""  # the tenant's bucket / database / key prefix
+    certificates_not_after: float = 0.0
+    last_transition: float = field(default_factory=now)
+
+
+class TenantControlPlane(Struct, kw_only=True, rename="camel"):
+    """One record of the ``controlplanes`` bucket: the desired spec and the last observed status."""
+
+    name: TenantName
+    uid: str
+    generation: int = 1
+    spec: TenantControlPlaneSpec = TenantControlPlaneSpec()
+    status: TenantControlPlaneStatus = field(default_factory=TenantControlPlaneStatus)
+    deleting: bool = False
+    created: float = field(default_factory=now)
+
+
+class _NameOnly(Struct, forbid_unknown_fields=True):
+    name: TenantName
+
+
+_record_decoder = msgspec.json.Decoder(TenantControlPlane)
+_encoder = msgspec.json.Encoder()
+
+
+def encode_record(record: TenantControlPlane) -> bytes:
+    return _encoder.encode(record)
+
+
+def decode_record(data: bytes) -> TenantControlPlane:
+    return _record_decoder.decode(data)
+
+
+def check_name(name: str) -> str:
+    try:
+        msgspec.convert({"name": name}, _NameOnly)
+    except msgspec.ValidationError:
+        raise SpecError(
+            f"tenant name {name!r} is invalid: use 1-32 lowercase letters, digits and '-',"
+            " starting and ending with a letter or digit",
+            "name",
+        ) from None
+    return name
+
+
+def parse_spec(document: dict | None, quota: GpuQuota | None = None) -> TenantControlPlaneSpec:
+    """Validate a spec document (camelCase); ``quota`` (the request's own field) overrides spec.quota."""
+    try:
+        spec = msgspec.convert(document or {}, TenantControlPlaneSpec)
+    except msgspec.ValidationError as exc:
+        message, path = describe_validation_error(exc)
+        path = path.removeprefix("$").lstrip(".")
+        raise SpecError(message, f"spec.{path}" if path else "spec") from None
+    if quota is not None:
+        spec = msgspec.structs.replace(spec, quota=QuotaSpec.from_quota(quota))
+    _check_semantics(spec)
+    return spec
+
+
+def _check_semantics(spec: TenantControlPlaneSpec) -> None:
+    """What a schema cannot say: CIDRs parse, ranges do not overlap, limits cover requests."""
+    nets = {}
+    for name in ("service_cidr", "pod_cidr"):
+        nets[name] = _network(getattr(spec.network, name), f"spec.network.{_camel(name)}")
+    if nets["service_cidr"].overlaps(nets["pod_cidr"]):
+        raise SpecError("serviceCidr and podCidr overlap; choose disjoint ranges", "spec.network.podCidr")
+    for i, cidr in enumerate(spec.network.node_cidrs):
+        _network(cidr, f"spec.network.nodeCidrs[{i}]")
+    if spec.network.address:
+        _host(spec.network.address, "spec.network.address")
+    for component in ("api_server", "controller_manager", "scheduler", "datastore_shim"):
+        res: Resources | None = getattr(spec.resources, component)
+        if res is None:
+            continue
+        where = f"spec.resources.{_camel(component)}.limits"
+        if res.limits.cpu_millis < res.requests.cpu_millis:
+            raise SpecError("limits.cpuMillis must be >= requests.cpuMillis", f"{where}.cpuMillis")
+        if res.limits.memory_mib < res.requests.memory_mib:
+            raise SpecError("limits.memoryMib must be >= requests.memoryMib", f"{where}.memoryMib")
+
+
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
+
+
+def _host(value: str, where: str) -> None:
+    try:
+        ipaddress.ip_address(value)
+        return
+    except ValueError:
+        pass
+    if not _HOSTNAME.match(value):
+        raise SpecError(f"{value!r} is neither an IP address nor a DNS name", where)
+
+
+def _network(value: str, where: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    try:
+        return ipaddress.ip_network(value, strict=True)
+    except ValueError as exc:
+        raise SpecError(f"{value!r} is not a CIDR block ({exc})", where) from None
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p.title() for p in rest)

@@ -1,0 +1,709 @@
+"""The placement decision: which node and which GPUs a claim gets, or why none fits.
+
+Pure and synchronous: no I/O, no clock, no mutation of the fleet (the service commits through a
+compare-and-set on the ledger and then feeds the result back with `Fleet.apply_ledger`). The same
+code runs in the service and in the packing benchmark, so the benchmark measures what ships.
+
+Work per claim is kept proportional to what changed: the fleet groups identical nodes into classes,
+each class is evaluated once per claim shape and the answer cached on the class; a commit creates at
+most one new class. Policies:
+
+- ``binpack`` / ``spread``: HAMi's scores. A node scores used/total of shares + cores + memory over
+  its GPUs; binpack takes the most used node, spread the least. Same per GPU within the node.
+- ``best-fit``: the node (and GPU) with the least normalised capacity left after placement.
+- ``dot-product``: Tetris-style alignment of the claim's demand with the node's free vector.
+- ``fragmentation-aware``: from the FGD paper's description (Weng et al., ATC'23). A node's
+  fragmentation for a task kind is the free GPU capacity that kind cannot use (all of it if the node
+  cannot host the kind at all, counting CPU and host memory; otherwise the GPUs too small for it);
+  the node's fragmentation is the expectation over the workload mix. We choose the node and GPUs
+  that minimise the increase, then prefer the tighter fit.
+- ``random``: a uniformly random feasible node (benchmark baseline).
+"""
+
+from __future__ import annotations
+
+import random as _random
+from collections import OrderedDict, deque
+from bisect import bisect_right
+from heapq import heapify, heappop, heappush
+from dataclasses import dataclass, field
+from itertools import count
+from operator import attrgetter
+
+from tessera.shared.events import ClaimSpec, DeviceShare, LedgerEntry
+
+from .fleet import Fleet, Node, NodeClass
+from .mix import POLICIES, Demand, WorkloadMix, demand_of
+
+__all__ = ["Placement", "Rejection", "Placer", "CONSTRAINTS", "ledger_entry"]
+
+# Order in which a node's failure is attributed to one constraint.
+CONSTRAINTS = ("lost", "node-pin", "excluded", "cpu", "host-memory", "gpu-count", "gpu-type",
+               "gpu-uuid", "exclusive", "max-shares", "memory", "cores")
+
+_MISS = object()
+_UNEXPLAINED = None  # set below, once Rejection exists
+_tokens = count()
+_CACHE_CAP = 192  # cached claim shapes per node class
+_FCACHE_CAP = 400_000
+_class_id = attrgetter("id")
+_HEAPS_CAP = 160  # claim shapes with a live index
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    node: str
+    shares: list[DeviceShare]
+    score: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    reason: str
+    filtered: dict[str, int] = field(default_factory=dict)
+
+
+_UNEXPLAINED = Rejection(reason="no node fits", filtered={})
+
+
+def ledger_entry(claim_id: str, tenant: str, spec: ClaimSpec, placement: Placement) -> LedgerEntry:
+    """The ledger entry that records `placement` for this claim."""
+    return LedgerEntry(claim=claim_id, tenant=tenant, shares=placement.shares,
+                       cpu_millis=spec.cpu_millis, host_memory_mib=spec.host_memory_mib)
+
+
+def _n(x: int) -> str:
+    return f"{x:,}"
+
+
+class Placer:
+    """Chooses node and GPUs for claims against one `Fleet`.
+
+    `mix` is the workload mix the fragmentation-aware policy measures against; with `learn` (the
+    default) every new claim id seen by `place` is fed to it.
+    """
+
+    def __init__(
+        self, fleet: Fleet, default_node_policy: str = "fragmentation-aware",
+        default_gpu_policy: str | None = None, mix: WorkloadMix | None = None, *,
+        learn: bool = True, seed: int = 0,
+    ) -> None:
+        for p in (default_node_policy, default_gpu_policy):
+            if p is not None and p not in POLICIES:
+                raise ValueError(f"unknown policy {p!r} (one of: {', '.join(POLICIES)})")
+        self.fleet = fleet
+        self.default_node_policy = default_node_policy
+        self.default_gpu_policy = default_gpu_policy or default_node_policy
+        self.mix = mix if mix is not None else WorkloadMix()
+        self.learn = learn
+        self.frag_model = "fgd"
+        self.rng = _random.Random(seed)
+        self._token = next(_tokens)
+        self._epoch = -1
+        self._demands: dict[tuple, Demand] = {}
+        self._recent: set[str] = set()
+        self._recent_q: deque[str] = deque()
+        self._gcache: dict[tuple, tuple] = {}
+        self._fcache: dict[tuple, float] = {}
+        self._kinds: list[tuple[Demand, float]] = []
+        self._heaps: OrderedDict[tuple, list] = OrderedDict()
+        self._memo: dict[tuple, tuple | None] = {}
+        self._kc: list[int] = []
+        self._km: list[int] = []
+        self._roster: tuple[int, list[Node]] = (-1, [])
+        self._rejections: dict[tuple, tuple[int, Rejection]] = {}
+
+    # --- public ---------------------------------------------------------------------------------
+
+    def demand(self, spec: ClaimSpec) -> Demand:
+        key = (spec.gpus, spec.memory_mib, spec.memory_percent, spec.cores, tuple(spec.use_types),
+               tuple(spec.nouse_types), tuple(spec.use_uuids), tuple(spec.nouse_uuids),
+               spec.cpu_millis, spec.host_memory_mib, spec.node, spec.node_policy, spec.gpu_policy)
+        d = self._demands.get(key)
+        if d is None:
+            if len(self._demands) > 4096:
+                self._demands.clear()
+            d = self._demands[key] = demand_of(spec)
+        return d
+
+    def place(self, claim_id: str, tenant: str, spec: ClaimSpec,
+              exclude_nodes=()) -> Placement | Rejection:
+        d = self.demand(spec)
+        if self.learn and claim_id not in self._recent:
+            self._recent.add(claim_id)
+            self._recent_q.append(claim_id)
+            if len(self._recent_q) > 8192:
+                self._recent.discard(self._recent_q.popleft())
+            self.mix.observe(d)
+        return self.place_demand(d, exclude_nodes)
+
+    def place_demand(self, d: Demand, exclude_nodes=(), *, explain: bool = True) -> Placement | Rejection:
+        """Place an already-reduced claim (the simulator uses this for CPU-only tasks too).
+
+        With `explain` false a rejection carries no reason or counts (the packing benchmark does not
+        read them, and counting is the only part of a rejection that costs a fleet scan).
+        """
+        if self._epoch != self.mix.version:
+            self._new_epoch()
+        node_policy = d.node_policy or self.default_node_policy
+        gpu_policy = d.gpu_policy or self.default_gpu_policy
+        if d.node is not None or d.use_uuids or d.nouse_uuids or exclude_nodes:
+            return self._place_each(d, node_policy, gpu_policy, frozenset(exclude_nodes))
+        ck = d._ckey
+        if ck is None or ck[1] != self._epoch:
+            ck = d._ckey = (self._token, self._epoch, d.shape, node_policy, gpu_policy)
+        if node_policy == "random":
+            return self._place_random(d, ck, gpu_policy)
+        heap = self._index(ck, d, node_policy, gpu_policy)
+        if not exclude_nodes:
+            if not heap:
+                if not explain:
+                    return _UNEXPLAINED
+                return self._reject(d, ck, {}, None)
+            e = heap[0]
+            return self._placement(e[2].first(), d, e[3], gpu_policy)
+        # Walk the index best-first past classes whose nodes are all excluded, then put it back.
+        popped = []
+        found = None
+        excluded = 0
+        while heap:
+            e = heappop(heap)
+            if not e[2].alive:
+                continue
+            popped.append(e)
+            for n in e[2].members.values():
+                if n.name in exclude_nodes:
+                    excluded += 1
+                else:
+                    found = (e, n)
+                    break
+            if found:
+                break
+        for e in popped:
+            heappush(heap, e)
+        if found is None:
+            return self._reject(d, ck, {"excluded": excluded} if excluded else {}, None, exclude_nodes)
+        return self._placement(found[1], d, found[0][3], gpu_policy)
+
+    def _cached(self, cls: NodeClass, ck: tuple, d: Demand, node_policy: str, gpu_policy: str):
+        cache = cls.cache
+        r = cache.get(ck, _MISS)
+        if r is _MISS:
+            if len(cache) >= _CACHE_CAP:
+                cache.clear()
+            if gpu_policy == "random" or node_policy == "random":
+                r = self._evaluate(cls.devs, cls.cpu_free, cls.mem_free, cls.cpu_total, cls.mem_total,
+                                   d, node_policy, gpu_policy, None)
+            elif node_policy == "fragmentation-aware" and self.frag_model == "fgd":
+                r = self._fgd_memo(cls, ck, d, gpu_policy)
+            else:
+                r = self._gpu_memo(cls, ck, d, node_policy, gpu_policy)
+            cache[ck] = r
+        return r
+
+    def _gpu_memo(self, cls: NodeClass, ck: tuple, d: Demand, node_policy: str, gpu_policy: str):
+        """Baseline policies: the GPU part of the answer depends on the GPU states alone; CPU and
+        memory enter as feasibility and as linear terms added here."""
+        c, m = cls.cpu_free, cls.mem_free
+        if d.cpu > c or d.hostmem > m:
+            return None
+        key = (ck, cls.devs)
+        g = self._memo.get(key, _MISS)
+        if g is _MISS:
+            if len(self._memo) >= _FCACHE_CAP:
+                self._memo.clear()
+            g = self._memo[key] = self._gpu_part(cls.devs, d, node_policy, gpu_policy)
+        if g is None:
+            return None
+        term, positions = g
+        ct, mt = cls.cpu_total or 1, cls.mem_total or 1
+        if node_policy == "binpack":
+            score = (-term,)
+        elif node_policy == "spread":
+            score = (term,)
+        elif node_policy == "best-fit":
+            score = (term + (c - d.cpu) / ct + (m - d.hostmem) / mt,)
+        else:  # dot-product
+            score = (-(term + (d.cpu / ct) * (c / ct) + (d.hostmem / mt) * (m / mt)),)
+        return (score, positions)
+
+    def _gpu_part(self, devs: tuple, d: Demand, node_policy: str, gpu_policy: str):
+        states = self.fleet.states.states
+        k = d.gpus
+        if k:
+            fits = d.fits
+            fitting = [i for i, s in enumerate(devs) if fits(states[s])]
+            if len(fitting) < k:
+                return None
+            positions, after = self._choose_gpus(devs, fitting, d, gpu_policy, 0, 0)
+        else:
+            positions, after = (), devs
+        ng = len(devs) or 1
+        if node_policy in ("binpack", "spread"):
+            return (self._used(devs), positions)
+        if node_policy == "best-fit":
+            return (sum(states[s].free for s in after) / ng, positions)
+        u = sum(states[s].free for s in devs) / ng
+        return (sum(d.units(states[devs[i]]) for i in positions) / ng * u, positions)
+
+    def _used(self, devs: tuple) -> float:
+        """HAMi's node score: used/total over the node's GPUs, of shares, cores and memory."""
+        if not devs:
+            return 0.0
+        states = self.fleet.states.states
+        sh = mx = cu = mu = mt = 0
+        for s in devs:
+            st = states[s]
+            sh += st.shares
+            mx += st.max_shares
+            cu += st.cores_used
+            mu += st.mem_used
+            mt += st.memory_mib
+        return sh / mx + cu / (100 * len(devs)) + mu / mt
+
+    def _fgd_memo(self, cls: NodeClass, ck: tuple, d: Demand, gpu_policy: str):
+        """FGD's answer depends on CPU/memory free only through which kinds' thresholds they reach,
+        before and after the claim; nodes alike in that share one evaluation."""
+        c, m = cls.cpu_free, cls.mem_free
+        if d.cpu > c or d.hostmem > m:
+            return None
+        kc, km = self._kc, self._km
+        key = (ck, cls.devs, bisect_right(kc, c), bisect_right(kc, c - d.cpu),
+               bisect_right(km, m), bisect_right(km, m - d.hostmem))
+        r = self._memo.get(key, _MISS)
+        if r is _MISS:
+            if len(self._memo) >= _FCACHE_CAP:
+                self._memo.clear()
+            r = self._memo[key] = self._evaluate(cls.devs, c, m, cls.cpu_total, cls.mem_total, d,
+                                                 "fragmentation-aware", gpu_policy, None)
+        if r is None:
+            return None
+        (delta, left, _), positions = r
+        return ((delta, left, (c - d.cpu) / (cls.cpu_total or 1)), positions)
+
+    def _index(self, ck: tuple, d: Demand, node_policy: str, gpu_policy: str) -> list:
+        """The per-shape index: a heap of (score, class id, class, result) over feasible classes.
+
+        Built once per claim shape, then brought up to date from the fleet's class log: each new
+        class is evaluated once per shape that is asked for later; dead classes are dropped lazily.
+        """
+        fleet = self.fleet
+        log = fleet.log
+        last = fleet._next_class - 1
+        idx = self._heaps.get(ck)
+        if idx is None:
+            heap = []
+            for cls in fleet.classes.values():
+                r = self._cached(cls, ck, d, node_policy, gpu_policy)
+                if r is not None:
+                    heap.append((r[0], cls.id, cls, r))
+            heapify(heap)
+            idx = [heap, last]
+            self._heaps[ck] = idx
+            if len(self._heaps) > _HEAPS_CAP:
+                self._heaps.popitem(last=False)
+        else:
+            self._heaps.move_to_end(ck)
+            heap = idx[0]
+            if idx[1] < last:
+                for cls in log[bisect_right(log, idx[1], key=_class_id):]:
+                    if cls.alive:
+                        r = self._cached(cls, ck, d, node_policy, gpu_policy)
+                        if r is not None:
+                            heappush(heap, (r[0], cls.id, cls, r))
+                idx[1] = last
+        while heap and not heap[0][2].alive:
+            heappop(heap)
+        if len(heap) > 2 * len(fleet.classes) + 64:
+            heap = [e for e in heap if e[2].alive]
+            heapify(heap)
+            idx[0] = heap
+        return heap
+
+    # --- mix ------------------------------------------------------------------------------------
+
+    def _new_epoch(self) -> None:
+        self._epoch = self.mix.version
+        self._kinds = self.mix.kinds()
+        self._kc = sorted({kd.cpu for kd, _ in self._kinds})
+        self._km = sorted({kd.hostmem for kd, _ in self._kinds})
+        self._memo.clear()
+        self._gcache.clear()
+        self._fcache.clear()
+        self._heaps.clear()
+
+    def _frag(self, G: tuple, c: int, m: int) -> float:
+        """Expected unusable free GPU capacity (GPU units) of a node with GPUs `G`, CPU/mem free c/m."""
+        if self.frag_model == "fill":
+            return self._frag_fill(G, c, m)
+        return self._fragb(G, bisect_right(self._kc, c), bisect_right(self._km, m))
+
+    def _frag_fill(self, G: tuple, c: int, m: int) -> float:
+        key = (G, c, m)
+        f = self._fcache.get(key)
+        if f is not None:
+            return f
+        gi = self._gcache.get(G)
+        if gi is None:
+            states = self.fleet.states.states
+            ss = [states[s] for s in G]
+            U = 0.0
+            for s in ss:
+                U += s.free
+            usable = []
+            for kd, p in self._kinds:
+                if kd.exclusive or kd.memory_percent is None and kd.memory_mib is None:
+                    whole = sum(1 for s in ss if kd.fits(s))
+                    n = whole // kd.gpus
+                    per = float(kd.gpus)
+                else:
+                    n = 0
+                    per = kd.cores / 100
+                    for s in ss:
+                        if kd.fits(s):
+                            u = kd.units(s)
+                            per = u
+                            n += int((s.free + 1e-9) // u) if u > 0 else 1
+                if n:
+                    usable.append((kd.cpu, kd.hostmem, n, p * per))
+            gi = self._gcache[G] = (U, tuple(usable))
+        f, usable = gi
+        for ct, mt, n, w in usable:
+            if ct > 0:
+                n = min(n, c // ct)
+            if mt > 0:
+                n = min(n, m // mt)
+            if n > 0:
+                f -= w * n
+        if len(self._fcache) >= _FCACHE_CAP:
+            self._fcache.clear()
+        self._fcache[key] = f
+        return f
+
+    def _fragb(self, G: tuple, bc: int, bm: int) -> float:
+        """`_frag` with CPU and memory given as buckets: how many kinds' thresholds they reach."""
+        key = (G, bc, bm)
+        f = self._fcache.get(key)
+        if f is not None:
+            return f
+        gi = self._gcache.get(G)
+        if gi is None:
+            states = self.fleet.states.states
+            ss = [states[s] for s in G]
+            U = 0.0
+            for s in ss:
+                U += s.free
+            usable = []
+            kc, km = self._kc, self._km
+            for kd, p in self._kinds:
+                n = 0
+                fs = 0.0
+                fits = kd.fits
+                for s in ss:
+                    if fits(s):
+                        n += 1
+                        fs += s.free
+                if n >= kd.gpus and fs > 0.0:
+                    usable.append((kc.index(kd.cpu), km.index(kd.hostmem), p * fs))
+            gi = self._gcache[G] = (U, tuple(usable))
+        f, usable = gi
+        for ic, im, w in usable:
+            if bc > ic and bm > im:
+                f -= w
+        if len(self._fcache) >= _FCACHE_CAP:
+            self._fcache.clear()
+        self._fcache[key] = f
+        return f
+
+    # --- evaluation -----------------------------------------------------------------------------
+
+    def _evaluate(self, devs: tuple, cpu_free: int, mem_free: int, cpu_total: int, mem_total: int,
+                  d: Demand, node_policy: str, gpu_policy: str, mask) -> tuple | None:
+        """Score one node shape for `d`: ((score...), positions) or None when it does not fit.
+
+        Positions index `devs` (the class's sorted device order). Lower scores are better.
+        """
+        if d.cpu > cpu_free or d.hostmem > mem_free:
+            return None
+        states = self.fleet.states.states
+        k = d.gpus
+        cpu_after = cpu_free - d.cpu
+        mem_after = mem_free - d.hostmem
+        if k:
+            fits = d.fits
+            fitting = [i for i, s in enumerate(devs) if fits(states[s]) and (mask is None or mask[i])]
+            if len(fitting) < k:
+                return None
+            positions, after = self._choose_gpus(devs, fitting, d, gpu_policy, cpu_after, mem_after)
+        else:
+            positions, after = (), devs
+        ng = len(devs) or 1
+        if node_policy == "fragmentation-aware":
+            delta = self._frag(after, cpu_after, mem_after) - self._frag(devs, cpu_free, mem_free)
+            left = 0.0
+            for s in after:
+                left += states[s].free
+            # Ties (common: many nodes where the claim changes nothing a typical task could use)
+            # go to the tighter fit: less GPU left, then less CPU left.
+            score = (round(delta, 9), left, cpu_after / (cpu_total or 1))
+        elif node_policy in ("binpack", "spread"):
+            used = self._used(devs)
+            score = (-used,) if node_policy == "binpack" else (used,)
+        elif node_policy == "best-fit":
+            left = 0.0
+            for s in after:
+                left += states[s].free
+            score = (left / ng + cpu_after / (cpu_total or 1) + mem_after / (mem_total or 1),)
+        elif node_policy == "dot-product":
+            u = 0.0
+            for s in devs:
+                u += states[s].free
+            dem = (sum(d.units(states[devs[i]]) for i in positions) / ng, d.cpu / (cpu_total or 1),
+                   d.hostmem / (mem_total or 1))
+            free = (u / ng, cpu_free / (cpu_total or 1), mem_free / (mem_total or 1))
+            score = (-(dem[0] * free[0] + dem[1] * free[1] + dem[2] * free[2]),)
+        else:  # random: feasibility only
+            score = (0,)
+        return (score, positions)
+
+    def _choose_gpus(self, devs: tuple, fitting: list[int], d: Demand, gpu_policy: str,
+                     cpu_after: int, mem_after: int) -> tuple[tuple, tuple]:
+        k = d.gpus
+        states = self.fleet.states.states
+        after_of = self.fleet.states.after
+        if gpu_policy == "fragmentation-aware" and len({devs[i] for i in fitting}) > 1:
+            cur = list(devs)
+            avail = list(fitting)
+            chosen = []
+            for _ in range(k):
+                best = None
+                seen = set()
+                for i in avail:
+                    s = cur[i]
+                    if s in seen:
+                        continue
+                    seen.add(s)
+                    st = states[s]
+                    ns = after_of(s, d.mem_req(st.memory_mib), d.cores)
+                    trial = cur.copy()
+                    trial[i] = ns
+                    G = tuple(sorted(trial))
+                    key = (self._frag(G, cpu_after, mem_after), states[ns].free, i)
+                    if best is None or key < best[0]:
+                        best = (key, i, ns)
+                _, i, ns = best
+                cur[i] = ns
+                avail.remove(i)
+                chosen.append(i)
+            positions = tuple(chosen)
+        else:
+            if gpu_policy == "binpack":
+                order = sorted(fitting, key=lambda i: (-states[devs[i]].used_score, i))
+            elif gpu_policy == "spread":
+                order = sorted(fitting, key=lambda i: (states[devs[i]].used_score, i))
+            elif gpu_policy == "random":
+                order = fitting  # sampled at placement time
+            else:  # best-fit, dot-product, fragmentation-aware with identical candidates
+                order = sorted(fitting, key=lambda i: (states[devs[i]].free - d.units(states[devs[i]]), i))
+            positions = tuple(order[:k]) if gpu_policy != "random" else tuple(order)
+            cur = list(devs)
+            for i in positions[:k]:
+                s = cur[i]
+                cur[i] = after_of(s, d.mem_req(states[s].memory_mib), d.cores)
+        return positions, tuple(sorted(cur))
+
+    def _placement(self, node: Node, d: Demand, r: tuple, gpu_policy: str) -> Placement:
+        score, positions = r
+        if gpu_policy == "random" and len(positions) > d.gpus:
+            positions = self.rng.sample(positions, d.gpus)
+        shares = []
+        devices = node.devices
+        order = node.order
+        for pos in positions:
+            dev = devices[order[pos]]
+            shares.append(DeviceShare(uuid=dev.uuid, index=dev.index,
+                                       memory_mib=d.mem_req(dev.memory_mib), cores=d.cores))
+        shares.sort(key=lambda s: s.index)
+        return Placement(node=node.name, shares=shares, score=float(score[0]))
+
+    def _place_random(self, d: Demand, ck: tuple, gpu_policy: str) -> Placement | Rejection:
+        """A node drawn uniformly among those that fit: draw from all live nodes and redraw on a
+        misfit (uniform over the feasible ones); scan the fleet only when draws keep missing."""
+        fleet = self.fleet
+        if self._roster[0] != fleet.roster_generation:
+            self._roster = (fleet.roster_generation, [n for n in fleet.nodes.values() if not n.lost])
+        nodes = self._roster[1]
+        rng = self.rng
+        for _ in range(64 if nodes else 0):
+            n = nodes[rng.randrange(len(nodes))]
+            r = self._cached(n.cls, ck, d, "random", gpu_policy)
+            if r is not None:
+                return self._placement(n, d, r, gpu_policy)
+        feasible = []
+        total = 0
+        for cls in fleet.classes.values():
+            r = self._cached(cls, ck, d, "random", gpu_policy)
+            if r is not None:
+                feasible.append((cls, r))
+                total += len(cls.members)
+        if not feasible:
+            return self._reject(d, ck, {}, None)
+        pick = rng.randrange(total)
+        for cls, r in feasible:
+            if pick < len(cls.members):
+                node = list(cls.members.values())[pick]
+                return self._placement(node, d, r, gpu_policy)
+            pick -= len(cls.members)
+        raise AssertionError("unreachable")
+
+    # --- the per-node path: pins, uuid selectors, excluded nodes --------------------------------
+
+    def _mask(self, node: Node, d: Demand) -> list[bool] | None:
+        if not d.use_uuids and not d.nouse_uuids:
+            return None
+        mask = []
+        for pos in range(len(node.order)):
+            u = node.devices[node.order[pos]].uuid
+            mask.append((not d.use_uuids or u in d.use_uuids) and u not in d.nouse_uuids)
+        return mask
+
+    def _place_each(self, d: Demand, node_policy: str, gpu_policy: str,
+                    exclude: frozenset) -> Placement | Rejection:
+        fleet = self.fleet
+        filtered: dict[str, int] = {}
+        if d.node is not None:
+            n = fleet.nodes.get(d.node)
+            others = len(fleet.nodes) - (n is not None)
+            if others:
+                filtered["node-pin"] = others
+            candidates = [n] if n is not None else []
+        else:
+            candidates = list(fleet.nodes.values())
+        live = []
+        for n in candidates:
+            if n.lost:
+                filtered["lost"] = filtered.get("lost", 0) + 1
+            elif n.name in exclude:
+                filtered["excluded"] = filtered.get("excluded", 0) + 1
+            else:
+                live.append(n)
+        best = None
+        bestnode = None
+        pol = "fragmentation-aware" if node_policy == "random" else node_policy
+        for n in live:
+            cls = n.cls
+            r = self._evaluate(cls.devs, cls.cpu_free, cls.mem_free, cls.cpu_total, cls.mem_total, d,
+                               pol, gpu_policy, self._mask(n, d))
+            if r is None:
+                continue
+            if node_policy == "random":
+                r = ((self.rng.random(),), r[1])
+            if best is None or r[0] < best[0]:
+                best = r
+                bestnode = n
+        if best is None:
+            return self._reject(d, None, filtered, live)
+        return self._placement(bestnode, d, best, gpu_policy)
+
+    # --- rejection ------------------------------------------------------------------------------
+
+    def _explain(self, devs: tuple, cpu_free: int, mem_free: int, d: Demand, mask) -> str:
+        if d.cpu > cpu_free:
+            return "cpu"
+        if d.hostmem > mem_free:
+            return "host-memory"
+        states = self.fleet.states.states
+        k = d.gpus
+        if not k:
+            return "fits"
+        cand = [i for i, s in enumerate(devs) if states[s].healthy]
+        if len(cand) < k:
+            return "gpu-count"
+        steps = (
+            ("gpu-type", lambda i, st: d.type_ok(st)),
+            ("gpu-uuid", lambda i, st: mask is None or mask[i]),
+            ("exclusive", lambda i, st: not st.exclusive and (not d.exclusive or st.shares == 0)),
+            ("max-shares", lambda i, st: st.shares < st.max_shares),
+            ("memory", lambda i, st: st.memory_mib - st.mem_used >= d.mem_req(st.memory_mib)),
+            ("cores", lambda i, st: 100 - st.cores_used >= d.cores),
+        )
+        for name, ok in steps:
+            cand = [i for i in cand if ok(i, states[devs[i]])]
+            if len(cand) < k:
+                return name
+        return "fits"
+
+    def _reject(self, d: Demand, ck: tuple | None, filtered: dict[str, int], nodes: list[Node] | None,
+                exclude=frozenset()) -> Rejection:
+        if ck is not None and not exclude:
+            hit = self._rejections.get(ck)
+            if hit is not None and hit[0] == self.fleet.generation:
+                return hit[1]
+        r = self._reject_counted(d, ck, filtered, nodes, exclude)
+        if ck is not None and not exclude:
+            if len(self._rejections) > 256:
+                self._rejections.clear()
+            self._rejections[ck] = (self.fleet.generation, r)
+        return r
+
+    def _reject_counted(self, d: Demand, ck: tuple | None, filtered: dict[str, int],
+                        nodes: list[Node] | None, exclude=frozenset()) -> Rejection:
+        filtered = dict(filtered)
+        if nodes is None:
+            if self.fleet.lost:
+                filtered["lost"] = len(self.fleet.lost)
+            wk = ("why", ck)
+            for cls in self.fleet.classes.values():
+                why = cls.cache.get(wk)
+                if why is None:
+                    why = cls.cache[wk] = self._explain(cls.devs, cls.cpu_free, cls.mem_free, d, None)
+                if exclude and why == "fits":
+                    continue  # counted as excluded by the caller
+                filtered[why] = filtered.get(why, 0) + len(cls.members)
+        else:
+            for n in nodes:
+                cls = n.cls
+                why = self._explain(cls.devs, cls.cpu_free, cls.mem_free, d, self._mask(n, d))
+                filtered[why] = filtered.get(why, 0) + 1
+        filtered.pop("fits", None)
+        return Rejection(reason=self._reason(d, filtered), filtered=filtered)
+
+    def _reason(self, d: Demand, filtered: dict[str, int]) -> str:
+        if not self.fleet.nodes:
+            return "no node fits: the fleet has no nodes"
+        k = d.gpus
+        g = f"{k} GPU" + ("s" if k != 1 else "")
+        each = " each" if k > 1 else ""
+        if d.memory_mib is not None:
+            mem = f"{_n(d.memory_mib)} MiB"
+        elif d.memory_percent is not None:
+            mem = f"{d.memory_percent}% of memory"
+        else:
+            mem = "all memory"
+        types = []
+        if d.use_types:
+            types.append("use: " + ", ".join(d.use_types))
+        if d.nouse_types:
+            types.append("nouse: " + ", ".join(d.nouse_types))
+        text = {
+            "lost": "{n} lost",
+            "node-pin": f"{{n}} skipped (claim pinned to {d.node})",
+            "excluded": "{n} excluded by the caller",
+            "cpu": f"{{n}} lack {_n(d.cpu)} CPU millis free",
+            "host-memory": f"{{n}} lack {_n(d.hostmem)} MiB host memory free",
+            "gpu-count": f"{{n}} have fewer than {g} (healthy)",
+            "gpu-type": f"{{n}} excluded by gpu type ({'; '.join(types)})",
+            "gpu-uuid": f"{{n}} excluded by gpu uuid selectors",
+            "exclusive": (f"{{n}} lack {g} with no other share{each} (exclusive use)" if d.exclusive
+                          else f"{{n}} lack {g} not held exclusively by another claim"),
+            "max-shares": f"{{n}} lack {g} below their share limit",
+            "memory": f"{{n}} lack {g} with {mem} free{each}",
+            "cores": f"{{n}} lack {g} with {d.cores}% cores free{each}",
+        }
+        parts = []
+        for name in sorted(filtered, key=lambda c: (-filtered[c], CONSTRAINTS.index(c))):
+            n = filtered[name]
+            parts.append(text[name].format(n=f"{_n(n)} node" + ("s" if n != 1 else "")))
+        if d.node is not None and d.node not in self.fleet.nodes:
+            parts.insert(0, f"pinned node {d.node} is unknown")
+        return "no node fits: " + ", ".join(parts)

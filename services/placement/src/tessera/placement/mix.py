@@ -1,0 +1,176 @@
+"""The workload mix: what a typical claim looks like, learned from the claims placement has seen.
+
+Fragmentation only means something relative to the tasks that will come: 30% of a GPU is a fragment
+for a workload of whole-GPU jobs and perfectly usable for one of 25%-slices. The FGD paper (Weng et
+al., USENIX ATC'23) measures a node's fragmentation as the expected unusable GPU capacity for a task
+drawn from the workload's task mix; this module keeps that mix. It counts observed claim shapes
+(GPU count, memory and core share per GPU, host CPU and memory), keeps the most frequent ones, and
+republishes a normalised distribution only now and then (each republish invalidates cached scores,
+so it must be rare: after 16 claims, then whenever the count grew by a quarter, at most every 5,000).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from tessera.shared.events import ClaimSpec
+
+__all__ = ["Demand", "WorkloadMix", "demand_of", "DEFAULT_MIX"]
+
+POLICIES = ("binpack", "spread", "fragmentation-aware", "best-fit", "dot-product", "random")
+
+
+class Demand:
+    """A claim reduced to what placement needs, with per-device-state fit answers cached.
+
+    `gpus` may be 0 (a CPU-only task: only the simulator places those). Memory per GPU is
+    `memory_mib`, else `memory_percent` of the card, else the whole card. `cores` 100 is exclusive.
+    """
+
+    __slots__ = (
+        "gpus", "memory_mib", "memory_percent", "cores", "exclusive", "use_types", "nouse_types",
+        "use_uuids", "nouse_uuids", "cpu", "hostmem", "node", "node_policy", "gpu_policy",
+        "shape", "kind", "_fit", "_ckey",
+    )
+
+    def __init__(
+        self, *, gpus: int = 1, memory_mib: int | None = None, memory_percent: int | None = None,
+        cores: int = 0, use_types=(), nouse_types=(), use_uuids=(), nouse_uuids=(), cpu: int = 0,
+        hostmem: int = 0, node: str | None = None, node_policy: str | None = None,
+        gpu_policy: str | None = None,
+    ) -> None:
+        self.gpus = gpus
+        self.memory_mib = memory_mib
+        self.memory_percent = memory_percent
+        self.cores = cores
+        self.exclusive = cores >= 100
+        self.use_types = tuple(t.lower() for t in use_types)
+        self.nouse_types = tuple(t.lower() for t in nouse_types)
+        self.use_uuids = frozenset(use_uuids)
+        self.nouse_uuids = frozenset(nouse_uuids)
+        self.cpu = cpu
+        self.hostmem = hostmem
+        self.node = node
+        self.node_policy = node_policy
+        self.gpu_policy = gpu_policy
+        # What the mix counts: the resource shape, without selectors or policies.
+        self.kind = (gpus, memory_mib, memory_percent, cores, cpu, hostmem)
+        self.shape = (self.kind, self.use_types, self.nouse_types, node_policy, gpu_policy)
+        self._fit: dict[int, bool] = {}
+        self._ckey = None
+
+    def mem_req(self, memory_mib: int) -> int:
+        """MiB this claim takes on a card of `memory_mib` (HAMi: percent of total, floored)."""
+        if self.memory_mib is not None:
+            return self.memory_mib
+        if self.memory_percent is not None:
+            return memory_mib * self.memory_percent // 100
+        return memory_mib
+
+    def type_ok(self, s) -> bool:
+        m = s.model_lc
+        if self.use_types and not any(t in m for t in self.use_types):
+            return False
+        return not any(t in m for t in self.nouse_types)
+
+    def fits(self, s) -> bool:
+        """Whether one more share of this claim fits on a GPU in device state `s` (uuid aside)."""
+        r = self._fit.get(s.id)
+        if r is None:
+            r = (
+                s.healthy and not s.exclusive and s.shares < s.max_shares
+                and (not self.exclusive or s.shares == 0)
+                and s.memory_mib - s.mem_used >= self.mem_req(s.memory_mib)
+                and 100 - s.cores_used >= self.cores
+                and self.type_ok(s)
+            )
+            self._fit[s.id] = r
+        return r
+
+    def units(self, s) -> float:
+        """This claim's size on one GPU in GPU units (the larger of its memory and compute share)."""
+        return max(self.mem_req(s.memory_mib) / s.memory_mib, self.cores / 100)
+
+
+def demand_of(spec: ClaimSpec) -> Demand:
+    return Demand(
+        gpus=spec.gpus, memory_mib=spec.memory_mib, memory_percent=spec.memory_percent,
+        cores=spec.cores, use_types=spec.use_types, nouse_types=spec.nouse_types,
+        use_uuids=spec.use_uuids, nouse_uuids=spec.nouse_uuids, cpu=spec.cpu_millis,
+        hostmem=spec.host_memory_mib, node=spec.node, node_policy=spec.node_policy,
+        gpu_policy=spec.gpu_policy,
+    )
+
+
+# Before anything is observed: a mix typical of shared inference/training fleets (whole GPUs
+# dominate, then halves and quarters, a few multi-GPU jobs). Weights are claim counts.
+DEFAULT_MIX: tuple[tuple[tuple, float], ...] = (
+    ((1, None, None, 100, 0, 0), 50.0),
+    ((1, None, 50, 50, 0, 0), 15.0),
+    ((1, None, 25, 25, 0, 0), 10.0),
+    ((1, None, 75, 75, 0, 0), 5.0),
+    ((1, None, 10, 10, 0, 0), 5.0),
+    ((2, None, None, 100, 0, 0), 6.0),
+    ((4, None, None, 100, 0, 0), 5.0),
+    ((8, None, None, 100, 0, 0), 4.0),
+)
+
+
+def _kind_demand(kind: tuple) -> Demand:
+    gpus, memory_mib, memory_percent, cores, cpu, hostmem = kind
+    return Demand(gpus=gpus, memory_mib=memory_mib, memory_percent=memory_percent, cores=cores,
+                  cpu=cpu, hostmem=hostmem)
+
+
+class WorkloadMix:
+    """A distribution over claim kinds. Feed it with `observe`; read `kinds()` and `version`."""
+
+    def __init__(self, max_kinds: int = 40, coverage: float = 0.99) -> None:
+        self.max_kinds = max_kinds
+        self.coverage = coverage
+        self._counts: Counter[tuple] = Counter()
+        self._seen = 0
+        self._seen_at_build = 0
+        self.version = 0
+        self._kinds: list[tuple[Demand, float]] = self._build(Counter(dict(DEFAULT_MIX)))
+
+    def observe(self, what: ClaimSpec | Demand, weight: int = 1) -> None:
+        d = what if isinstance(what, Demand) else demand_of(what)
+        if d.gpus == 0:
+            # A CPU-only task can use no GPU capacity: every free GPU is a fragment to it wherever
+            # it goes, so it shifts all nodes' fragmentation alike and carries no signal.
+            return
+        self._counts[d.kind] += weight
+        self._seen += weight
+        grown = self._seen - self._seen_at_build
+        if grown >= max(16, min(self._seen_at_build // 4, 5000)):
+            self._kinds = self._build(self._counts)
+            self._seen_at_build = self._seen
+            self.version += 1
+
+    def observe_all(self, items) -> None:
+        """Feed many claims at once and publish the mix once (history replay, benchmarks)."""
+        for it in items:
+            d = it if isinstance(it, Demand) else demand_of(it)
+            if d.gpus:
+                self._counts[d.kind] += 1
+                self._seen += 1
+        self._kinds = self._build(self._counts)
+        self._seen_at_build = self._seen
+        self.version += 1
+
+    def kinds(self) -> list[tuple[Demand, float]]:
+        return self._kinds
+
+    def _build(self, counts: Counter) -> list[tuple[Demand, float]]:
+        total = sum(counts.values())
+        if not total:
+            return []
+        top: list[tuple[tuple, float]] = []
+        acc = 0.0
+        for kind, n in counts.most_common(self.max_kinds):
+            top.append((kind, n))
+            acc += n
+            if acc >= self.coverage * total:
+                break
+        return [(_kind_demand(k), n / acc) for k, n in top]

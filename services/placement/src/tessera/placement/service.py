@@ -1,0 +1,386 @@
+"""The placement service: turns ``requested`` claims into ``allocated`` or ``unschedulable``.
+
+Any number of replicas run at once. Each keeps an in-memory view of the fleet (watched from the
+``inventory`` and ``ledger`` buckets), decides with the engine, and commits through compare-and-set:
+the tenant's quota record first, then the node's ledger record, then the claim's record. Whoever loses
+a race re-reads and tries again; a replica whose claim CAS loses rolls its ledger entry back, so a
+claim is never allocated twice and no GPU is over-committed, without node locks between replicas.
+
+Unschedulable claims are kept (in the ``claims`` bucket, mirrored here) and retried when capacity or
+quota changes: an inventory change, a ledger release or a tenant update, never by polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+import msgspec
+
+from tessera.shared import subjects
+from tessera.shared.bus import Bus, Delivery
+from tessera.shared.claimstore import ClaimStore
+from tessera.shared.errors import ConflictError
+from tessera.shared.events import (
+    ClaimAllocated,
+    ClaimRecord,
+    ClaimReleased,
+    ClaimReleaseRequested,
+    ClaimRequested,
+    ClaimSpec,
+    ClaimUnschedulable,
+    GpuQuota,
+    LedgerEntry,
+    NodeInventory,
+    NodeLedger,
+    TenantRecord,
+    claim_decoder,
+)
+from tessera.shared.ledger import Ledger, check_fit, claim_quota, decode_node_ledger, tenant_totals
+from tessera.shared.runner import ServiceContext
+from tessera.shared.settings import env_int, env_str
+
+from tessera.placement.engine import Placement, Placer, Rejection
+from tessera.placement.fleet import Fleet
+from tessera.placement.quota import has_limits, over_quota
+
+log = logging.getLogger("tessera.placement")
+
+_inventory_decoder = msgspec.json.Decoder(NodeInventory)
+_tenant_decoder = msgspec.json.Decoder(TenantRecord)
+
+
+@dataclass(frozen=True)
+class PlacementSettings:
+    default_policy: str = "fragmentation-aware"
+    concurrency: int = 32
+    batch: int = 256
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "PlacementSettings":
+        env = os.environ if env is None else env
+        return cls(
+            default_policy=env_str(env, "TESSERA_PLACEMENT_POLICY", cls.default_policy),
+            concurrency=env_int(env, "TESSERA_PLACEMENT_CONCURRENCY", cls.concurrency, minimum=1),
+            batch=env_int(env, "TESSERA_PLACEMENT_BATCH", cls.batch, minimum=1),
+        )
+
+
+class PlacementService:
+    def __init__(self, ctx: ServiceContext, settings: PlacementSettings) -> None:
+        self.ctx = ctx
+        self.bus: Bus = ctx.bus
+        self.settings = settings
+        self.fleet = Fleet()
+        self.placer = Placer(
+            self.fleet,
+            default_node_policy=settings.default_policy,
+            default_gpu_policy=settings.default_policy,
+        )
+        self.ledger: Ledger
+        self.claims: ClaimStore
+        # node -> (ledger as last read or written, its revision)
+        self.node_ledgers: dict[str, tuple[NodeLedger, int | None]] = {}
+        self.claim_nodes: dict[str, str] = {}
+        self.inventories: dict[str, NodeInventory] = {}
+        self.quotas: dict[str, GpuQuota] = {}
+        self.tenants_known: set[str] = set()
+        self.node_locks: dict[str, asyncio.Lock] = {}
+        self.tentative: dict[str, dict[str, LedgerEntry]] = {}  # node -> claim -> entry in flight
+        self.pending: dict[str, ClaimRequested] = {}  # unschedulable, waiting for a change
+        self._retry_wanted = asyncio.Event()
+
+    # --- start-up --------------------------------------------------------------------------
+
+    async def start(self) -> dict:
+        self.ledger = Ledger(await self.bus.kv(subjects.KV_LEDGER))
+        self.claims = ClaimStore(await self.bus.kv(subjects.KV_CLAIMS))
+        open_inventory = self.ctx.gate("inventory")
+        open_ledger = self.ctx.gate("ledger")
+        open_tenants = self.ctx.gate("tenants")
+        consumer_ready = asyncio.Event()
+        return {
+            "watch-inventory": self._watch(subjects.KV_INVENTORY, self._on_inventory, open_inventory),
+            "watch-ledger": self._watch(subjects.KV_LEDGER, self._on_ledger, open_ledger),
+            "watch-tenants": self._watch(subjects.KV_TENANTS, self._on_tenant, open_tenants),
+            "claims": self._consume_when_ready(consumer_ready),
+            "retry-unschedulable": self._retry_loop(),
+        }
+
+    async def _watch(self, bucket: str, apply, open_gate) -> None:
+        """Apply every current value of a bucket, open the gate, then follow updates forever."""
+        kv = await self.bus.kv(bucket)
+        watcher = await kv.watchall()
+        try:
+            async for entry in watcher:
+                if entry is None:  # end of the initial values
+                    open_gate()
+                    continue
+                apply(entry.key, entry.value, entry.revision, entry.operation)
+        finally:
+            await watcher.stop()
+
+    async def _consume_when_ready(self, ready: asyncio.Event) -> None:
+        while not self.ctx.ready:  # the fleet view must be loaded before the first decision
+            await asyncio.sleep(0.05)
+        await self._load_pending()
+        await self.bus.consume(
+            stream=subjects.STREAM_CLAIMS,
+            durable="placement",
+            filter_subjects=[subjects.claims_of_kind("requested"), subjects.claims_of_kind("release")],
+            decoder=claim_decoder,
+            handler=self.handle,
+            batch=self.settings.batch,
+            concurrency=self.settings.concurrency,
+            ready=ready,
+        )
+
+    async def _load_pending(self) -> None:
+        """Reconcile: unschedulable claims recorded in the bucket are ours to retry."""
+        for record in await self.claims.all():
+            if record.state == "unschedulable" and not record.release_requested:
+                self.pending[record.claim] = ClaimRequested(
+                    claim=record.claim, tenant=record.tenant, spec=record.spec
+                )
+        if self.pending:
+            self._retry_wanted.set()
+
+    # --- watched state ---------------------------------------------------------------------
+
+    def _on_inventory(self, key: str, value: bytes | None, revision: int, op) -> None:
+        if op in ("DEL", "PURGE") or not value:
+            self.inventories.pop(key, None)
+            self.fleet.remove_node(key)
+        else:
+            inv = _inventory_decoder.decode(value)
+            self.inventories[inv.node] = inv
+            self.fleet.upsert_node(inv)
+            if inv.labels.get("tessera.dev/lost") == "true":
+                self.fleet.mark_lost(inv.node)
+            known = self.node_ledgers.get(inv.node)
+            if known is not None:
+                self._apply_to_fleet(inv.node, known[0])
+        self._retry_wanted.set()
+
+    def _on_ledger(self, key: str, value: bytes | None, revision: int, op) -> None:
+        if not key.startswith("node."):
+            if key.startswith("tenant."):
+                self._retry_wanted.set()
+            return
+        node = key[5:]
+        if op in ("DEL", "PURGE") or not value:
+            ledger = NodeLedger(node=node)
+        else:
+            ledger = decode_node_ledger(value)
+        known = self.node_ledgers.get(node)
+        if known is not None and known[1] is not None and known[1] >= revision:
+            return  # our own write, already applied
+        released = known is not None and any(c not in ledger.entries for c in known[0].entries)
+        self._remember(node, ledger, revision)
+        if released:
+            self._retry_wanted.set()
+
+    def _on_tenant(self, key: str, value: bytes | None, revision: int, op) -> None:
+        if op in ("DEL", "PURGE") or not value:
+            self.quotas.pop(key, None)
+            self.tenants_known.discard(key)
+        else:
+            record = _tenant_decoder.decode(value)
+            self.quotas[record.tenant] = record.quota
+            self.tenants_known.add(record.tenant)
+        self._retry_wanted.set()
+
+    def _remember(self, node: str, ledger: NodeLedger, revision: int | None) -> None:
+        old = self.node_ledgers.get(node)
+        if old is not None:
+            for claim in old[0].entries:
+                if claim not in ledger.entries and self.claim_nodes.get(claim) == node:
+                    del self.claim_nodes[claim]
+        for claim in ledger.entries:
+            self.claim_nodes[claim] = node
+        self.node_ledgers[node] = (ledger, revision)
+        self._apply_to_fleet(node, ledger)
+
+    def _apply_to_fleet(self, node: str, ledger: NodeLedger) -> None:
+        if node not in self.inventories:
+            return
+        extra = self.tentative.get(node)
+        if extra:
+            entries = dict(ledger.entries)
+            entries.update(extra)
+            ledger = NodeLedger(node=node, entries=entries)
+        self.fleet.apply_ledger(ledger)
+
+    # --- handling --------------------------------------------------------------------------
+
+    async def handle(self, event, delivery: Delivery) -> None:
+        match event:
+            case ClaimRequested():
+                await self.place(event)
+            case ClaimReleaseRequested():
+                await self.cancel(event)
+            case _:
+                return
+
+    async def place(self, event: ClaimRequested) -> bool:
+        """Allocate one claim; True if allocated. Idempotent: a redelivery finds the claim's state."""
+        log.debug("placing %s", event.claim)
+        record, _ = await self.claims.get(event.claim)
+        if record is None:
+            record = ClaimRecord(claim=event.claim, tenant=event.tenant, state="requested", spec=event.spec)
+            await self.claims.create(record)
+        if record.state not in ("requested", "unschedulable") or record.release_requested:
+            log.debug("%s is %s: nothing to place", event.claim, record.state)
+            self.pending.pop(event.claim, None)
+            return record.state not in ("released", "failed")
+
+        existing = self.claim_nodes.get(event.claim)
+        if existing is not None:  # committed before a crash or by a peer: finish, don't re-place
+            entry = self.node_ledgers[existing][0].entries[event.claim]
+            return await self._finish(event, existing, entry)
+
+        if event.tenant not in self.tenants_known:
+            await self._unschedulable(
+                event, f"tenant {event.tenant!r} does not exist: create it with 'tessera tenant create'", {}
+            )
+            return False
+
+        decision = self.placer.place(event.claim, event.tenant, event.spec)
+        if isinstance(decision, Rejection):
+            await self._unschedulable(event, decision.reason, decision.filtered)
+            return False
+        assert isinstance(decision, Placement)
+        entry = LedgerEntry(
+            claim=event.claim,
+            tenant=event.tenant,
+            shares=list(decision.shares),
+            cpu_millis=event.spec.cpu_millis,
+            host_memory_mib=event.spec.host_memory_mib,
+        )
+        quota = self.quotas.get(event.tenant)
+        if has_limits(quota):
+            usage, revision = await self.ledger.read_tenant(event.tenant)
+            if event.claim not in usage.claims:
+                reason = over_quota(quota, tenant_totals(usage), claim_quota(entry))
+                if reason:
+                    await self._unschedulable(event, reason, {"quota": 1})
+                    return False
+                await self.ledger.reserve_quota(event.tenant, event.claim, claim_quota(entry), usage, revision)
+        try:
+            await self._commit(decision.node, entry)
+        except BaseException:
+            if has_limits(quota):
+                await self.ledger.return_quota(event.tenant, event.claim)
+            raise
+        return await self._finish(event, decision.node, entry)
+
+    async def _commit(self, node: str, entry: LedgerEntry) -> None:
+        """Write ``entry`` into the node's ledger by CAS, after checking it still fits there.
+
+        The entry is booked in the local view first, so that concurrent decisions in this process
+        see it; one commit per node at a time in this process, so our own writes never conflict.
+        """
+        self.fleet.commit(node, entry)
+        self.tentative.setdefault(node, {})[entry.claim] = entry
+        try:
+            async with self.node_locks.setdefault(node, asyncio.Lock()):
+                ledger, revision = self.node_ledgers.get(node, (NodeLedger(node=node), None))
+                for attempt in range(3):
+                    inventory = self.inventories.get(node)
+                    why = "node left the fleet" if inventory is None else check_fit(inventory.devices, ledger, entry)
+                    if why is not None:
+                        raise ConflictError(f"{entry.claim} no longer fits on {node}: {why}")
+                    try:
+                        ledger, revision = await self.ledger.commit(node, entry, ledger, revision)
+                        break
+                    except ConflictError:
+                        if attempt == 2:
+                            raise
+                        ledger, revision = await self.ledger.read_node(node)
+                        self._remember(node, ledger, revision)
+        except BaseException:
+            self.tentative.get(node, {}).pop(entry.claim, None)
+            known = self.node_ledgers.get(node)
+            self._apply_to_fleet(node, known[0] if known else NodeLedger(node=node))
+            raise
+        self.tentative.get(node, {}).pop(entry.claim, None)
+        self._remember(node, ledger, revision)
+
+    async def _finish(self, event: ClaimRequested, node: str, entry: LedgerEntry) -> bool:
+        def allocate(record: ClaimRecord) -> ClaimRecord:
+            return msgspec.structs.replace(record, node=node, devices=list(entry.shares), reason="")
+
+        record = await self.claims.transition(event.claim, "allocated", allocate)
+        if record is None:
+            # Someone else moved the claim on (a peer allocated it elsewhere, or it was released):
+            # give back what we took.
+            current, _ = await self.claims.get(event.claim)
+            if current is None or current.node != node:
+                await self.ledger.release(node, event.claim)
+                await self.ledger.return_quota(event.tenant, event.claim)
+            self.pending.pop(event.claim, None)
+            return False
+        self.pending.pop(event.claim, None)
+        await self.bus.publish(
+            subjects.claim(event.tenant, event.claim, "allocated"),
+            ClaimAllocated(
+                claim=event.claim, tenant=event.tenant, node=node, devices=list(entry.shares), spec=event.spec
+            ),
+            msg_id=f"{event.claim}:allocated",
+        )
+        return True
+
+    async def _unschedulable(self, event: ClaimRequested, reason: str, filtered: dict[str, int]) -> None:
+        first = event.claim not in self.pending
+        self.pending[event.claim] = event
+
+        def note(record: ClaimRecord) -> ClaimRecord:
+            return msgspec.structs.replace(record, reason=reason)
+
+        record, _ = await self.claims.get(event.claim)
+        if record is not None and record.state == "unschedulable" and record.reason == reason and not first:
+            return  # nothing new to say
+        await self.claims.transition(event.claim, "unschedulable", note)
+        await self.bus.publish(
+            subjects.claim(event.tenant, event.claim, "unschedulable"),
+            ClaimUnschedulable(claim=event.claim, tenant=event.tenant, reason=reason, filtered=filtered),
+        )
+
+    async def cancel(self, event: ClaimReleaseRequested) -> None:
+        """Release of a claim that never reached a node is placement's to finish."""
+        record, _ = await self.claims.get(event.claim)
+        self.pending.pop(event.claim, None)
+        if record is None or record.state not in ("requested", "unschedulable"):
+            return  # on a node: the enforcer releases it
+        done = await self.claims.transition(event.claim, "released")
+        if done is not None:
+            await self.bus.publish(
+                subjects.claim(event.tenant, event.claim, "released"),
+                ClaimReleased(claim=event.claim, tenant=event.tenant, reason=event.reason),
+                msg_id=f"{event.claim}:released",
+            )
+
+    async def _retry_loop(self) -> None:
+        """Retry unschedulable claims whenever something that could make them fit has changed."""
+        while True:
+            await self._retry_wanted.wait()
+            await asyncio.sleep(0.05)  # coalesce a burst of changes into one pass
+            self._retry_wanted.clear()
+            waiting = sorted(self.pending.values(), key=lambda e: (-e.spec.priority, e.ts))
+            for event in waiting:
+                if event.claim not in self.pending:
+                    continue
+                try:
+                    await self.place(event)
+                except ConflictError:
+                    self._retry_wanted.set()
+                except Exception as exc:  # one bad claim must not stop the retries of the others
+                    log.warning("retry of %s failed: %r", event.claim, exc)
+
+
+async def build(ctx: ServiceContext) -> dict:
+    service = PlacementService(ctx, PlacementSettings.from_env())
+    return await service.start()

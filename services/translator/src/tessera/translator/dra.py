@@ -1,0 +1,222 @@
+"""A ClaimSpec rendered as Kubernetes DRA documents (``resource.k8s.io/v1``).
+
+On Kubernetes a translated claim has to become something the scheduler's DRA allocator understands:
+a ResourceClaim (or a ResourceClaimTemplate a pod points at) whose request asks the Tessera device
+class for a number of GPUs and, through consumable capacity (KEP-5075), for a share of each one's
+``memory`` and ``cores``. Type and UUID selectors become CEL expressions over the attributes that
+the capacity publisher puts in its ResourceSlices. Everything DRA cannot express (priority,
+scheduling policies, a memory percentage) travels to the node side as opaque driver config.
+
+The contract with the capacity publisher's ResourceSlices (driver ``gpu.tessera.dev``):
+attributes ``model`` (string) and ``uuid`` (string); capacity ``memory`` (a quantity in bytes,
+e.g. ``81559Mi``) and ``cores`` (``100``), with ``allowMultipleAllocations: true``; and no
+``requestPolicy.default`` for ``memory`` smaller than the card, so that a request without a memory
+entry consumes the whole card, as HAMi's "no gpumem" does.
+
+Pure functions returning plain dicts: no Kubernetes client here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+
+from tessera.shared.events import ClaimSpec
+
+DRIVER = "gpu.tessera.dev"
+DEVICE_CLASS = "gpu.tessera.dev"
+API_VERSION = "resource.k8s.io/v1"
+REQUEST_NAME = "gpu"
+PARAMETERS_API_VERSION = "gpu.tessera.dev/v1alpha1"
+PARAMETERS_KIND = "GpuClaimParameters"
+MAX_SUBREQUESTS = 8  # DeviceRequest.firstAvailable limit
+
+_ATTR = f"device.attributes[{json.dumps(DRIVER)}]"
+
+
+def _cel_list(values: list[str]) -> str:
+    # JSON string literals are valid CEL string literals (same escapes, \\uXXXX included).
+    return "[" + ", ".join(json.dumps(v) for v in values) + "]"
+
+
+def cel_selectors(spec: ClaimSpec) -> list[dict]:
+    """The DeviceSelectors for the spec's GPU type and UUID include/exclude lists.
+
+    Types keep HAMi's meaning: a case-insensitive substring of the model name.
+    """
+    exprs: list[str] = []
+    if spec.use_types:
+        needles = _cel_list([t.upper() for t in spec.use_types])
+        exprs.append(f"{needles}.exists(t, {_ATTR}.model.upperAscii().contains(t))")
+    if spec.nouse_types:
+        needles = _cel_list([t.upper() for t in spec.nouse_types])
+        exprs.append(f"!{needles}.exists(t, {_ATTR}.model.upperAscii().contains(t))")
+    if spec.use_uuids:
+        exprs.append(f"{_ATTR}.uuid in {_cel_list(spec.use_uuids)}")
+    if spec.nouse_uuids:
+        exprs.append(f"!({_ATTR}.uuid in {_cel_list(spec.nouse_uuids)})")
+    return [{"cel": {"expression": e}} for e in exprs]
+
+
+def _capacity(memory_mib: int | None, cores: int) -> dict:
+    requests: dict[str, str] = {}
+    if memory_mib is not None:
+        requests["memory"] = f"{memory_mib}Mi"
+    # Always explicit: an absent entry would consume the whole card's cores.
+    requests["cores"] = str(cores)
+    return {"requests": requests}
+
+
+def _model_matches(spec: ClaimSpec, model: str) -> bool:
+    upper = model.upper()
+    if spec.use_types and not any(t.upper() in upper for t in spec.use_types):
+        return False
+    return not any(t.upper() in upper for t in spec.nouse_types)
+
+
+def _subrequest_name(model: str, taken: set[str]) -> str:
+    base = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")[:56] or "gpu"
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}-{n}"
+    taken.add(name)
+    return name
+
+
+def device_request(
+    spec: ClaimSpec,
+    *,
+    name: str = REQUEST_NAME,
+    card_memory_mib: Mapping[str, int] | None = None,
+) -> dict:
+    """One ``DeviceRequest`` for the spec.
+
+    A memory percentage has no quantity until the card is known. Given ``card_memory_mib``
+    (model -> MiB, from the inventory), it becomes a ``firstAvailable`` list with one subrequest per
+    eligible model, each asking for ``floor(card * percent / 100)`` MiB, which is how HAMi sizes it
+    on the chosen card. Without it, memory is left out (the whole card, exact for 100 %) and the
+    percentage rides in the opaque config for the node side to apply.
+    """
+    selectors = cel_selectors(spec)
+    if spec.memory_percent is not None and card_memory_mib:
+        subrequests: list[dict] = []
+        taken: set[str] = set()
+        for model, total in sorted(card_memory_mib.items()):
+            if not _model_matches(spec, model):
+                continue
+            subrequests.append(
+                {
+                    "name": _subrequest_name(model, taken),
+                    "deviceClassName": DEVICE_CLASS,
+                    "selectors": [
+                        *selectors,
+                        {"cel": {"expression": f"{_ATTR}.model == {json.dumps(model)}"}},
+                    ],
+                    "allocationMode": "ExactCount",
+                    "count": spec.gpus,
+                    "capacity": _capacity(total * spec.memory_percent // 100, spec.cores),
+                }
+            )
+        if not subrequests:
+            raise ValueError("no GPU model in card_memory_mib passes the claim's type selectors")
+        if len(subrequests) > MAX_SUBREQUESTS:
+            raise ValueError(
+                f"{len(subrequests)} GPU models would need {len(subrequests)} subrequests; "
+                f"DRA allows at most {MAX_SUBREQUESTS}: narrow the type selectors"
+            )
+        return {"name": name, "firstAvailable": subrequests}
+    exactly: dict = {
+        "deviceClassName": DEVICE_CLASS,
+        "allocationMode": "ExactCount",
+        "count": spec.gpus,
+        "capacity": _capacity(spec.memory_mib, spec.cores),
+    }
+    if selectors:
+        exactly["selectors"] = selectors
+    return {"name": name, "exactly": exactly}
+
+
+def parameters(spec: ClaimSpec) -> dict:
+    """What the node side needs and DRA's allocator does not carry: the opaque config payload."""
+    params: dict = {"apiVersion": PARAMETERS_API_VERSION, "kind": PARAMETERS_KIND}
+    optional = {
+        "memoryMiB": spec.memory_mib,
+        "memoryPercent": spec.memory_percent,
+        "nodePolicy": spec.node_policy,
+        "gpuPolicy": spec.gpu_policy,
+        "node": spec.node,
+    }
+    params.update({k: v for k, v in optional.items() if v is not None})
+    params["cores"] = spec.cores
+    params["priority"] = spec.priority
+    return params
+
+
+def claim_spec(spec: ClaimSpec, *, card_memory_mib: Mapping[str, int] | None = None) -> dict:
+    """A ``ResourceClaimSpec`` for the spec."""
+    devices: dict = {
+        "requests": [device_request(spec, card_memory_mib=card_memory_mib)],
+        "config": [
+            {
+                "requests": [REQUEST_NAME],
+                "opaque": {"driver": DRIVER, "parameters": parameters(spec)},
+            }
+        ],
+    }
+    if spec.gpus > 1:
+        # A GPU that allows multiple allocations could otherwise be picked twice; HAMi's
+        # gpu: 2 always means two physical GPUs.
+        devices["constraints"] = [{"requests": [REQUEST_NAME], "distinctAttribute": f"{DRIVER}/uuid"}]
+    return {"devices": devices}
+
+
+def _metadata(name: str, namespace: str | None, labels, annotations) -> dict:
+    meta: dict = {"name": name}
+    if namespace:
+        meta["namespace"] = namespace
+    if labels:
+        meta["labels"] = dict(labels)
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return meta
+
+
+def resource_claim(
+    spec: ClaimSpec,
+    name: str,
+    namespace: str | None = None,
+    *,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    card_memory_mib: Mapping[str, int] | None = None,
+) -> dict:
+    """A ``ResourceClaim`` document."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceClaim",
+        "metadata": _metadata(name, namespace, labels, annotations),
+        "spec": claim_spec(spec, card_memory_mib=card_memory_mib),
+    }
+
+
+def resource_claim_template(
+    spec: ClaimSpec,
+    name: str,
+    namespace: str | None = None,
+    *,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    card_memory_mib: Mapping[str, int] | None = None,
+) -> dict:
+    """A ``ResourceClaimTemplate`` document; claims made from it carry the same labels."""
+    inner: dict = {"spec": claim_spec(spec, card_memory_mib=card_memory_mib)}
+    if labels:
+        inner["metadata"] = {"labels": dict(labels)}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceClaimTemplate",
+        "metadata": _metadata(name, namespace, labels, annotations),
+        "spec": inner,
+    }

@@ -1,0 +1,160 @@
+"""The claim translator service: the front door where GPU requests become claims.
+
+It answers ``tessera.api.claims.submit`` (a request in HAMi's vocabulary, or a native ClaimSpec) and
+``tessera.api.claims.release`` over NATS request/reply. A request is validated completely before
+anything is stored: a bad value is answered with an error naming the field, the allowed range and
+the fix, and nothing is published. A good one is recorded in the ``claims`` bucket and published as
+``requested``; a retry with the same claim id is answered with the claim already recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Mapping
+
+import msgspec
+
+from tessera.shared import api, subjects
+from tessera.shared.api import ReleaseRequest, SubmitRequest
+from tessera.shared.claimstore import TERMINAL, ClaimStore
+from tessera.shared.errors import TemporaryError
+from tessera.shared.events import (
+    ClaimRecord,
+    ClaimReleaseRequested,
+    ClaimRequested,
+    ClaimSpec,
+    claim_decoder,
+    encode,
+)
+from tessera.shared.runner import ServiceContext
+
+from tessera.translator.hami import TranslationError, translate
+
+log = logging.getLogger("tessera.translator")
+
+_submit_decoder = msgspec.json.Decoder(SubmitRequest)
+_release_decoder = msgspec.json.Decoder(ReleaseRequest)
+_spec_decoder = msgspec.json.Decoder(ClaimSpec)
+_encoder = msgspec.json.Encoder()
+
+
+def new_claim_id() -> str:
+    return "c-" + uuid.uuid4().hex[:16]
+
+
+class TranslatorService:
+    def __init__(self, ctx: ServiceContext) -> None:
+        self.ctx = ctx
+        self.bus = ctx.bus
+        self.claims: ClaimStore
+
+    async def start(self) -> dict:
+        self.claims = ClaimStore(await self.bus.kv(subjects.KV_CLAIMS))
+        self.tenants = await self.bus.kv(subjects.KV_TENANTS)
+        return {
+            "api-submit": self.bus.serve(subjects.API_SUBMIT, self.submit),
+            "api-release": self.bus.serve(subjects.API_RELEASE, self.release),
+        }
+
+    async def _tenant_exists(self, tenant: str) -> bool:
+        try:
+            await self.tenants.get(tenant)
+            return True
+        except Exception:
+            return False
+
+    def _spec_from(self, request: SubmitRequest) -> ClaimSpec:
+        if request.spec is not None:
+            if request.resources:
+                raise TranslationError(
+                    "spec", request.spec, "give either 'spec' (a native claim) or HAMi 'resources', not both"
+                )
+            # Re-validate through the same constraints a wire event gets.
+            spec = _spec_decoder.decode(_encoder.encode(request.spec))
+        else:
+            spec = translate(request.resources, request.annotations)
+        if request.node:
+            spec = msgspec.structs.replace(spec, node=request.node)
+        return spec
+
+    async def submit(self, data: bytes, headers: Mapping[str, str]) -> bytes:
+        try:
+            request = _submit_decoder.decode(data)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            message, path = api.describe_validation_error(exc)
+            return api.error(f"bad submit request: {message}", field=path)
+        try:
+            subjects.token(request.tenant)
+            if request.claim is not None:
+                subjects.token(request.claim)
+            spec = self._spec_from(request)
+            event = ClaimRequested(
+                claim=request.claim or new_claim_id(), tenant=request.tenant, spec=spec, source="api"
+            )
+            # The events' own constraints (name patterns, ranges) apply to what we are about to publish.
+            claim_decoder.decode(encode(event))
+        except TranslationError as exc:
+            return api.error(str(exc), field=exc.field)
+        except msgspec.ValidationError as exc:
+            message, path = api.describe_validation_error(exc)
+            return api.error(message, field=path)
+        except ValueError as exc:
+            return api.error(str(exc), field="tenant" if "tenant" in str(exc) else "claim")
+        if not await self._tenant_exists(event.tenant):
+            return api.error(
+                f"tenant {event.tenant!r} does not exist: create it first with"
+                f" 'tessera tenant create {event.tenant}'",
+                field="tenant",
+                code="not-found",
+            )
+        record = ClaimRecord(claim=event.claim, tenant=event.tenant, state="requested", spec=spec)
+        try:
+            created = await self.claims.create(record)
+            if not created:
+                existing, _ = await self.claims.get(event.claim)
+                if existing is not None and existing.tenant != event.tenant:
+                    return api.error(
+                        f"claim id {event.claim!r} belongs to another tenant; choose another id",
+                        field="claim",
+                        code="conflict",
+                    )
+            await self.bus.publish(
+                subjects.claim(event.tenant, event.claim, "requested"),
+                event,
+                msg_id=f"{event.claim}:requested",
+            )
+        except TemporaryError as exc:
+            return api.error(str(exc), code="unavailable")
+        log.info("claim %s for tenant %s requested: %s", event.claim, event.tenant, spec)
+        return api.ok({"claim": event.claim, "tenant": event.tenant, "spec": msgspec.to_builtins(spec)})
+
+    async def release(self, data: bytes, headers: Mapping[str, str]) -> bytes:
+        try:
+            request = _release_decoder.decode(data)
+            subjects.token(request.claim)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            message, path = api.describe_validation_error(exc)
+            return api.error(f"bad release request: {message}", field=path)
+        except ValueError as exc:
+            return api.error(str(exc), field="claim")
+        record, _ = await self.claims.get(request.claim)
+        if record is None:
+            return api.error(f"claim {request.claim!r} does not exist", field="claim", code="not-found")
+        if request.tenant and request.tenant != record.tenant:
+            return api.error(
+                f"claim {request.claim!r} does not belong to tenant {request.tenant!r}", field="tenant", code="not-found"
+            )
+        if record.state in TERMINAL:
+            return api.ok({"claim": record.claim, "state": record.state})
+        await self.claims.mark_release_requested(record.claim, request.reason)
+        await self.bus.publish(
+            subjects.claim(record.tenant, record.claim, "release"),
+            ClaimReleaseRequested(claim=record.claim, tenant=record.tenant, reason=request.reason),
+            msg_id=f"{record.claim}:release",
+        )
+        return api.ok({"claim": record.claim, "state": "releasing"})
+
+
+async def build(ctx: ServiceContext) -> dict:
+    return await TranslatorService(ctx).start()

@@ -1,0 +1,295 @@
+"""The Kubernetes face of the translator: a mutating admission webhook (AdmissionReview v1).
+
+Pods written for HAMi keep their ``nvidia.com/*`` resources and annotations. At admission the
+webhook validates each GPU container with ``hami.translate`` and, instead of leaving extended
+resources for a device plugin, rewrites the pod for DRA: the ``nvidia.com/*`` entries leave the
+container, a ``spec.resourceClaims`` entry points at a ResourceClaimTemplate named after the
+container and the claim's content, the container claims it, and the translated claim is recorded
+in an annotation. Bad values are denied with the container and field named, which is the whole
+point: HAMi admits them and then drops, clamps or strands them.
+
+The templates themselves are created by whoever passes ``translate_hook`` (the service, which
+holds the Kubernetes client); this module only speaks HTTP and JSON, so it is tested with real
+AdmissionReview documents and no cluster.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+import msgspec
+from aiohttp import web
+
+from tessera.shared.events import ClaimSpec
+
+from . import dra, hami
+
+log = logging.getLogger(__name__)
+
+CLAIMS_ANNOTATION = "gpu.tessera.dev/claims"
+TEMPLATE_PREFIX = "tessera-"
+MAX_BODY = 4 * 1024 * 1024  # an AdmissionReview of a Pod near etcd's 1.5 MiB object limit, twice over
+_NAME_MAX = 63  # DNS-1123 label: PodResourceClaim.name
+
+
+@dataclass(frozen=True)
+class ContainerClaim:
+    """One container's translated claim, and the template the patched pod points at."""
+
+    namespace: str
+    pod: str  # may be empty when the pod uses generateName
+    container: str
+    index: int
+    spec: ClaimSpec
+    template_name: str
+    template: dict  # the ResourceClaimTemplate document (dra.resource_claim_template)
+
+
+# Called once per admitted pod with GPU containers, before the response is sent, unless the
+# request is a dry run. Create the ResourceClaimTemplates there; an exception denies the pod.
+TranslateHook = Callable[[str, list[ContainerClaim]], Awaitable[None]]
+
+
+Present = dict[int, dict[str, set[str]]]  # container index -> "limits"/"requests" -> HAMi names
+
+
+class Malformed(Exception):
+    """The AdmissionReview itself is unusable: answered with HTTP 400."""
+
+
+def _escape(segment: str) -> str:
+    """RFC 6901: '~' becomes '~0' and '/' becomes '~1', in that order."""
+    return segment.replace("~", "~0").replace("/", "~1")
+
+
+def template_name(container: str, spec: ClaimSpec) -> str:
+    """Deterministic: same container name and same claim give the same template (retries, replicas)."""
+    digest = hashlib.sha256(msgspec.json.encode(spec)).hexdigest()[:10]
+    head = f"{TEMPLATE_PREFIX}{container}"[: _NAME_MAX - len(digest) - 1].rstrip("-")
+    return f"{head}-{digest}"
+
+
+def _merged(resources: Mapping, where: str) -> dict[str, object]:
+    """HAMi's view of a container: each name from limits, else from requests."""
+    limits = resources.get("limits") or {}
+    requests = resources.get("requests") or {}
+    if not isinstance(limits, dict) or not isinstance(requests, dict):
+        raise Malformed(f"{where}: resources.limits and resources.requests must be objects")
+    merged = {**requests, **limits}
+    for name in hami.RESOURCE_NAMES:
+        if name in limits and name in requests and str(limits[name]) != str(requests[name]):
+            raise hami.TranslationError(
+                f'resources.requests["{name}"]',
+                requests[name],
+                f"differs from limits ({limits[name]!r}); Kubernetes requires requests and limits of "
+                f"an extended resource to be equal. Set only limits",
+                where=where,
+            )
+    return merged
+
+
+def _patch_for(pod: dict, claims: list[ContainerClaim], present: Present) -> list:
+    ops: list[dict] = []
+    containers = pod["spec"]["containers"]
+    for claim in claims:
+        i = claim.index
+        base = f"/spec/containers/{i}/resources"
+        for section, names in present[i].items():
+            for name in sorted(names):
+                ops.append({"op": "remove", "path": f"{base}/{section}/{_escape(name)}"})
+        entry = {"name": claim.template_name}
+        if containers[i].get("resources", {}).get("claims"):
+            ops.append({"op": "add", "path": f"{base}/claims/-", "value": entry})
+        else:
+            ops.append({"op": "add", "path": f"{base}/claims", "value": [entry]})
+    pod_claims = [
+        {"name": c.template_name, "resourceClaimTemplateName": c.template_name} for c in claims
+    ]
+    if pod["spec"].get("resourceClaims"):
+        ops.extend({"op": "add", "path": "/spec/resourceClaims/-", "value": c} for c in pod_claims)
+    else:
+        ops.append({"op": "add", "path": "/spec/resourceClaims", "value": pod_claims})
+    record = json.dumps(
+        {c.container: msgspec.to_builtins(c.spec) for c in claims}, sort_keys=True, separators=(",", ":")
+    )
+    metadata = pod.get("metadata") or {}
+    if "metadata" not in pod:
+        value = {"annotations": {CLAIMS_ANNOTATION: record}}
+        ops.append({"op": "add", "path": "/metadata", "value": value})
+    elif isinstance(metadata.get("annotations"), dict):
+        path = f"/metadata/annotations/{_escape(CLAIMS_ANNOTATION)}"
+        ops.append({"op": "add", "path": path, "value": record})
+    else:
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": {CLAIMS_ANNOTATION: record}})
+    return ops
+
+
+def _translate_pod(pod: dict, namespace: str) -> tuple[list[ContainerClaim], Present]:
+    spec = pod.get("spec")
+    if not isinstance(spec, dict) or not isinstance(spec.get("containers"), list):
+        raise Malformed("request.object is not a Pod: spec.containers is missing")
+    metadata = pod.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise Malformed("request.object.metadata must be an object")
+    annotations = metadata.get("annotations") or {}
+    if not isinstance(annotations, dict):
+        raise Malformed("request.object.metadata.annotations must be an object")
+    pod_name = metadata.get("name") or ""
+
+    for j, init in enumerate(spec.get("initContainers") or []):
+        if not isinstance(init, dict):
+            raise Malformed(f"spec.initContainers[{j}] must be an object")
+        resources = init.get("resources") or {}
+        merged = _merged(resources, f'init container "{init.get("name", j)}"')
+        if hami.is_gpu_request(merged):
+            raise hami.TranslationError(
+                f"spec.initContainers[{j}].resources",
+                None,
+                "HAMi GPU resources in init containers are not supported (HAMi ignores them too); "
+                "move the GPU work to a regular container",
+                where=f'init container "{init.get("name", j)}"',
+            )
+
+    claims: list[ContainerClaim] = []
+    present: Present = {}
+    for i, container in enumerate(spec["containers"]):
+        if not isinstance(container, dict):
+            raise Malformed(f"spec.containers[{i}] must be an object")
+        name = str(container.get("name") or i)
+        where = f'container "{name}" (spec.containers[{i}])'
+        resources = container.get("resources") or {}
+        if not isinstance(resources, dict):
+            raise Malformed(f"{where}: resources must be an object")
+        merged = _merged(resources, where)
+        if not hami.is_gpu_request(merged):
+            continue
+        claim = hami.translate(merged, annotations, where=where)
+        tname = template_name(name, claim)
+        claims.append(
+            ContainerClaim(
+                namespace=namespace,
+                pod=pod_name,
+                container=name,
+                index=i,
+                spec=claim,
+                template_name=tname,
+                template=dra.resource_claim_template(
+                    claim,
+                    tname,
+                    namespace or None,
+                    labels={"app.kubernetes.io/managed-by": "tessera-translator"},
+                ),
+            )
+        )
+        present[i] = {
+            section: {n for n in (resources.get(section) or {}) if n in hami.RESOURCE_NAMES}
+            for section in ("limits", "requests")
+        }
+        present[i] = {k: v for k, v in present[i].items() if v}
+    return claims, present
+
+
+def _review(uid: str, response: dict) -> web.Response:
+    return web.json_response(
+        {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "response": {"uid": uid, **response},
+        }
+    )
+
+
+def _deny(uid: str, message: str, code: int = 422, reason: str = "Invalid") -> web.Response:
+    status = {"code": code, "reason": reason, "message": message}
+    return _review(uid, {"allowed": False, "status": status})
+
+
+def _parse_review(body: bytes) -> dict:
+    try:
+        review = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Malformed(f"body is not JSON: {exc}") from None
+    if not isinstance(review, dict):
+        raise Malformed("body must be a JSON object (an AdmissionReview)")
+    if review.get("apiVersion") != "admission.k8s.io/v1" or review.get("kind") != "AdmissionReview":
+        raise Malformed(
+            "expected apiVersion admission.k8s.io/v1 and kind AdmissionReview, got "
+            f"{review.get('apiVersion')!r} / {review.get('kind')!r}"
+        )
+    request = review.get("request")
+    if not isinstance(request, dict):
+        raise Malformed("AdmissionReview.request is missing")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise Malformed("AdmissionReview.request.uid is missing")
+    return request
+
+
+def make_app(translate_hook: TranslateHook | None = None) -> web.Application:
+    """The webhook as an aiohttp application: ``POST /mutate``."""
+
+    async def mutate(http: web.Request) -> web.Response:
+        try:
+            request = _parse_review(await http.read())
+        except Malformed as exc:
+            return web.Response(status=400, text=f"malformed AdmissionReview: {exc}\n")
+        try:
+            return await admit(request)
+        except Exception as exc:  # a bug must answer the review, not surface as an opaque 500
+            log.exception("webhook failed on %s", request["uid"])
+            message = f"internal error in the Tessera webhook: {exc!r}"
+            return _deny(request["uid"], message, 500, "InternalError")
+
+    async def admit(request: dict) -> web.Response:
+        uid = request["uid"]
+        kind = request.get("kind") or {}
+        obj = request.get("object")
+        if (
+            not isinstance(kind, dict)
+            or kind.get("kind") != "Pod"
+            or kind.get("group", "") != ""
+            or request.get("operation") != "CREATE"
+            or request.get("subResource")
+        ):
+            return _review(uid, {"allowed": True})  # not a pod creation: nothing to translate
+        if not isinstance(obj, dict):
+            text = "malformed AdmissionReview: request.object must be a Pod\n"
+            return web.Response(status=400, text=text)
+        namespace = request.get("namespace") or (obj.get("metadata") or {}).get("namespace") or ""
+        try:
+            claims, present = _translate_pod(obj, namespace)
+        except Malformed as exc:
+            return web.Response(status=400, text=f"malformed AdmissionReview: {exc}\n")
+        except hami.TranslationError as exc:
+            return _deny(uid, str(exc))
+        if not claims:
+            return _review(uid, {"allowed": True})
+        if translate_hook is not None and not request.get("dryRun"):
+            try:
+                await translate_hook(uid, claims)
+            except Exception as exc:  # the hook talks to Kubernetes; any failure denies, never 500s
+                log.exception("translate hook failed for %s", uid)
+                return _deny(
+                    uid,
+                    f"could not prepare the GPU claims ({exc.__class__.__name__}: {exc}); retry",
+                    code=503,
+                    reason="ServiceUnavailable",
+                )
+        patch = _patch_for(obj, claims, present)
+        return _review(
+            uid,
+            {
+                "allowed": True,
+                "patchType": "JSONPatch",
+                "patch": base64.b64encode(json.dumps(patch).encode()).decode(),
+            },
+        )
+
+    app = web.Application(client_max_size=MAX_BODY)
+    app.router.add_post("/mutate", mutate)
+    return app

@@ -1,0 +1,86 @@
+"""Fixtures for the control-plane manager: a Bus on the test's own nats-server, a manager in-loop."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from tessera.controlplane.app import Manager
+from tessera.controlplane.settings import ControlPlaneSettings
+from tessera.shared import api, subjects
+from tessera.controlplane.datastores.natskv import UsersFile
+from tessera.shared.bus import Bus
+from tessera.shared.natsserver import NatsServer
+from tessera.shared.settings import BusSettings
+
+
+@pytest.fixture
+async def bus(nats_url):
+    bus = await Bus.connect(BusSettings(url=nats_url, file_storage=False), "controlplane")
+    await bus.ensure_topology()
+    try:
+        yield bus
+    finally:
+        await bus.close()
+
+
+async def call(bus: Bus, verb: str, payload: dict | bytes) -> api.Reply:
+    data = payload if isinstance(payload, bytes) else msgspec.json.encode(payload)
+    return api.decode_reply(await bus.request(f"{subjects.API_TENANTS}.{verb}", data, timeout=20))
+
+
+@pytest.fixture
+def call_api():
+    return call
+
+
+async def start_manager(bus: Bus, settings: ControlPlaneSettings | None = None, **kw) -> Manager:
+    return await Manager.start(bus, settings or ControlPlaneSettings(), **kw)
+
+
+PLATFORM = ("platform", "platform-secret")
+
+
+@pytest.fixture
+def secured_nats(tmp_path):
+    users = tmp_path / "users.conf"
+    UsersFile(users, None, *PLATFORM).write({})
+    conf = tmp_path / "nats.conf"
+    conf.write_text(
+        f'pid_file: "{tmp_path / "nats.pid"}"\nauthorization {{\n  include "users.conf"\n}}\n'
+    )
+    server = NatsServer(tmp_path / "store", config_file=conf).start()
+    try:
+        yield server, users, tmp_path / "nats.pid"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def platform_bus(secured_nats):
+    server, _, _ = secured_nats
+    url = f"nats://{PLATFORM[0]}:{PLATFORM[1]}@127.0.0.1:{server.port}"
+    bus = await Bus.connect(BusSettings(url=url, file_storage=False), "controlplane")
+    await bus.ensure_topology()
+    try:
+        yield bus
+    finally:
+        await bus.close()
+
+
+@pytest.fixture
+def secured_settings(secured_nats, tmp_path) -> ControlPlaneSettings:
+    _, users, pid = secured_nats
+    return ControlPlaneSettings(
+        nats_auth_file=str(users), nats_pid_file=str(pid), host_mode="render",
+        manifests_dir=str(tmp_path / "manifests"),
+    )
+
+
+@pytest.fixture
+async def manager(platform_bus, secured_settings):
+    mgr = await Manager.start(platform_bus, secured_settings)
+    try:
+        yield mgr
+    finally:
+        await mgr.close()

@@ -1,0 +1,62 @@
+"""PostgreSQL datastore against the real server: a database + role per tenant, refused across tenants."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+import pytest
+
+from tessera.controlplane.datastores.postgres import PostgresDriver, database_name, role_name
+
+ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+@pytest.fixture
+async def driver():
+    try:
+        conn = await psycopg.AsyncConnection.connect(ADMIN, connect_timeout=3)
+        await conn.close()
+    except psycopg.OperationalError as exc:  # pragma: no cover - depends on the machine
+        pytest.skip(f"PostgreSQL is not reachable at {ADMIN}: {exc}")
+    drv = PostgresDriver(ADMIN, "127.0.0.1:5432")
+    tag = uuid.uuid4().hex[:6]
+    names = [f"pg{tag}-a", f"pg{tag}-b"]
+    try:
+        yield drv, names
+    finally:
+        for name in names:
+            await drv.remove(name)
+
+
+async def test_tenant_role_reaches_its_database_and_is_refused_on_another(driver):
+    drv, (a, b) = driver
+    ca = await drv.ensure(a, None)
+    cb = await drv.ensure(b, None)
+    again = await drv.ensure(a, ca)  # idempotent: same credentials, nothing recreated
+    assert again == ca
+
+    async with await psycopg.AsyncConnection.connect(ca.endpoint, autocommit=True) as conn:
+        await conn.execute("CREATE TABLE kine (id bigserial primary key, name text, value bytea)")
+        await conn.execute("INSERT INTO kine (name, value) VALUES ('/registry/pods/x', 'v')")
+
+    other = cb.endpoint.replace(database_name(b), database_name(a))
+    with pytest.raises(psycopg.OperationalError, match="permission denied for database"):
+        await psycopg.AsyncConnection.connect(other)
+    # (This server uses trust authentication on 127.0.0.1, so passwords are not checked here; the
+    # refusal above comes from the CONNECT privilege, which holds under any authentication method.)
+
+
+async def test_remove_drops_database_and_role(driver):
+    drv, (a, _) = driver
+    creds = await drv.ensure(a, None)
+    conn = await psycopg.AsyncConnection.connect(creds.endpoint)  # an open session does not block removal
+    await drv.remove(a)
+    await drv.remove(a)  # twice is harmless
+    await conn.close()
+    async with await psycopg.AsyncConnection.connect(ADMIN) as admin:
+        db = await (await admin.execute("SELECT 1 FROM pg_database WHERE datname=%s", (database_name(a),))).fetchone()
+        role = await (await admin.execute("SELECT 1 FROM pg_roles WHERE rolname=%s", (role_name(a),))).fetchone()
+    assert db is None and role is None
+    with pytest.raises(psycopg.OperationalError):
+        await psycopg.AsyncConnection.connect(creds.endpoint)
