@@ -28,8 +28,10 @@ $(STAMP): $(PYPROJECTS)
 native:
 	$(MAKE) -C native/vgpu
 
+SRC_PATHS := $(subst $(eval) ,:,$(addsuffix /src,$(PROJECTS)))
+
 lint: $(STAMP)
-	$(VENV)/bin/lint-imports
+	PYTHONPATH=$(SRC_PATHS) $(VENV)/bin/lint-imports
 
 test: $(STAMP) native lint
 	$(MAKE) -C native/vgpu test

@@ -23,3 +23,105 @@ def nats_server(tmp_path):
 @pytest.fixture
 def nats_url(nats_server) -> str:
     return nats_server.url
+
+
+# --- an OTLP/HTTP trace receiver, speaking the real protocol ----------------------------------
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+
+class OtlpCollector:
+    """Receives what the services' OTLP exporters send to /v1/traces and keeps the spans."""
+
+    def __init__(self) -> None:
+        self.spans: list[dict] = []
+        self.lock = threading.Lock()
+        collector = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                collector._add(request)
+                reply = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def _add(self, request) -> None:
+        with self.lock:
+            for rs in request.resource_spans:
+                service = next(
+                    (a.value.string_value for a in rs.resource.attributes if a.key == "service.name"), ""
+                )
+                for ss in rs.scope_spans:
+                    for span in ss.spans:
+                        self.spans.append({
+                            "service": service,
+                            "name": span.name,
+                            "trace_id": span.trace_id.hex(),
+                            "span_id": span.span_id.hex(),
+                            "parent_span_id": span.parent_span_id.hex(),
+                            "attributes": {a.key: a.value.string_value for a in span.attributes},
+                        })
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def otlp_collector():
+    with OtlpCollector() as collector:
+        yield collector
+
+
+# --- a whole local Tessera: nats-server + the five services as processes ---------------------
+
+from pathlib import Path
+
+from tessera.cli.cluster import LocalCluster
+
+PROFILES = Path(__file__).parent / "profiles"
+
+
+@pytest.fixture
+def start_cluster(tmp_path):
+    """Factory: ``await start_cluster(profile="tiny.yaml", placement_replicas=2, ...)``."""
+    import asyncio
+
+    clusters: list[LocalCluster] = []
+
+    async def start(profile: str = "tiny.yaml", **kwargs) -> LocalCluster:
+        cluster = LocalCluster(workdir=tmp_path / f"cluster{len(clusters)}", profile=PROFILES / profile, **kwargs)
+        clusters.append(cluster)
+        await asyncio.to_thread(cluster.start)
+        await asyncio.to_thread(cluster.wait_ready, 90)
+        return cluster
+
+    yield start
+    for cluster in clusters:
+        cluster.stop()

@@ -44,3 +44,13 @@ def test_schema_and_decoder_agree_on_good_and_bad_specs():
             jsonschema.validate(bad, spec_schema)
         with pytest.raises(SpecError):
             parse_spec(bad)
+
+
+def test_manager_deployment_manifests_pass_the_schema_with_limits():
+    path = CRD_FILE.parents[1] / "controlplane/manager.yaml"
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.33.0", strict=True)
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    for c in deployment["spec"]["template"]["spec"]["containers"]:
+        assert c["resources"]["requests"] and c["resources"]["limits"]

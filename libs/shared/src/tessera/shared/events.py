@@ -283,6 +283,9 @@ class ClaimRecord(Struct, kw_only=True):
     devices: list[DeviceShare] = []
     reason: str = ""
     release_requested: bool = False
+    # W3C traceparent of the request that created the claim: later steps that do not start from
+    # one of the claim's own messages (a release request, a retry) continue this trace.
+    traceparent: str = ""
     updated: float = field(default_factory=now)
 
 

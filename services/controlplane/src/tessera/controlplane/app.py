@@ -100,6 +100,8 @@ class Manager:
 
 
 async def make_drivers(bus: Bus, settings: ControlPlaneSettings) -> dict[str, DatastoreDriver]:
+    # Drivers and the Kubernetes adapter are imported only when configured: psycopg and
+    # kubernetes_asyncio cost start-up time and resident memory a NATS-only manager does not need.
     drivers: dict[str, DatastoreDriver] = {}
     if "nats" in settings.drivers:
         from tessera.controlplane.datastores.natskv import NatsKvDriver

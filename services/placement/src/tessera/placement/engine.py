@@ -97,6 +97,7 @@ class Placer:
         self.mix = mix if mix is not None else WorkloadMix()
         self.learn = learn
         self.frag_model = "fgd"
+        self.tie = 0
         self.rng = _random.Random(seed)
         self._token = next(_tokens)
         self._epoch = -1
@@ -279,6 +280,19 @@ class Placer:
         if r is None:
             return None
         (delta, left, _), positions = r
+        t = self.tie
+        if t == 0:
+            return ((delta, left, (c - d.cpu) / (cls.cpu_total or 1)), positions)
+        if t == 1:
+            return ((delta, (c - d.cpu) / (cls.cpu_total or 1), left), positions)
+        if t == 2:
+            return ((delta,), positions)
+        if t == 3:
+            return ((delta, -left), positions)
+        if t == 4:
+            return ((delta, left + (c - d.cpu) / (cls.cpu_total or 1) + (m - d.hostmem) / (cls.mem_total or 1)), positions)
+        if t == 5:
+            return ((delta, left / max(1, len(cls.devs)) + (c - d.cpu) / (cls.cpu_total or 1)), positions)
         return ((delta, left, (c - d.cpu) / (cls.cpu_total or 1)), positions)
 
     def _index(self, ck: tuple, d: Demand, node_policy: str, gpu_policy: str) -> list:
@@ -396,6 +410,12 @@ class Placer:
             usable = []
             kc, km = self._kc, self._km
             for kd, p in self._kinds:
+                if not kd.gpus:
+                    # A CPU-only kind wastes nothing where it fits; where CPU or memory is short for
+                    # it, the node's free GPUs are stranded from its point of view.
+                    if U > 0.0:
+                        usable.append((kc.index(kd.cpu), km.index(kd.hostmem), p * U))
+                    continue
                 n = 0
                 fs = 0.0
                 fits = kd.fits

@@ -125,8 +125,9 @@ def _kind_demand(kind: tuple) -> Demand:
 class WorkloadMix:
     """A distribution over claim kinds. Feed it with `observe`; read `kinds()` and `version`."""
 
-    def __init__(self, max_kinds: int = 40, coverage: float = 0.99) -> None:
+    def __init__(self, max_kinds: int = 40, coverage: float = 0.99, cpu_only: bool = True) -> None:
         self.max_kinds = max_kinds
+        self.cpu_only = cpu_only
         self.coverage = coverage
         self._counts: Counter[tuple] = Counter()
         self._seen = 0
@@ -136,9 +137,7 @@ class WorkloadMix:
 
     def observe(self, what: ClaimSpec | Demand, weight: int = 1) -> None:
         d = what if isinstance(what, Demand) else demand_of(what)
-        if d.gpus == 0:
-            # A CPU-only task can use no GPU capacity: every free GPU is a fragment to it wherever
-            # it goes, so it shifts all nodes' fragmentation alike and carries no signal.
+        if d.gpus == 0 and not self.cpu_only:
             return
         self._counts[d.kind] += weight
         self._seen += weight
@@ -152,7 +151,7 @@ class WorkloadMix:
         """Feed many claims at once and publish the mix once (history replay, benchmarks)."""
         for it in items:
             d = it if isinstance(it, Demand) else demand_of(it)
-            if d.gpus:
+            if d.gpus or self.cpu_only:
                 self._counts[d.kind] += 1
                 self._seen += 1
         self._kinds = self._build(self._counts)

@@ -91,6 +91,7 @@ class PlacementService:
         self.node_locks: dict[str, asyncio.Lock] = {}
         self.tentative: dict[str, dict[str, LedgerEntry]] = {}  # node -> claim -> entry in flight
         self.pending: dict[str, ClaimRequested] = {}  # unschedulable, waiting for a change
+        self.traces: dict[str, str] = {}  # pending claim -> traceparent, so a retry continues its trace
         self._retry_wanted = asyncio.Event()
 
     # --- start-up --------------------------------------------------------------------------
@@ -145,6 +146,7 @@ class PlacementService:
                 self.pending[record.claim] = ClaimRequested(
                     claim=record.claim, tenant=record.tenant, spec=record.spec
                 )
+                self.traces[record.claim] = record.traceparent
         if self.pending:
             self._retry_wanted.set()
 
@@ -219,6 +221,8 @@ class PlacementService:
     async def handle(self, event, delivery: Delivery) -> None:
         match event:
             case ClaimRequested():
+                if "traceparent" in delivery.headers:
+                    self.traces[event.claim] = delivery.headers["traceparent"]
                 await self.place(event)
             case ClaimReleaseRequested():
                 await self.cancel(event)
@@ -234,7 +238,7 @@ class PlacementService:
             await self.claims.create(record)
         if record.state not in ("requested", "unschedulable") or record.release_requested:
             log.debug("%s is %s: nothing to place", event.claim, record.state)
-            self.pending.pop(event.claim, None)
+            self._forget(event.claim)
             return record.state not in ("released", "failed")
 
         existing = self.claim_nodes.get(event.claim)
@@ -321,9 +325,9 @@ class PlacementService:
             if current is None or current.node != node:
                 await self.ledger.release(node, event.claim)
                 await self.ledger.return_quota(event.tenant, event.claim)
-            self.pending.pop(event.claim, None)
+            self._forget(event.claim)
             return False
-        self.pending.pop(event.claim, None)
+        self._forget(event.claim)
         await self.bus.publish(
             subjects.claim(event.tenant, event.claim, "allocated"),
             ClaimAllocated(
@@ -332,6 +336,10 @@ class PlacementService:
             msg_id=f"{event.claim}:allocated",
         )
         return True
+
+    def _forget(self, claim: str) -> None:
+        self.pending.pop(claim, None)
+        self.traces.pop(claim, None)
 
     async def _unschedulable(self, event: ClaimRequested, reason: str, filtered: dict[str, int]) -> None:
         first = event.claim not in self.pending
@@ -352,7 +360,7 @@ class PlacementService:
     async def cancel(self, event: ClaimReleaseRequested) -> None:
         """Release of a claim that never reached a node is placement's to finish."""
         record, _ = await self.claims.get(event.claim)
-        self.pending.pop(event.claim, None)
+        self._forget(event.claim)
         if record is None or record.state not in ("requested", "unschedulable"):
             return  # on a node: the enforcer releases it
         done = await self.claims.transition(event.claim, "released")
@@ -373,8 +381,13 @@ class PlacementService:
             for event in waiting:
                 if event.claim not in self.pending:
                     continue
+                trace = self.traces.get(event.claim)
                 try:
-                    await self.place(event)
+                    with self.ctx.telemetry.span(
+                        "placement retry", parent_headers={"traceparent": trace} if trace else None,
+                        attributes={"tessera.claim": event.claim},
+                    ):
+                        await self.place(event)
                 except ConflictError:
                     self._retry_wanted.set()
                 except Exception as exc:  # one bad claim must not stop the retries of the others

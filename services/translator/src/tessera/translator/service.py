@@ -28,6 +28,7 @@ from tessera.shared.events import (
     encode,
 )
 from tessera.shared.runner import ServiceContext
+from tessera.shared.telemetry import inject
 
 from tessera.translator.hami import TranslationError, translate
 
@@ -108,7 +109,10 @@ class TranslatorService:
                 field="tenant",
                 code="not-found",
             )
-        record = ClaimRecord(claim=event.claim, tenant=event.tenant, state="requested", spec=spec)
+        record = ClaimRecord(
+            claim=event.claim, tenant=event.tenant, state="requested", spec=spec,
+            traceparent=inject({}).get("traceparent", ""),
+        )
         try:
             created = await self.claims.create(record)
             if not created:
@@ -148,11 +152,15 @@ class TranslatorService:
         if record.state in TERMINAL:
             return api.ok({"claim": record.claim, "state": record.state})
         await self.claims.mark_release_requested(record.claim, request.reason)
-        await self.bus.publish(
-            subjects.claim(record.tenant, record.claim, "release"),
-            ClaimReleaseRequested(claim=record.claim, tenant=record.tenant, reason=request.reason),
-            msg_id=f"{record.claim}:release",
-        )
+        # The release continues the claim's own trace: one claim, one trace, request to release.
+        parent = {"traceparent": record.traceparent} if record.traceparent else None
+        with self.ctx.telemetry.span("translator release", parent_headers=parent,
+                                     attributes={"tessera.claim": record.claim}):
+            await self.bus.publish(
+                subjects.claim(record.tenant, record.claim, "release"),
+                ClaimReleaseRequested(claim=record.claim, tenant=record.tenant, reason=request.reason),
+                msg_id=f"{record.claim}:release",
+            )
         return api.ok({"claim": record.claim, "state": "releasing"})
 
 

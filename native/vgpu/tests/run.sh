@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Runs the C tests of native/vgpu against the simulated driver, each as a separate case with its own
+# environment and its own shared cache file, and prints "N passed, M failed" last (exit 1 on failure).
+# Usage: tests/run.sh [build-dir] [case-name-filter]
+set -u
+B=$(cd "${1:-build}" && pwd)
+FILTER=${2:-}
+T=$B/tests
+LIB=$B/libvgpu.so
+TESTLIB=$B/test/libvgpu.so
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/vgpu-tests.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+passed=0 failed=0 failed_names=()
+
+# Anything in the caller's environment that would change the answers is cleared.
+for v in $(env | sed -n 's/^\(CUDA_DEVICE_[A-Z0-9_]*\|TESSERA_VGPU_[A-Z0-9_]*\|TESSERA_SIM_[A-Z0-9_]*\)=.*/\1/p'); do
+    unset "$v"
+done
+export LD_LIBRARY_PATH=$B/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export TESSERA_VGPU_TEST_NODE_CONFIG=$WORK/no-node-config
+
+# run_case NAME [VAR=VALUE ...] -- COMMAND...   (LD_PRELOAD and a fresh cache file are set unless given)
+run_case() {
+    local name=$1; shift
+    [[ -n $FILTER && $name != *$FILTER* ]] && return 0
+    local envs=("LD_PRELOAD=$LIB" "CUDA_DEVICE_MEMORY_SHARED_CACHE=$WORK/$name.cache")
+    while [[ $1 != -- ]]; do envs+=("$1"); shift; done
+    shift
+    local log=$WORK/$name.log start=$SECONDS
+    if env "${envs[@]}" timeout 60 "$@" >"$log" 2>&1; then
+        passed=$((passed + 1))
+        printf 'ok   %-28s %3ss  %s\n' "$name" $((SECONDS - start)) "$(tail -n 1 "$log")"
+    else
+        failed=$((failed + 1)); failed_names+=("$name")
+        printf 'FAIL %-28s %3ss\n' "$name" $((SECONDS - start))
+        sed 's/^/     | /' "$log" | tail -n 30
+    fi
+}
+
+L64="CUDA_DEVICE_MEMORY_LIMIT_0=64m"
+run_case limit            "CUDA_DEVICE_MEMORY_LIMIT=128m" "$L64" TESSERA_SIM_GPU_COUNT=2 -- "$T/t_limit"
+run_case limit-no-cache   "CUDA_DEVICE_MEMORY_LIMIT=128m" "$L64" TESSERA_SIM_GPU_COUNT=2 \
+                          CUDA_DEVICE_MEMORY_SHARED_CACHE= -- "$T/t_limit"
+run_case paths            "$L64" -- "$T/t_paths"
+run_case meminfo          "$L64" -- "$T/t_meminfo"
+run_case shared           "$L64" -- "$T/t_shared"
+run_case kill             "$L64" "LD_PRELOAD=$TESTLIB" -- "$T/t_kill"
+run_case procaddr         "$L64" -- "$T/t_procaddr"
+run_case procaddr-internal "$L64" TESSERA_SIM_PROCADDR_INTERNAL=1 -- "$T/t_procaddr"
+run_case null             "$L64" CUDA_DEVICE_SM_LIMIT=50 -- \
+    sh -c 'env -u LD_PRELOAD "$1" record > "$2" && "$1" check "$2"' sh "$T/t_null" "$WORK/null.expected"
+run_case dlsym            "$L64" -- "$T/t_dlsym"
+
+# the limit rules: every source can only lower a limit; no value switches enforcement off
+printf 'CUDA_DEVICE_MEMORY_LIMIT_0=32m\n' > "$WORK/cfg32.conf"
+printf '# node config\nCUDA_DEVICE_MEMORY_LIMIT=48m\nCUDA_DEVICE_MEMORY_SHARED_CACHE=%s\n' "$WORK/node.cache" > "$WORK/node.conf"
+run_case config-env-only     "CUDA_DEVICE_MEMORY_LIMIT_0=100m" -- "$T/t_config" 100
+run_case config-suffix-g     "CUDA_DEVICE_MEMORY_LIMIT_0=1g" -- "$T/t_config" 1024
+run_case config-suffix-k     "CUDA_DEVICE_MEMORY_LIMIT_0=20480k" -- "$T/t_config" 20
+run_case config-bytes        "CUDA_DEVICE_MEMORY_LIMIT_0=$((24 * 1048576))" -- "$T/t_config" 24
+run_case config-all-devices  "CUDA_DEVICE_MEMORY_LIMIT=40m" -- "$T/t_config" 40
+run_case config-no-limit     -- "$T/t_config" 0
+run_case config-file-lowers  "TESSERA_VGPU_CONFIG=$WORK/cfg32.conf" "CUDA_DEVICE_MEMORY_LIMIT_0=64m" -- "$T/t_config" 32
+run_case config-env-lowers   "TESSERA_VGPU_CONFIG=$WORK/cfg32.conf" "CUDA_DEVICE_MEMORY_LIMIT_0=16m" -- "$T/t_config" 16
+run_case config-zero-no-bypass "TESSERA_VGPU_CONFIG=$WORK/cfg32.conf" "CUDA_DEVICE_MEMORY_LIMIT_0=0" -- "$T/t_config" 32
+run_case config-node-file    "LD_PRELOAD=$TESTLIB" "TESSERA_VGPU_TEST_NODE_CONFIG=$WORK/node.conf" \
+                             "CUDA_DEVICE_MEMORY_LIMIT_0=4g" -- \
+    sh -c '"$1" 48 && test -s "$2"' sh "$T/t_config" "$WORK/node.cache"
+run_case config-cache-min    "$L64" "CUDA_DEVICE_MEMORY_SHARED_CACHE=$WORK/min.cache" -- \
+    sh -c '"$1" 64 && CUDA_DEVICE_MEMORY_LIMIT_0=1g "$1" 64 && CUDA_DEVICE_MEMORY_LIMIT_0= "$1" 64' sh "$T/t_config"
+
+# SM share: kernels of 500 us device time; the first two take ~1.5 s and ~1 s of wall time
+SM="TESSERA_SIM_KERNEL_US=500"
+run_case sm-30            "$SM" CUDA_DEVICE_SM_LIMIT=30 -- "$T/t_sm" one 30 900
+run_case sm-50            "$SM" CUDA_DEVICE_SM_LIMIT_0=50 -- "$T/t_sm" one 50 1000
+run_case sm-50-two-procs  "$SM" CUDA_DEVICE_SM_LIMIT=50 -- "$T/t_sm" pair 50 600
+run_case sm-unlimited     "$SM" -- "$T/t_sm" one 100 1000
+
+run_case many-100         "CUDA_DEVICE_MEMORY_LIMIT_0=1g" -- "$T/t_many" 100
+
+echo
+if ((failed)); then echo "failed: ${failed_names[*]}"; fi
+echo "$passed passed, $failed failed"
+((failed == 0))

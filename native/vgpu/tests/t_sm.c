@@ -1,0 +1,72 @@
+/* t_sm: the SM-share limiter holds its share of device time. The simulated device runs each kernel
+ * for TESSERA_SIM_KERNEL_US of device time, so the share achieved is (kernels * kernel time) / wall
+ * time. `t_sm one <pct> <n>` runs n kernels in one process; `t_sm pair <pct> <n>` runs two processes
+ * of one workload at once, whose combined share must be the workload's share, not twice it.
+ * Tolerance: 10 points on a loaded CPU (the GPU script's target is 5). */
+#include "vt.h"
+
+static double kernel_s(void)
+{
+    const char *us = getenv("TESSERA_SIM_KERNEL_US");
+    CHECK(us);
+    return atof(us) / 1e6;
+}
+
+static void run_kernels(int n)
+{
+    CUmodule mod;
+    CUfunction fn;
+    CUstream s;
+    OK(cuModuleLoadData(&mod, "sim"));
+    OK(cuModuleGetFunction(&fn, mod, "spin"));
+    OK(cuStreamCreate(&s, 0));
+    for (int i = 0; i < n; i++) {
+        switch (i % 4) {
+        case 0: OK(cuLaunchKernel(fn, 132, 1, 1, 256, 1, 1, 0, s, NULL, NULL)); break;
+        case 1: OK(cuLaunchKernel_ptsz(fn, 132, 1, 1, 256, 1, 1, 0, NULL, NULL, NULL)); break;
+        case 2: OK(cuLaunchCooperativeKernel(fn, 132, 1, 1, 256, 1, 1, 0, s, NULL)); break;
+        default: {
+            CUlaunchConfig c = {132, 1, 1, 256, 1, 1, 0, s, NULL, 0};
+            OK(cuLaunchKernelEx(&c, fn, NULL, NULL));
+        }
+        }
+    }
+    OK(cuCtxSynchronize());
+}
+
+static int check_share(const char *what, double share, double want)
+{
+    printf("sm %s: target %.0f%%, measured %.1f%%\n", what, want * 100, share * 100);
+    if (share < want - 0.10 || share > want + 0.10) {
+        fprintf(stderr, "t_sm: share %.3f outside %.2f +/- 0.10\n", share, want);
+        return 1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    CHECK(argc >= 2);
+    if (!strcmp(argv[1], "work")) {
+        vt_ctx(0);
+        run_kernels(atoi(argv[2]));
+        return 0;
+    }
+    CHECK(argc == 4);
+    double want = atof(argv[2]) / 100;
+    int n = atoi(argv[3]);
+    if (!strcmp(argv[1], "one")) {
+        vt_ctx(0);
+        double t0 = vt_now();
+        run_kernels(n);
+        double wall = vt_now() - t0;
+        return check_share("one process", n * kernel_s() / wall, want);
+    }
+    CHECK(!strcmp(argv[1], "pair"));
+    double t0 = vt_now();
+    pid_t a = vt_spawn("work", argv[3], NULL), b = vt_spawn("work", argv[3], NULL);
+    CHECK_EQ(vt_wait(a), 0);
+    CHECK_EQ(vt_wait(b), 0);
+    double wall = vt_now() - t0;
+    return check_share("two processes, one budget", 2 * n * kernel_s() / wall, want);
+}

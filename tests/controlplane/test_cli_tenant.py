@@ -1,0 +1,62 @@
+"""`tessera tenant ...` talks to a real manager over NATS request/reply and prints tables."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import pytest
+
+from tessera.cli import tenant
+from tessera.controlplane.app import Manager
+from tessera.controlplane.settings import ControlPlaneSettings
+from tessera.shared import subjects
+
+
+@pytest.fixture
+async def served(bus):
+    mgr = await Manager.start(bus, ControlPlaneSettings())
+    tasks = [asyncio.create_task(bus.serve(f"{subjects.API_TENANTS}.{verb}", h)) for verb, h in mgr.api.handlers().items()]
+    await asyncio.sleep(0.1)
+    await bus.nc.flush()
+    try:
+        yield bus.settings.url
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await mgr.close()
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="tessera")
+    tenant.register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(list(argv))
+
+
+async def test_create_list_get_delete_with_tables(served, capsys):
+    url = served
+    args = parse("tenant", "create", "alpha", "--gpus", "4", "--memory-mib", "40000", "--size", "medium", "--nats", url)
+    assert await args.run(args) == 0
+    assert "Phase" in capsys.readouterr().out
+    args = parse("tenant", "list", "--nats", url)
+    assert await args.run(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:2] == ["NAME", "PHASE"]
+    assert out[1].split()[:6] == ["alpha", "Ready", "4", "40000", "-", "medium"]
+    args = parse("tenant", "get", "alpha", "--nats", url)
+    assert await args.run(args) == 0
+    assert "gpus=4 memory_mib=40000" in capsys.readouterr().out
+    args = parse("tenant", "delete", "alpha", "--nats", url)
+    assert await args.run(args) == 0
+    assert "deleted" in capsys.readouterr().out
+
+
+async def test_refusals_name_the_field_and_exit_nonzero(served, capsys):
+    args = parse("tenant", "create", "Bad_Name", "--nats", served)
+    assert await args.run(args) == 1
+    err = capsys.readouterr().err
+    assert "[name]" in err and "lowercase" in err
+    args = parse("tenant", "get", "nobody", "--nats", served)
+    assert await args.run(args) == 1
+    assert "not-found" in capsys.readouterr().err
