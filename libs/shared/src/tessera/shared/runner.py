@@ -168,10 +168,24 @@ def setup_logging(level: str, service: str) -> None:
     )
 
 
-def main(service: str, build: Build, settings: ServiceSettings | None = None) -> int:
-    """Console-script entry: read settings, run until SIGTERM, exit 0 on a clean stop."""
+def main(
+    service: str,
+    build: Build | None = None,
+    settings: ServiceSettings | None = None,
+    *,
+    configure: Callable[[], Build] | None = None,
+) -> int:
+    """Console-script entry: read settings, run until SIGTERM, exit 0 on a clean stop.
+
+    ``configure`` reads and checks the service's own settings (and files they name) before anything
+    connects, so a bad setting stops the service at once with exit code 2 and a message naming it.
+    """
     try:
         settings = settings or ServiceSettings.from_env(service)
+        if configure is not None:
+            build = configure()
+        if build is None:
+            raise ConfigError("no build function given")
     except ConfigError as exc:
         print(f"tessera-{service}: {exc}", file=sys.stderr)
         return 2

@@ -6,11 +6,11 @@ import sys
 
 from tessera.shared.runner import main as run_service
 
-from tessera.capacity.service import build
+from tessera.capacity.service import configure
 
 
 def main() -> int:
-    return run_service("capacity", build)
+    return run_service("capacity", configure=configure)
 
 
 if __name__ == "__main__":

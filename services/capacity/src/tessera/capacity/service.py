@@ -21,6 +21,7 @@ import msgspec
 
 from tessera.shared import subjects
 from tessera.shared.events import NodeHeartbeat, NodeInventory, NodeLost, encode, inventory_decoder
+from tessera.shared.errors import ConfigError
 from tessera.shared.runner import ServiceContext
 from tessera.shared.settings import env_float, env_str
 
@@ -71,11 +72,11 @@ def discover(settings: CapacitySettings) -> list[NodeInventory]:
 
 
 class CapacityService:
-    def __init__(self, ctx: ServiceContext, settings: CapacitySettings) -> None:
+    def __init__(self, ctx: ServiceContext, settings: CapacitySettings, nodes: list[NodeInventory]) -> None:
         self.ctx = ctx
         self.bus = ctx.bus
         self.settings = settings
-        self.nodes = discover(settings)
+        self.nodes = nodes
         self.last_seen: dict[str, float] = {}
         self.lost: set[str] = set()
 
@@ -177,5 +178,15 @@ class CapacityService:
             pass
 
 
-async def build(ctx: ServiceContext) -> dict:
-    return await CapacityService(ctx, CapacitySettings.from_env()).start()
+def configure():
+    """Read the settings and the fleet before connecting: a bad profile fails fast, naming the path."""
+    settings = CapacitySettings.from_env()
+    try:
+        nodes = discover(settings)
+    except RuntimeError as exc:  # NVML unavailable
+        raise ConfigError(str(exc)) from None
+
+    async def build(ctx: ServiceContext) -> dict:
+        return await CapacityService(ctx, settings, nodes).start()
+
+    return build

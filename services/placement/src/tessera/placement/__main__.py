@@ -6,11 +6,11 @@ import sys
 
 from tessera.shared.runner import main as run_service
 
-from tessera.placement.service import build
+from tessera.placement.service import configure
 
 
 def main() -> int:
-    return run_service("placement", build)
+    return run_service("placement", configure=configure)
 
 
 if __name__ == "__main__":

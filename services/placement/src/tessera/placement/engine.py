@@ -96,8 +96,6 @@ class Placer:
         self.default_gpu_policy = default_gpu_policy or default_node_policy
         self.mix = mix if mix is not None else WorkloadMix()
         self.learn = learn
-        self.frag_model = "fgd"
-        self.tie = 0
         self.rng = _random.Random(seed)
         self._token = next(_tokens)
         self._epoch = -1
@@ -195,7 +193,7 @@ class Placer:
             if gpu_policy == "random" or node_policy == "random":
                 r = self._evaluate(cls.devs, cls.cpu_free, cls.mem_free, cls.cpu_total, cls.mem_total,
                                    d, node_policy, gpu_policy, None)
-            elif node_policy == "fragmentation-aware" and self.frag_model == "fgd":
+            elif node_policy == "fragmentation-aware":
                 r = self._fgd_memo(cls, ck, d, gpu_policy)
             else:
                 r = self._gpu_memo(cls, ck, d, node_policy, gpu_policy)
@@ -280,19 +278,6 @@ class Placer:
         if r is None:
             return None
         (delta, left, _), positions = r
-        t = self.tie
-        if t == 0:
-            return ((delta, left, (c - d.cpu) / (cls.cpu_total or 1)), positions)
-        if t == 1:
-            return ((delta, (c - d.cpu) / (cls.cpu_total or 1), left), positions)
-        if t == 2:
-            return ((delta,), positions)
-        if t == 3:
-            return ((delta, -left), positions)
-        if t == 4:
-            return ((delta, left + (c - d.cpu) / (cls.cpu_total or 1) + (m - d.hostmem) / (cls.mem_total or 1)), positions)
-        if t == 5:
-            return ((delta, left / max(1, len(cls.devs)) + (c - d.cpu) / (cls.cpu_total or 1)), positions)
         return ((delta, left, (c - d.cpu) / (cls.cpu_total or 1)), positions)
 
     def _index(self, ck: tuple, d: Demand, node_policy: str, gpu_policy: str) -> list:
@@ -348,51 +333,7 @@ class Placer:
 
     def _frag(self, G: tuple, c: int, m: int) -> float:
         """Expected unusable free GPU capacity (GPU units) of a node with GPUs `G`, CPU/mem free c/m."""
-        if self.frag_model == "fill":
-            return self._frag_fill(G, c, m)
         return self._fragb(G, bisect_right(self._kc, c), bisect_right(self._km, m))
-
-    def _frag_fill(self, G: tuple, c: int, m: int) -> float:
-        key = (G, c, m)
-        f = self._fcache.get(key)
-        if f is not None:
-            return f
-        gi = self._gcache.get(G)
-        if gi is None:
-            states = self.fleet.states.states
-            ss = [states[s] for s in G]
-            U = 0.0
-            for s in ss:
-                U += s.free
-            usable = []
-            for kd, p in self._kinds:
-                if kd.exclusive or kd.memory_percent is None and kd.memory_mib is None:
-                    whole = sum(1 for s in ss if kd.fits(s))
-                    n = whole // kd.gpus
-                    per = float(kd.gpus)
-                else:
-                    n = 0
-                    per = kd.cores / 100
-                    for s in ss:
-                        if kd.fits(s):
-                            u = kd.units(s)
-                            per = u
-                            n += int((s.free + 1e-9) // u) if u > 0 else 1
-                if n:
-                    usable.append((kd.cpu, kd.hostmem, n, p * per))
-            gi = self._gcache[G] = (U, tuple(usable))
-        f, usable = gi
-        for ct, mt, n, w in usable:
-            if ct > 0:
-                n = min(n, c // ct)
-            if mt > 0:
-                n = min(n, m // mt)
-            if n > 0:
-                f -= w * n
-        if len(self._fcache) >= _FCACHE_CAP:
-            self._fcache.clear()
-        self._fcache[key] = f
-        return f
 
     def _fragb(self, G: tuple, bc: int, bm: int) -> float:
         """`_frag` with CPU and memory given as buckets: how many kinds' thresholds they reach."""
@@ -559,20 +500,18 @@ class Placer:
             r = self._cached(n.cls, ck, d, "random", gpu_policy)
             if r is not None:
                 return self._placement(n, d, r, gpu_policy)
-        feasible = []
-        total = 0
-        for cls in fleet.classes.values():
-            r = self._cached(cls, ck, d, "random", gpu_policy)
-            if r is not None:
-                feasible.append((cls, r))
-                total += len(cls.members)
-        if not feasible:
+        # Near full most draws miss: pick from the per-shape index of feasible classes instead.
+        heap = self._index(ck, d, "random", gpu_policy)
+        live = [e for e in heap if e[2].alive]
+        total = sum(len(e[2].members) for e in live)
+        if not total:
             return self._reject(d, ck, {}, None)
         pick = rng.randrange(total)
-        for cls, r in feasible:
+        for e in live:
+            cls = e[2]
             if pick < len(cls.members):
                 node = list(cls.members.values())[pick]
-                return self._placement(node, d, r, gpu_policy)
+                return self._placement(node, d, e[3], gpu_policy)
             pick -= len(cls.members)
         raise AssertionError("unreachable")
 

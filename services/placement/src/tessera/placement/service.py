@@ -23,7 +23,7 @@ import msgspec
 from tessera.shared import subjects
 from tessera.shared.bus import Bus, Delivery
 from tessera.shared.claimstore import ClaimStore
-from tessera.shared.errors import ConflictError
+from tessera.shared.errors import ConfigError, ConflictError
 from tessera.shared.events import (
     ClaimAllocated,
     ClaimRecord,
@@ -48,6 +48,8 @@ from tessera.placement.fleet import Fleet
 from tessera.placement.quota import has_limits, over_quota
 
 log = logging.getLogger("tessera.placement")
+
+POLICIES = ("binpack", "spread", "fragmentation-aware", "best-fit")
 
 _inventory_decoder = msgspec.json.Decoder(NodeInventory)
 _tenant_decoder = msgspec.json.Decoder(TenantRecord)
@@ -93,6 +95,7 @@ class PlacementService:
         self.pending: dict[str, ClaimRequested] = {}  # unschedulable, waiting for a change
         self.traces: dict[str, str] = {}  # pending claim -> traceparent, so a retry continues its trace
         self._retry_wanted = asyncio.Event()
+        self.counts = {"allocated": 0, "unschedulable": 0, "conflicts": 0}
 
     # --- start-up --------------------------------------------------------------------------
 
@@ -109,7 +112,20 @@ class PlacementService:
             "watch-tenants": self._watch(subjects.KV_TENANTS, self._on_tenant, open_tenants),
             "claims": self._consume_when_ready(consumer_ready),
             "retry-unschedulable": self._retry_loop(),
+            "report": self._report(),
         }
+
+    async def _report(self, every: float = 5.0) -> None:
+        """One INFO line per interval with what this replica decided (nothing when idle)."""
+        last = dict(self.counts)
+        while True:
+            await asyncio.sleep(every)
+            now = dict(self.counts)
+            if now != last:
+                delta = {k: now[k] - last[k] for k in now}
+                log.info("last %.0fs: allocated %d, unschedulable %d, CAS conflicts %d; %d claims waiting",
+                         every, delta["allocated"], delta["unschedulable"], delta["conflicts"], len(self.pending))
+                last = now
 
     async def _watch(self, bucket: str, apply, open_gate) -> None:
         """Apply every current value of a bucket, open the gate, then follow updates forever."""
@@ -301,6 +317,7 @@ class PlacementService:
                         ledger, revision = await self.ledger.commit(node, entry, ledger, revision)
                         break
                     except ConflictError:
+                        self.counts["conflicts"] += 1
                         if attempt == 2:
                             raise
                         ledger, revision = await self.ledger.read_node(node)
@@ -328,6 +345,7 @@ class PlacementService:
             self._forget(event.claim)
             return False
         self._forget(event.claim)
+        self.counts["allocated"] += 1
         await self.bus.publish(
             subjects.claim(event.tenant, event.claim, "allocated"),
             ClaimAllocated(
@@ -344,6 +362,7 @@ class PlacementService:
     async def _unschedulable(self, event: ClaimRequested, reason: str, filtered: dict[str, int]) -> None:
         first = event.claim not in self.pending
         self.pending[event.claim] = event
+        self.counts["unschedulable"] += 1
 
         def note(record: ClaimRecord) -> ClaimRecord:
             return msgspec.structs.replace(record, reason=reason)
@@ -394,6 +413,14 @@ class PlacementService:
                     log.warning("retry of %s failed: %r", event.claim, exc)
 
 
-async def build(ctx: ServiceContext) -> dict:
-    service = PlacementService(ctx, PlacementSettings.from_env())
-    return await service.start()
+def configure():
+    settings = PlacementSettings.from_env()
+    if settings.default_policy not in POLICIES:
+        raise ConfigError(
+            f"TESSERA_PLACEMENT_POLICY={settings.default_policy!r} is not a policy; use one of {', '.join(POLICIES)}"
+        )
+
+    async def build(ctx: ServiceContext) -> dict:
+        return await PlacementService(ctx, settings).start()
+
+    return build

@@ -1,0 +1,87 @@
+"""One directory per claim prepared on this node: the enforcer's memory that survives a restart.
+
+The directory is what a restarted enforcer reads to adopt its workloads (reconcile, don't remember),
+and what `tessera run` and libvgpu meet in:
+
+  vgpu.cache   the shared accounting file libvgpu.so maps (created empty, mode 0666, so a workload of
+               any user can size it); the enforcer reads usage and process slots from it
+  vgpu.conf    the claim's limits and cache path as a libvgpu config file (TESSERA_VGPU_CONFIG): a
+               source libvgpu only lets lower limits, so a workload that raises its own environment
+               variables gains nothing, and cannot split its budget by pointing at another cache
+  env.json     the environment published in ``prepared``
+  owner.lock   held (flock, shared) by the `tessera run` that owns the claim for as long as it lives;
+               the kernel drops it however that process ends, which is how the enforcer knows
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class ClaimDir:
+    path: Path
+
+    @property
+    def claim(self) -> str:
+        return self.path.name
+
+    @property
+    def cache(self) -> Path:
+        return self.path / "vgpu.cache"
+
+    @property
+    def config(self) -> Path:
+        return self.path / "vgpu.conf"
+
+    @property
+    def env_file(self) -> Path:
+        return self.path / "env.json"
+
+    @property
+    def owner_lock(self) -> Path:
+        return self.path / "owner.lock"
+
+    def exists(self) -> bool:
+        return self.path.is_dir()
+
+    def create(self, env: Mapping[str, str], config_text: str) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.path, 0o755)
+        for path, mode in ((self.cache, 0o666), (self.owner_lock, 0o666)):
+            if not path.exists():
+                path.touch()
+            os.chmod(path, mode)
+        _write(self.config, config_text, 0o444)
+        _write(self.env_file, json.dumps(dict(env), indent=1, sort_keys=True), 0o644)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _write(path: Path, text: str, mode: int) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    tmp.write_text(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+class ClaimDirs:
+    """The claim directories under ``<state>/claims``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root / "claims"
+
+    def of(self, claim: str) -> ClaimDir:
+        return ClaimDir(self.root / claim)
+
+    def all(self) -> list[ClaimDir]:
+        if not self.root.is_dir():
+            return []
+        return [ClaimDir(p) for p in sorted(self.root.iterdir()) if p.is_dir()]

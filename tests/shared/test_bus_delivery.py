@@ -1,0 +1,124 @@
+"""The bus's delivery rules, against a real nats-server: dedupe, ack, retry, conflict, dead-letter."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+
+from tessera.shared import subjects
+from tessera.shared.bus import Bus
+from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
+from tessera.shared.events import ClaimReleaseRequested, claim_decoder, dlq_decoder
+from tessera.shared.settings import BusSettings
+from tessera.shared.telemetry import Telemetry
+
+
+@pytest.fixture
+async def bus(nats_url):
+    b = await Bus.connect(BusSettings(url=nats_url, max_deliver=3, ack_wait=2), "test")
+    await b.ensure_topology()
+    yield b
+    await b.close()
+
+
+def release(claim: str) -> ClaimReleaseRequested:
+    return ClaimReleaseRequested(claim=claim, tenant="t")
+
+
+async def run_consumer(bus: Bus, handler, until, timeout=15.0):
+    task = asyncio.create_task(bus.consume(
+        stream=subjects.STREAM_CLAIMS, durable="probe", filter_subjects=[subjects.claims_of_kind("release")],
+        decoder=claim_decoder, handler=handler,
+    ))
+    try:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not until():
+            assert asyncio.get_running_loop().time() < deadline, "consumer did not get there in time"
+            await asyncio.sleep(0.05)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def dlq(bus: Bus) -> list:
+    info = await bus.js.stream_info(subjects.STREAM_DLQ)
+    out = []
+    for seq in range(info.state.first_seq, info.state.last_seq + 1) if info.state.messages else ():
+        out.append(dlq_decoder.decode((await bus.js.get_msg(subjects.STREAM_DLQ, seq)).data))
+    return out
+
+
+async def test_same_msg_id_is_stored_once(bus):
+    for _ in range(3):
+        await bus.publish(subjects.claim("t", "c1", "release"), release("c1"), msg_id="c1:release")
+    info = await bus.js.stream_info(subjects.STREAM_CLAIMS)
+    assert info.state.messages == 1
+
+
+async def test_publish_carries_traceparent_and_handler_continues_the_trace(bus):
+    tel = Telemetry("test", None)
+    bus.telemetry = tel
+    seen = []
+
+    async def handler(event, delivery):
+        seen.append(delivery.headers.get("traceparent", ""))
+
+    with tel.span("origin") as span:
+        await bus.publish(subjects.claim("t", "c2", "release"), release("c2"))
+        origin = format(span.get_span_context().trace_id, "032x")
+    await run_consumer(bus, handler, lambda: seen)
+    assert seen[0].split("-")[1] == origin
+
+
+async def test_conflict_is_retried_at_once_then_acked(bus):
+    calls = []
+
+    async def handler(event, delivery):
+        calls.append(delivery.num_delivered)
+        if len(calls) < 3:
+            raise ConflictError("lost the CAS")
+
+    await bus.publish(subjects.claim("t", "c3", "release"), release("c3"))
+    await run_consumer(bus, handler, lambda: len(calls) >= 3)
+    assert calls == [1, 1, 1]  # same delivery, retried in place
+    await asyncio.sleep(0.3)
+    info = await bus.js.consumer_info(subjects.STREAM_CLAIMS, "probe")
+    assert info.num_ack_pending == 0 and info.num_redelivered == 0
+
+
+async def test_temporary_error_is_redelivered_then_dead_lettered_at_max_deliver(bus):
+    calls = []
+
+    async def handler(event, delivery):
+        calls.append(delivery.num_delivered)
+        raise TemporaryError("peer down", delay=0.05)
+
+    await bus.publish(subjects.claim("t", "c4", "release"), release("c4"))
+    await run_consumer(bus, handler, lambda: len(calls) >= 3)
+    await asyncio.sleep(0.5)
+    assert calls == [1, 2, 3]
+    letters = await dlq(bus)
+    assert len(letters) == 1 and "gave up after 3 deliveries" in letters[0].reason
+    assert letters[0].service == "test" and "c4" in letters[0].subject
+
+
+async def test_permanent_error_and_bad_payload_go_to_dead_letter_once(bus):
+    calls = []
+
+    async def handler(event, delivery):
+        calls.append(event.claim)
+        raise PermanentError("tenant is gone")
+
+    await bus.publish(subjects.claim("t", "c5", "release"), release("c5"))
+    await bus.js.publish(subjects.claim("t", "c6", "release"), b'{"kind": "release", "claim": 7}')
+    await run_consumer(bus, handler, lambda: calls)
+    await asyncio.sleep(0.5)
+    letters = await dlq(bus)
+    reasons = sorted(letter.reason for letter in letters)
+    assert len(letters) == 2 and calls == ["c5"]
+    assert any("tenant is gone" in r for r in reasons)
+    assert any("invalid payload" in r and "$.claim" in r for r in reasons)
+    payload = [letter.payload for letter in letters if "c6" in letter.subject][0]
+    assert msgspec.json.decode(payload)["claim"] == 7
