@@ -27,7 +27,7 @@ run_case() {
     while [[ $1 != -- ]]; do envs+=("$1"); shift; done
     shift
     local log=$WORK/$name.log start=$SECONDS
-    if env "${envs[@]}" timeout 60 "$@" >"$log" 2>&1; then
+    if env "${envs[@]}" timeout -k 5 60 "$@" >"$log" 2>&1; then
         passed=$((passed + 1))
         printf 'ok   %-28s %3ss  %s\n' "$name" $((SECONDS - start)) "$(tail -n 1 "$log")"
     else

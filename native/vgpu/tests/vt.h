@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -96,6 +97,7 @@ static inline pid_t vt_spawn(const char *role, const char *arg, const char *cons
     pid_t pid = fork();
     CHECK(pid >= 0);
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a failed test leaves no process behind */
         for (; env && *env && **env; env++)
             putenv((char *)*env);
         execl("/proc/self/exe", "child", role, arg, (char *)NULL);

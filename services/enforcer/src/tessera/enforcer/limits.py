@@ -4,31 +4,72 @@ These names are HAMi's (so existing images and tools keep working): ``CUDA_DEVIC
 per visible device, ``CUDA_DEVICE_SM_LIMIT`` (and per device ``CUDA_DEVICE_SM_LIMIT_<i>``),
 ``CUDA_DEVICE_MEMORY_SHARED_CACHE``; visibility through ``CUDA_VISIBLE_DEVICES`` /
 ``NVIDIA_VISIBLE_DEVICES`` with the allocated UUIDs, in the order the claim's devices are numbered.
+The same limits are also written as a libvgpu config file (``TESSERA_VGPU_CONFIG``): libvgpu takes
+the lowest limit over all its sources, so the file is the ceiling a workload cannot lift by editing
+its own environment. On a simulated fleet the simulated driver is told, through its own variables,
+to show exactly the allocated GPUs (it does not read CUDA_VISIBLE_DEVICES).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Mapping
 
-from tessera.shared.events import DeviceShare
+from tessera.shared.events import DeviceShare, GpuDevice
+
+# Set in the prepared environment for `tessera run`, which holds that file locked while it lives.
+OWNER_LOCK_VAR = "TESSERA_OWNER_LOCK"
 
 
-def workload_env(
-    shares: list[DeviceShare], cache_path: str | Path, *, libvgpu: str | Path | None = None
-) -> dict[str, str]:
+def limit_vars(shares: list[DeviceShare]) -> dict[str, str]:
+    """HAMi's limit variables, device i being the claim's i-th GPU in index order."""
     env: dict[str, str] = {}
     ordered = sorted(shares, key=lambda s: s.index)
-    uuids = ",".join(s.uuid for s in ordered)
-    env["CUDA_VISIBLE_DEVICES"] = uuids
-    env["NVIDIA_VISIBLE_DEVICES"] = uuids
     for i, share in enumerate(ordered):
         env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{share.memory_mib}m"
         if 0 < share.cores < 100:
             env[f"CUDA_DEVICE_SM_LIMIT_{i}"] = str(share.cores)
     limited = [s.cores for s in ordered if 0 < s.cores < 100]
-    if limited and len(set(limited)) == 1:
+    if limited and len(limited) == len(ordered) and len(set(limited)) == 1:
         env["CUDA_DEVICE_SM_LIMIT"] = str(limited[0])
+    return env
+
+
+def workload_env(
+    shares: list[DeviceShare], cache_path: str | Path, *, libvgpu: str | Path | None = None
+) -> dict[str, str]:
+    ordered = sorted(shares, key=lambda s: s.index)
+    uuids = ",".join(s.uuid for s in ordered)
+    env = {"CUDA_VISIBLE_DEVICES": uuids, "NVIDIA_VISIBLE_DEVICES": uuids}
+    env.update(limit_vars(shares))
     env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(cache_path)
     if libvgpu:
         env["LD_PRELOAD"] = str(libvgpu)
+    return env
+
+
+def vgpu_config(shares: list[DeviceShare], cache_path: str | Path) -> str:
+    """The claim's limits as a libvgpu config file: ceilings a workload's own environment cannot lift."""
+    lines = ["# written by the Tessera enforcer; libvgpu applies the lowest limit of all its sources"]
+    lines += [f"{k}={v}" for k, v in limit_vars(shares).items()]
+    lines.append(f"CUDA_DEVICE_MEMORY_SHARED_CACHE={cache_path}")
+    return "\n".join(lines) + "\n"
+
+
+def simulated_driver_env(shares: list[DeviceShare], devices: Mapping[str, GpuDevice], driver_dir: str) -> dict[str, str]:
+    """What the simulated libcuda/libnvidia-ml need to show exactly the claim's GPUs."""
+    ordered = sorted(shares, key=lambda s: s.index)
+    env = {
+        "LD_LIBRARY_PATH": driver_dir,
+        "TESSERA_SIM_GPU_COUNT": str(len(ordered)),
+        "TESSERA_SIM_GPU_UUIDS": ",".join(s.uuid for s in ordered),
+    }
+    known = [devices[s.uuid] for s in ordered if s.uuid in devices]
+    if known:
+        # The simulated driver has one memory size and model for all its GPUs: a claim's GPUs on one
+        # node are normally alike; where not, the smallest is the honest answer.
+        smallest = min(known, key=lambda d: d.memory_mib)
+        env["TESSERA_SIM_GPU_MEMORY_MIB"] = str(smallest.memory_mib)
+        env["TESSERA_SIM_GPU_SM_COUNT"] = str(smallest.sm_count)
+        env["TESSERA_SIM_GPU_NAME"] = smallest.model
     return env

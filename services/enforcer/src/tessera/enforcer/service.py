@@ -2,20 +2,25 @@
 
 One enforcer runs per node (``TESSERA_NODE``). For every claim allocated here it prepares what the
 workload needs: a claim directory with the shared accounting file that libvgpu.so maps, the
-environment with HAMi's limit variables, and a CDI 1.1 spec naming that environment; then it
-publishes ``prepared``. On release it removes all of that, returns the capacity to the ledger (and the
-tenant's quota) and publishes ``released``. Every step checks the claim's recorded state first, so a
-redelivered or late event changes nothing.
+environment with HAMi's limit variables (plus, on a simulated fleet, the simulated driver's), a
+libvgpu config file holding the same limits as ceilings, and a CDI 1.1 spec naming that environment;
+then it publishes ``prepared``. ``running`` events (from `tessera run`) move the claim to running.
+On release it returns the capacity to the ledger (and the tenant's quota) and publishes
+``released``; the directory goes once no process of the claim is left.
+
+Root tasks: the claims consumer; the observe loop (reads accounting files, publishes usage, applies
+the leak policy of reclaim.py); the lost-node loop (lost.py). Every step checks the claim's
+recorded state first, so a redelivered or late event changes nothing, and a restarted enforcer
+rebuilds everything from its claim directories and the KV buckets.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-import os
-import shutil
-from dataclasses import dataclass
-from pathlib import Path
+import signal
+import time
 from typing import Mapping
 
 import msgspec
@@ -23,55 +28,33 @@ import msgspec
 from tessera.shared import subjects
 from tessera.shared.bus import Delivery
 from tessera.shared.claimstore import TERMINAL, ClaimStore
-from tessera.shared.errors import ConfigError
+from tessera.shared.errors import TemporaryError
 from tessera.shared.events import (
     ClaimAllocated,
     ClaimPrepared,
     ClaimRecord,
     ClaimReleased,
     ClaimReleaseRequested,
+    ClaimRunning,
     claim_decoder,
 )
 from tessera.shared.ledger import Ledger
 from tessera.shared.runner import ServiceContext
-from tessera.shared.settings import env_str
 
-from tessera.enforcer.limits import workload_env
+from tessera.enforcer import lost as lostmod
+from tessera.enforcer.claimdir import ClaimDirs
+from tessera.enforcer.gpustats import GpuStats
+from tessera.enforcer.limits import OWNER_LOCK_VAR, simulated_driver_env, vgpu_config, workload_env
+from tessera.enforcer.metrics import EnforcerMetrics
+from tessera.enforcer.observe import NodeView, Observer
+from tessera.enforcer.processes import kill
+from tessera.enforcer.reclaim import Cleanup, DropLedger, Reclaimer, Release, Signal
+from tessera.enforcer.settings import EnforcerSettings
+from tessera.enforcer.usage import UsageGate, claim_usage, node_usage
 
 log = logging.getLogger("tessera.enforcer")
 
 CDI_KIND = "tessera.dev/gpu"
-
-
-def _default_libvgpu() -> str:
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        candidate = parent / "native" / "vgpu" / "build" / "libvgpu.so"
-        if candidate.exists():
-            return str(candidate)
-    return "/usr/local/lib/tessera/libvgpu.so"
-
-
-@dataclass(frozen=True)
-class EnforcerSettings:
-    node: str
-    state_dir: Path
-    cdi_dir: Path
-    libvgpu: str
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "EnforcerSettings":
-        env = os.environ if env is None else env
-        node = env.get("TESSERA_NODE", "")
-        if not node:
-            raise ConfigError("TESSERA_NODE is not set: name the node this enforcer runs on")
-        state = Path(env_str(env, "TESSERA_STATE_DIR", f"var/enforcer/{node}")).resolve()
-        return cls(
-            node=node,
-            state_dir=state,
-            cdi_dir=Path(env_str(env, "TESSERA_CDI_DIR", str(state / "cdi"))),
-            libvgpu=env_str(env, "TESSERA_LIBVGPU", _default_libvgpu()),
-        )
 
 
 def cdi_spec(claim: str, env: Mapping[str, str]) -> dict:
@@ -94,36 +77,53 @@ class EnforcerService:
         self.bus = ctx.bus
         self.settings = settings
         self.node = settings.node
+        self.dirs = ClaimDirs(settings.state_dir)
+        self.reclaimer = Reclaimer(grace=settings.reclaim_seconds)
+        self.lost = lostmod.LostNodes(me=settings.node, delay=settings.lost_reclaim_seconds)
+        self.gate = UsageGate(heartbeat=settings.usage_heartbeat_seconds)
+        self.metrics = EnforcerMetrics(settings.node, settings.legacy_metrics)
+        ctx.extra_routes.append(self.metrics.route())
 
     async def start(self) -> dict:
         self.claims = ClaimStore(await self.bus.kv(subjects.KV_CLAIMS))
         self.ledger = Ledger(await self.bus.kv(subjects.KV_LEDGER))
+        self.inventory_kv = await self.bus.kv(subjects.KV_INVENTORY)
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         self.settings.cdi_dir.mkdir(parents=True, exist_ok=True)
-        return {"claims": self._consume()}
+        self.observer = Observer(self.node, self.dirs, self.claims, self.ledger, self.inventory_kv)
+        self.gpustats = GpuStats(enabled=not self.settings.simulated)
+        if self.settings.simulated:
+            log.info("simulated fleet: workloads get the simulated driver from %s", self.settings.sim_driver_dir)
+        return {"claims": self._consume(), "observe": self._observe_loop(), "lost-nodes": self._lost_loop()}
+
+    # --- the claims consumer -------------------------------------------------------------------
 
     async def _consume(self) -> None:
         await self.reconcile()
         await self.bus.consume(
             stream=subjects.STREAM_CLAIMS,
             durable=f"enforcer-{subjects.token(self.node.replace('.', '_'))}",
-            filter_subjects=[subjects.claims_of_kind("allocated"), subjects.claims_of_kind("release")],
+            filter_subjects=[
+                subjects.claims_of_kind("allocated"),
+                subjects.claims_of_kind("release"),
+                subjects.claims_of_kind("running"),
+            ],
             decoder=claim_decoder,
             handler=self.handle,
         )
 
     async def reconcile(self) -> None:
-        """Rebuilt from empty memory: finish what the records say is half done on this node."""
+        """Rebuilt from empty memory: finish what the records say is half done on this node.
+
+        Running workloads need no adoption step: the observe loop finds them through their claim
+        directories (owner locks, accounting files) like any other, and releases the orphans."""
         for record in await self.claims.all():
             if record.node != self.node or record.state in TERMINAL:
                 continue
             if record.release_requested:
                 await self.release(record, record.reason or "requested")
-            elif record.state == "allocated":
+            elif record.state == "allocated" or not self.dirs.of(record.claim).exists():
                 await self.prepare(record)
-
-    def claim_dir(self, claim: str) -> Path:
-        return self.settings.state_dir / "claims" / claim
 
     async def handle(self, event, delivery: Delivery) -> None:
         match event:
@@ -131,6 +131,11 @@ class EnforcerService:
                 record, _ = await self.claims.get(event.claim)
                 if record is not None and record.state == "allocated" and record.node == self.node:
                     await self.prepare(record)
+            case ClaimRunning() if event.node == self.node:
+                record, _ = await self.claims.get(event.claim)
+                if record is not None and record.node == self.node and record.state == "prepared":
+                    if await self.claims.transition(event.claim, "running") is not None:
+                        log.info("running %s (pids %s)", event.claim, event.pids)
             case ClaimReleaseRequested():
                 record, _ = await self.claims.get(event.claim)
                 if record is not None and record.node == self.node and record.state not in TERMINAL:
@@ -138,43 +143,149 @@ class EnforcerService:
             case _:
                 return
 
+    # --- prepare and release --------------------------------------------------------------------
+
     async def prepare(self, record: ClaimRecord) -> None:
-        directory = self.claim_dir(record.claim)
-        directory.mkdir(parents=True, exist_ok=True)
-        cache = directory / "vgpu.cache"
-        env = workload_env(record.devices, cache, libvgpu=self.settings.libvgpu)
-        (directory / "env.json").write_text(json.dumps(env, indent=1, sort_keys=True))
+        if not self.observer.devices:
+            await self.observer.inventory()
+        directory = self.dirs.of(record.claim)
+        env = workload_env(record.devices, directory.cache, libvgpu=self.settings.libvgpu)
+        env["TESSERA_VGPU_CONFIG"] = str(directory.config)
+        env[OWNER_LOCK_VAR] = str(directory.owner_lock)
+        if self.settings.simulated:
+            env.update(simulated_driver_env(record.devices, self.observer.devices, self.settings.sim_driver_dir))
+        directory.create(env, vgpu_config(record.devices, directory.cache))
         cdi_path = self.settings.cdi_dir / f"tessera-{record.claim}.json"
         cdi_path.write_text(json.dumps(cdi_spec(record.claim, env), indent=1))
+        if record.state != "allocated":
+            log.info("restored the directory of %s (%s)", record.claim, record.state)
+            return
         done = await self.claims.transition(record.claim, "prepared")
         if done is None:
-            return  # released meanwhile: the release handler cleans up
+            return  # released meanwhile: the observe loop cleans up
         await self.bus.publish(
             subjects.claim(record.tenant, record.claim, "prepared"),
             ClaimPrepared(
-                claim=record.claim, tenant=record.tenant, node=self.node, env=env, cache_path=str(cache),
+                claim=record.claim, tenant=record.tenant, node=self.node, env=env, cache_path=str(directory.cache),
                 cdi_device=f"{CDI_KIND}={record.claim}",
             ),
             msg_id=f"{record.claim}:prepared",
         )
         log.info("prepared %s (%s)", record.claim, ", ".join(f"{s.uuid}:{s.memory_mib}MiB" for s in record.devices))
 
-    async def release(self, record: ClaimRecord, reason: str) -> None:
-        shutil.rmtree(self.claim_dir(record.claim), ignore_errors=True)
-        (self.settings.cdi_dir / f"tessera-{record.claim}.json").unlink(missing_ok=True)
-        await self.ledger.release(self.node, record.claim)
+    async def release(self, record: ClaimRecord, reason: str, *, node: str | None = None) -> bool:
+        """Return the claim's capacity and publish ``released``; True if this call released it.
+
+        ``node`` is the node whose ledger holds the claim (another one for a lost node's claims)."""
+        node = node or record.node or self.node
+        await self.ledger.release(node, record.claim)
         await self.ledger.return_quota(record.tenant, record.claim)
         done = await self.claims.transition(
             record.claim, "released", lambda r: msgspec.structs.replace(r, reason=reason)
         )
         if done is None:
-            return
+            return False
         await self.bus.publish(
             subjects.claim(record.tenant, record.claim, "released"),
-            ClaimReleased(claim=record.claim, tenant=record.tenant, node=self.node, reason=reason),
+            ClaimReleased(claim=record.claim, tenant=record.tenant, node=node, reason=reason),
             msg_id=f"{record.claim}:released",
         )
-        log.info("released %s (%s)", record.claim, reason)
+        log.info("released %s on %s (%s)", record.claim, node, reason)
+        return True
+
+    # --- observe: usage, metrics, leaks ---------------------------------------------------------
+
+    async def _observe_loop(self) -> None:
+        period = min(self.settings.usage_seconds, self.settings.tick_seconds)
+        while True:
+            try:
+                await self.observe_once()
+            except TemporaryError as exc:
+                log.warning("observe: %s", exc)
+            except OSError as exc:
+                log.error("observe: %s", exc)
+            await asyncio.sleep(period)
+
+    async def observe_once(self) -> NodeView:
+        view = await self.observer.observe()
+        usages = [u for u in (claim_usage(self.node, cv) for cv in view.claims.values()) if u is not None]
+        gpu = await asyncio.to_thread(self.gpustats.sample) if self.gpustats.nvml is not None else {}
+        self.metrics.update(view, usages, gpu)
+        await self._publish_usage(view, usages)
+        await self._apply(view, self.reclaimer.decide(view))
+        return view
+
+    async def _publish_usage(self, view: NodeView, usages) -> None:
+        items = [(subjects.usage(self.node), u, f"usage:{self.node}:{u.claim}:{time.time_ns()}")
+                 for u in usages if self.gate.due(u.claim, u)]
+        total = node_usage(view, usages)
+        if self.gate.due("", total):
+            items.append((subjects.usage(self.node), total, f"usage:{self.node}:{time.time_ns()}"))
+        self.gate.forget_except({u.claim for u in usages} | {""})
+        if items:
+            try:
+                await self.bus.publish_many(items)
+            except Exception as exc:  # usage is a report, not state: the next change or heartbeat resends it
+                for name in [getattr(e, "claim", "") for _, e, _ in items]:
+                    self.gate.last.pop(name, None)
+                log.warning("usage publish failed: %r", exc)
+
+    async def _apply(self, view: NodeView, actions) -> None:
+        for action in actions:
+            cv = view.claims[action.claim]
+            match action:
+                case Release(claim=claim, reason=reason, kill_first=kill_first):
+                    if kill_first:
+                        pids = await asyncio.to_thread(kill, cv.processes, signal.SIGKILL)
+                        log.warning("claim %s has no owner; killed its leftover processes %s", claim, pids)
+                    if cv.record is not None and await self.release(cv.record, reason):
+                        self.metrics.reclaimed[reason] += 1
+                        log.warning("reclaimed %s: %s", claim, reason)
+                case Signal(claim=claim, sig=sig):
+                    pids = await asyncio.to_thread(kill, cv.processes, sig)
+                    if pids:
+                        log.warning("claim %s is %s but processes %s still use it: sent %s", claim,
+                                    cv.record.state if cv.record else "unknown", pids, signal.Signals(sig).name)
+                case Cleanup(claim=claim):
+                    cv.directory.remove()
+                    (self.settings.cdi_dir / f"tessera-{claim}.json").unlink(missing_ok=True)
+                    log.info("removed the directory of %s", claim)
+                case DropLedger(claim=claim):
+                    entry = await self.ledger.release(self.node, claim)
+                    if entry is not None:
+                        await self.ledger.return_quota(entry.tenant, claim)
+                        log.warning("dropped orphan ledger entry %s (claim %s)", claim,
+                                    cv.record.state if cv.record else "unknown")
+
+    # --- lost nodes -----------------------------------------------------------------------------
+
+    async def _lost_loop(self) -> None:
+        period = max(0.2, min(self.settings.lost_reclaim_seconds / 4, 5.0))
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self.release_lost_once()
+            except TemporaryError as exc:
+                log.warning("lost-node check: %s", exc)
+
+    async def release_lost_once(self) -> None:
+        inventory = await lostmod.read_inventory(self.inventory_kv)
+        lost = [n for n, inv in inventory.items() if inv.labels.get(lostmod.LOST_LABEL) == "true" and n != self.node]
+        ledgers = {}
+        for node in lost:
+            ledger, _ = await self.ledger.read_node(node)
+            ledgers[node] = sorted(ledger.entries)
+        for node, claim in self.lost.due(inventory, ledgers):
+            record, _ = await self.claims.get(claim)
+            reason = f"node {node} lost"
+            if record is not None and record.state not in TERMINAL:
+                if await self.release(record, reason, node=node):
+                    self.metrics.reclaimed["node lost"] += 1
+                    log.warning("released %s of lost node %s", claim, node)
+            else:
+                entry = await self.ledger.release(node, claim)
+                if entry is not None:
+                    await self.ledger.return_quota(entry.tenant, claim)
 
 
 async def build(ctx: ServiceContext) -> dict:

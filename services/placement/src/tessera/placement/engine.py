@@ -108,6 +108,7 @@ class Placer:
         self._heaps: OrderedDict[tuple, list] = OrderedDict()
         self._memo: dict[tuple, tuple | None] = {}
         self._kc: list[int] = []
+        self._parts: list[tuple[Demand, list]] = []
         self._km: list[int] = []
         self._roster: tuple[int, list[Node]] = (-1, [])
         self._rejections: dict[tuple, tuple[int, Rejection]] = {}
@@ -152,7 +153,7 @@ class Placer:
         if ck is None or ck[1] != self._epoch:
             ck = d._ckey = (self._token, self._epoch, d.shape, node_policy, gpu_policy)
         if node_policy == "random":
-            return self._place_random(d, ck, gpu_policy)
+            return self._place_random(d, ck, gpu_policy, explain)
         heap = self._index(ck, d, node_policy, gpu_policy)
         if not exclude_nodes:
             if not heap:
@@ -326,6 +327,14 @@ class Placer:
         self._kinds = self.mix.kinds()
         self._kc = sorted({kd.cpu for kd, _ in self._kinds})
         self._km = sorted({kd.hostmem for kd, _ in self._kinds})
+        # Kinds grouped by their GPU part: fit is computed once per group, CPU/memory per member.
+        parts: dict[tuple, tuple[Demand, list]] = {}
+        for kd, p in self._kinds:
+            gk = (kd.gpus, kd.memory_mib, kd.memory_percent, kd.cores)
+            if gk not in parts:
+                parts[gk] = (kd, [])
+            parts[gk][1].append((self._kc.index(kd.cpu), self._km.index(kd.hostmem), p))
+        self._parts = list(parts.values())
         self._memo.clear()
         self._gcache.clear()
         self._fcache.clear()
@@ -349,23 +358,24 @@ class Placer:
             for s in ss:
                 U += s.free
             usable = []
-            kc, km = self._kc, self._km
-            for kd, p in self._kinds:
+            for kd, members in self._parts:
                 if not kd.gpus:
                     # A CPU-only kind wastes nothing where it fits; where CPU or memory is short for
                     # it, the node's free GPUs are stranded from its point of view.
-                    if U > 0.0:
-                        usable.append((kc.index(kd.cpu), km.index(kd.hostmem), p * U))
-                    continue
-                n = 0
-                fs = 0.0
-                fits = kd.fits
-                for s in ss:
-                    if fits(s):
-                        n += 1
-                        fs += s.free
-                if n >= kd.gpus and fs > 0.0:
-                    usable.append((kc.index(kd.cpu), km.index(kd.hostmem), p * fs))
+                    fs = U
+                else:
+                    n = 0
+                    fs = 0.0
+                    fits = kd.fits
+                    for s in ss:
+                        if fits(s):
+                            n += 1
+                            fs += s.free
+                    if n < kd.gpus:
+                        continue
+                if fs > 0.0:
+                    for ic, im, p in members:
+                        usable.append((ic, im, p * fs))
             gi = self._gcache[G] = (U, tuple(usable))
         f, usable = gi
         for ic, im, w in usable:
@@ -487,7 +497,7 @@ class Placer:
         shares.sort(key=lambda s: s.index)
         return Placement(node=node.name, shares=shares, score=float(score[0]))
 
-    def _place_random(self, d: Demand, ck: tuple, gpu_policy: str) -> Placement | Rejection:
+    def _place_random(self, d: Demand, ck: tuple, gpu_policy: str, explain: bool) -> Placement | Rejection:
         """A node drawn uniformly among those that fit: draw from all live nodes and redraw on a
         misfit (uniform over the feasible ones); scan the fleet only when draws keep missing."""
         fleet = self.fleet
@@ -505,7 +515,7 @@ class Placer:
         live = [e for e in heap if e[2].alive]
         total = sum(len(e[2].members) for e in live)
         if not total:
-            return self._reject(d, ck, {}, None)
+            return self._reject(d, ck, {}, None) if explain else _UNEXPLAINED
         pick = rng.randrange(total)
         for e in live:
             cls = e[2]

@@ -1,0 +1,162 @@
+"""Reader of libvgpu's shared accounting file (the "Ledger").
+
+Why this exists: every CUDA process of a workload runs ``libvgpu.so``, which charges its GPU memory
+to a memory-mapped file named by ``CUDA_DEVICE_MEMORY_SHARED_CACHE``. That file is the only place
+where a workload's real usage per device is known, so the node enforcer reads it for usage reports
+and to check that limits hold. This module is the one Python definition of its layout (version 1,
+defined in ``native/vgpu/src/ledger_layout.h``; keep the two in step).
+
+Reading needs no lock for a snapshot that is consistent enough for reports (each field is written
+atomically); ``lock=True`` takes the same fcntl read lock libvgpu's writers exclude, for an exact
+snapshot. Liveness of a process slot is read the way libvgpu reads it: the owner holds a read lock
+on the first byte of its slot, which the kernel drops when it dies, so a slot whose byte nobody
+locks belongs to a dead process (its usage is not counted in ``DeviceUsage.used_bytes``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+MAGIC = b"TESSVGPU"
+VERSION = 1
+HEADER = struct.Struct("<8s8I3Q2I56x")  # 128 bytes
+DEVICE = struct.Struct("<QII48sq56x")  # 128 bytes
+PROC_HEAD = struct.Struct("<iIQQQ")  # 32 bytes, then max_devices x u64 used
+PROC_LIVE = 1
+DEVICE_UUID_SET = 1
+# struct flock on Linux x86_64/aarch64: short l_type, short l_whence, off_t l_start, off_t l_len,
+# pid_t l_pid (+ padding to 32 bytes)
+_FLOCK = struct.Struct("@hhqqi0q")
+_F_OFD_GETLK = getattr(fcntl, "F_OFD_GETLK", 36)
+_F_OFD_SETLKW = getattr(fcntl, "F_OFD_SETLKW", 38)
+
+
+class VgpuCacheError(Exception):
+    """The file is missing, too short, or not a libvgpu accounting file of a known version."""
+
+
+@dataclass(frozen=True)
+class DeviceUsage:
+    index: int
+    uuid: str | None
+    limit_bytes: int | None  # None: no memory limit
+    sm_limit_percent: int | None  # None: no SM limit
+    used_bytes: int  # summed over live processes
+
+
+@dataclass(frozen=True)
+class ProcessUsage:
+    slot: int
+    pid: int  # in the process's own pid namespace
+    start_time: int  # clock ticks after boot (/proc/<pid>/stat field 22)
+    pidns: int  # inode of /proc/<pid>/ns/pid
+    alive: bool
+    used_bytes: tuple[int, ...]  # per device index
+
+
+@dataclass(frozen=True)
+class VgpuSnapshot:
+    path: str
+    version: int
+    devices: tuple[DeviceUsage, ...]  # indices 0 .. device_count-1 and any with a limit
+    processes: tuple[ProcessUsage, ...]  # live slots, and dead ones not yet reclaimed
+
+    @property
+    def live_processes(self) -> tuple[ProcessUsage, ...]:
+        return tuple(p for p in self.processes if p.alive)
+
+    def device(self, index: int) -> DeviceUsage:
+        for d in self.devices:
+            if d.index == index:
+                return d
+        raise KeyError(index)
+
+
+def _slot_locked(fd: int, offset: int) -> bool | None:
+    probe = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
+    try:
+        got = fcntl.fcntl(fd, _F_OFD_GETLK, probe)
+    except OSError:
+        return None
+    return _FLOCK.unpack(got)[0] != fcntl.F_UNLCK
+
+
+def _alive_by_proc(pid: int, start_time: int, pidns: int) -> bool:
+    """Fallback when locks cannot be probed: /proc, valid only in the same pid namespace."""
+    try:
+        if pidns and os.stat("/proc/self/ns/pid").st_ino != pidns:
+            return True  # cannot tell from here; do not drop its usage
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return fields[0] not in ("Z", "X") and int(fields[19]) == start_time
+
+
+def read_vgpu_cache(path: str | os.PathLike[str], *, lock: bool = False) -> VgpuSnapshot:
+    """Read the accounting file at ``path``; raise VgpuCacheError if it is not a valid one."""
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError as e:
+        raise VgpuCacheError(f"{path}: no such accounting file") from e
+    except OSError as e:
+        raise VgpuCacheError(f"{path}: cannot open: {e.strerror}") from e
+    try:
+        size = os.fstat(fd).st_size
+        if size < HEADER.size:
+            raise VgpuCacheError(f"{path}: {size} bytes, too short for a libvgpu accounting file")
+        with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
+            if lock:
+                fcntl.fcntl(fd, _F_OFD_SETLKW, _FLOCK.pack(fcntl.F_RDLCK, os.SEEK_SET, 0, 1, 0))
+            try:
+                return _parse(path, fd, m, size)
+            finally:
+                if lock:
+                    fcntl.fcntl(fd, _F_OFD_SETLKW, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, 0, 1, 0))
+    finally:
+        os.close(fd)
+
+
+def _parse(path: str, fd: int, m: mmap.mmap, size: int) -> VgpuSnapshot:
+    (magic, version, header_size, max_devices, max_procs, device_count, device_size, proc_size, _flags,
+     devices_offset, procs_offset, file_size, proc_hwm, _r0) = HEADER.unpack_from(m, 0)
+    if magic != MAGIC:
+        raise VgpuCacheError(f"{path}: wrong magic {magic!r}, not a libvgpu accounting file")
+    if version != VERSION:
+        raise VgpuCacheError(f"{path}: layout version {version}, this reader knows {VERSION}")
+    if header_size != HEADER.size or device_size != DEVICE.size or proc_size != PROC_HEAD.size + 8 * max_devices:
+        raise VgpuCacheError(f"{path}: record sizes do not match layout version {VERSION}")
+    if size < file_size or file_size < procs_offset + max_procs * proc_size:
+        raise VgpuCacheError(f"{path}: {size} bytes, the header says {file_size}")
+    used_fmt = struct.Struct(f"<{max_devices}Q")
+    processes = []
+    for k in range(min(proc_hwm, max_procs)):
+        off = procs_offset + k * proc_size
+        pid, state, start_time, pidns, _res = PROC_HEAD.unpack_from(m, off)
+        if state != PROC_LIVE:
+            continue
+        used = used_fmt.unpack_from(m, off + PROC_HEAD.size)
+        alive = _slot_locked(fd, off)
+        if alive is None:
+            alive = _alive_by_proc(pid, start_time, pidns)
+        processes.append(ProcessUsage(k, pid, start_time, pidns, alive, tuple(used)))
+    devices = []
+    for i in range(max_devices):
+        mem_limit, sm_limit, dflags, uuid, _tat = DEVICE.unpack_from(m, devices_offset + i * device_size)
+        if i >= device_count and not mem_limit and not sm_limit:
+            continue
+        used = sum(p.used_bytes[i] for p in processes if p.alive)
+        devices.append(DeviceUsage(
+            index=i,
+            uuid=uuid.split(b"\0", 1)[0].decode("ascii", "replace") if dflags & DEVICE_UUID_SET else None,
+            limit_bytes=mem_limit or None,
+            sm_limit_percent=sm_limit or None,
+            used_bytes=used,
+        ))
+    return VgpuSnapshot(path=path, version=version, devices=tuple(devices), processes=tuple(processes))

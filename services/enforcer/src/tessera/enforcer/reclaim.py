@@ -1,0 +1,118 @@
+"""Leak policy: which claims on this node to release, and which leftover processes to stop.
+
+Decided from one NodeView (see observe.py) plus the time each condition was first seen, never from
+memory that must survive a restart: a restarted enforcer starts its clocks again, so every bound is
+"grace period + one look" from the moment the enforcer is up.
+
+The rules, for claims allocated to this node:
+- A claim made by `tessera run` (id ``run-...``) is in use while its owner holds ``owner.lock``.
+  Without an owner for the grace period it is released; processes still in its accounting file lost
+  the party that forwards their signals and gives the claim back, so they are killed first.
+- Any other claim that has been declared ``running`` is in use while its owner lives or a process in
+  its accounting file lives; with neither for the grace period it is released.
+- Any other ``prepared`` claim is a reservation (``tessera submit``): held until released.
+- An unreadable accounting file counts as in use: nothing is released on a guess.
+Janitor rules, for what the claims bucket no longer calls live here:
+- its processes get SIGTERM once, then SIGKILL after the grace period; then its directory is removed;
+- a ledger entry whose claim is released, failed or unknown for the grace period is removed.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass, field
+
+from tessera.enforcer.observe import ClaimView, NodeView
+
+RUN_PREFIX = "run-"
+
+
+@dataclass(frozen=True)
+class Release:
+    claim: str
+    reason: str
+    kill_first: bool = False
+
+
+@dataclass(frozen=True)
+class Signal:
+    claim: str
+    sig: int
+
+
+@dataclass(frozen=True)
+class Cleanup:
+    claim: str  # remove the directory (and CDI spec); nothing lives in it any more
+
+
+@dataclass(frozen=True)
+class DropLedger:
+    claim: str  # a ledger entry with no live claim behind it
+
+
+Action = Release | Signal | Cleanup | DropLedger
+
+
+def in_use(cv: ClaimView) -> bool | None:
+    """True/False for a workload claim; None for a reservation the leak rules do not apply to."""
+    record = cv.record
+    assert record is not None
+    if cv.error:
+        return True
+    if cv.claim.startswith(RUN_PREFIX):
+        return cv.owner
+    if record.state == "running":
+        return cv.owner or bool(cv.processes)
+    return None
+
+
+@dataclass
+class Reclaimer:
+    grace: float
+    # (claim, condition) -> when it was first seen; forgotten as soon as the condition stops
+    since: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def _held(self, key: tuple[str, str], now: float, seen: set) -> float:
+        seen.add(key)
+        return now - self.since.setdefault(key, now)
+
+    def decide(self, view: NodeView, now: float | None = None) -> list[Action]:
+        now = time.monotonic() if now is None else now
+        seen: set[tuple[str, str]] = set()
+        actions: list[Action] = []
+        for claim, cv in view.claims.items():
+            record = cv.record
+            mine = record is not None and record.node == view.node
+            if mine and cv.live:
+                if record.release_requested:
+                    actions.append(Release(claim, record.reason or "requested", kill_first=False))
+                    continue
+                if record.state == "allocated":
+                    continue  # the consumer prepares it; nothing to reclaim yet
+                use = in_use(cv)
+                if use is None or use:
+                    continue
+                if self._held((claim, "idle"), now, seen) >= self.grace:
+                    owner_gone = claim.startswith(RUN_PREFIX) or record.state == "running"
+                    reason = "owner gone" if claim.startswith(RUN_PREFIX) else "workload ended"
+                    actions.append(Release(claim, f"reclaimed: {reason}", kill_first=owner_gone and bool(cv.processes)))
+                continue
+            # Not (or no longer) a live claim of this node.
+            if cv.directory is not None:
+                if cv.processes:
+                    held = self._held((claim, "stale-procs"), now, seen)
+                    if held == 0:
+                        actions.append(Signal(claim, signal.SIGTERM))
+                    elif held >= self.grace:
+                        actions.append(Signal(claim, signal.SIGKILL))
+                elif not cv.error:
+                    actions.append(Cleanup(claim))
+            if cv.in_ledger:
+                terminal = record is not None and record.state in ("released", "failed")
+                if terminal or self._held((claim, "ledger-orphan"), now, seen) >= self.grace:
+                    actions.append(DropLedger(claim))
+        for key in list(self.since):
+            if key not in seen:
+                del self.since[key]
+        return actions

@@ -1,0 +1,113 @@
+"""deploy/compose/compose.yaml builds every service from a Dockerfile that exists and sets only
+variables the code reads, with health checks, start order, restart policies and limits.
+
+No Docker engine runs here, so `docker compose up` itself is not exercised: these checks keep the
+file consistent with the code it runs (a renamed variable would otherwise be ignored silently).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from deploy_sources import ROOT, SERVICES, Dockerfile, compose, unread_env
+
+from tessera.shared import profile
+
+COMPOSE_DIR = ROOT / "deploy" / "compose"
+THIRD_PARTY = {"nats", "jaeger"}  # official images, no Dockerfile of ours
+
+
+def _services() -> dict:
+    return compose()["services"]
+
+
+def _tessera_services() -> dict:
+    return {name: svc for name, svc in _services().items() if name not in THIRD_PARTY}
+
+
+def _service_of(svc: dict) -> str:
+    """The Tessera service a compose entry runs, from the Dockerfile it builds."""
+    dockerfile = svc["build"]["dockerfile"]
+    parts = dockerfile.split("/")
+    assert parts[0] == "services" and parts[2] == "Dockerfile", dockerfile
+    return parts[1]
+
+
+def test_compose_file_parses_with_services():
+    assert set(SERVICES) <= {_service_of(s) for s in _tessera_services().values()}
+    assert THIRD_PARTY <= set(_services())
+
+
+@pytest.mark.parametrize("name", sorted(_tessera_services()))
+def test_service_builds_from_an_existing_dockerfile(name):
+    svc = _tessera_services()[name]
+    context = (COMPOSE_DIR / svc["build"]["context"]).resolve()
+    assert context == ROOT, "the build context is the repository root (images need libs/shared)"
+    assert (context / svc["build"]["dockerfile"]).is_file()
+
+
+@pytest.mark.parametrize("name", sorted(_tessera_services()))
+def test_service_sets_only_variables_its_code_reads(name):
+    svc = _tessera_services()[name]
+    service = _service_of(svc)
+    env = svc.get("environment", {})
+    assert isinstance(env, dict), "use the mapping form of environment"
+    assert not unread_env(service, env), f"tessera-{service} never reads: {unread_env(service, env)}"
+
+
+@pytest.mark.parametrize("name", sorted(_tessera_services()))
+def test_service_is_healthchecked_limited_restarted_and_waits_for_nats(name):
+    svc = _tessera_services()[name]
+    assert "/readyz" in " ".join(svc["healthcheck"]["test"])
+    limits = svc["deploy"]["resources"]["limits"]
+    assert limits.get("cpus") and limits.get("memory")
+    assert svc["restart"] in ("unless-stopped", "always", "on-failure")
+    assert svc["depends_on"]["nats"]["condition"] == "service_healthy"
+    assert svc["environment"]["TESSERA_NATS_URL"] == "nats://nats:4222"
+    assert svc["environment"]["TESSERA_HTTP_PORT"] == "8080"  # what the healthcheck asks
+
+
+def test_nats_runs_jetstream_on_a_volume_and_is_healthchecked():
+    nats = _services()["nats"]
+    command = nats["command"]
+    assert "-js" in command
+    store = command[command.index("-sd") + 1]
+    assert any(v.endswith(":" + store) and v.split(":")[0] in compose()["volumes"] for v in nats["volumes"])
+    assert nats["healthcheck"]["test"] and nats["deploy"]["resources"]["limits"]
+
+
+def test_traces_go_to_jaeger_over_otlp_http():
+    jaeger = _services()["jaeger"]
+    assert any(p.endswith("4318:4318") for p in jaeger["ports"])
+    assert any(p.endswith("4317:4317") for p in jaeger["ports"])
+    for name, svc in _tessera_services().items():
+        assert svc["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318", name
+
+
+def test_one_enforcer_per_node_of_the_demo_profile():
+    capacity = _services()["capacity"]
+    mounted = {}
+    for volume in capacity["volumes"]:
+        source, target = volume.split(":")[:2]
+        mounted[target] = (COMPOSE_DIR / source).resolve()
+    profile_file = mounted[capacity["environment"]["TESSERA_PROFILE"]]
+    assert profile_file == ROOT / "profiles" / "demo.yaml"
+    nodes = {n.node for n in profile.load(str(profile_file))}
+    enforced = [
+        svc["environment"]["TESSERA_NODE"] for svc in _tessera_services().values() if _service_of(svc) == "enforcer"
+    ]
+    assert sorted(enforced) == sorted(nodes)
+
+
+def test_placement_runs_two_replicas():
+    placement = [s for s in _tessera_services().values() if _service_of(s) == "placement"]
+    assert sum(s.get("deploy", {}).get("replicas", 1) for s in placement) == 2
+
+
+def test_enforcers_use_the_simulated_driver_the_image_ships():
+    image = Dockerfile.read(ROOT / "services" / "enforcer" / "Dockerfile")
+    shipped = [a.split()[-1].rstrip("/") for a in image.all("COPY") if a.startswith("--from=native") and "/sim" in a]
+    assert shipped
+    for svc in _tessera_services().values():
+        if _service_of(svc) == "enforcer":
+            assert svc["environment"]["TESSERA_SIM_DRIVER_DIR"] == shipped[0]
