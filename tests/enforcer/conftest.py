@@ -43,7 +43,6 @@ def start_local(workdir: Path, **kwargs) -> LocalCluster:
     cluster.start()
     try:
         cluster.wait_ready(90)
-        asyncio.run(create_tenant(cluster.url, "alpha"))
     except BaseException:
         cluster.stop()
         raise
@@ -62,18 +61,24 @@ async def create_tenant(url: str, name: str) -> None:
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
     cluster = start_local(tmp_path_factory.mktemp("cluster"))
+    try:
+        asyncio.run(create_tenant(cluster.url, "alpha"))
+    except BaseException:
+        cluster.stop()
+        raise
     yield cluster
     cluster.stop()
 
 
 @pytest.fixture
 def fresh_cluster(tmp_path):
-    """A cluster of the test's own, for tests that kill services."""
+    """A cluster of the test's own, for tests that kill services: ``await fresh_cluster(...)``."""
     clusters = []
 
-    def start(**kwargs) -> LocalCluster:
-        cluster = start_local(tmp_path / f"cluster{len(clusters)}", **kwargs)
+    async def start(**kwargs) -> LocalCluster:
+        cluster = await asyncio.to_thread(start_local, tmp_path / f"cluster{len(clusters)}", **kwargs)
         clusters.append(cluster)
+        await create_tenant(cluster.url, "alpha")
         return cluster
 
     yield start

@@ -45,6 +45,7 @@ async def test_within_limit_usage_matches_allocation_and_claim_is_released(clust
         report = done.report()
         assert report["alloc"] == [[300, 0], [200, 0]]
         assert report["total_mib"] == 1000 and report["free_mib"] == 500
+        assert report["count"] == 1
         record = await client.claim(claim)
         assert record.state == "released"
         assert claim not in await live_entries(client)
@@ -82,8 +83,6 @@ async def test_workload_sees_only_its_allocated_gpus(cluster):
         record = max(records, key=lambda r: r.updated)
         assert report["count"] == 2
         assert report["uuids"] == [d.uuid for d in sorted(record.devices, key=lambda d: d.index)]
-        one = (await tessera_run(cluster, "--gpumem", "500", workload=[])).report()
-        assert one["count"] == 1
     finally:
         await client.close()
 
@@ -104,7 +103,5 @@ async def test_bad_input_gets_a_clear_error(cluster):
     assert no_command.code == 2 and "after --" in no_command.stderr
     bad_percent = await tessera_run(cluster, "--gpumem-percent", "150", workload=[])
     assert bad_percent.code == 1 and "gpumem-percentage" in bad_percent.stderr
-    no_tenant = await tessera_run(cluster, "--gpumem", "100", tenant="nobody", workload=[])
-    assert no_tenant.code == 1 and "does not exist" in no_tenant.stderr
     missing = await tessera_run(cluster, "--gpumem", "100", command=["/nonexistent/program"])
     assert missing.code == 127 and "command not found" in missing.stderr

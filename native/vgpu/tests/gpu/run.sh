@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# GPU check of libvgpu on a machine with an NVIDIA GPU, PyTorch, CuPy and gcc: builds the library
+# against the real driver and prints ONE table (also written to $OUT/vgpu_gpu_table.md when $OUT is
+# set): memory limit with PyTorch (plain and expandable segments) and CuPy, two processes sharing a
+# limit, SM share for one process at 30% and 50% and two workloads at 30/70, overhead on a bf16
+# 8192^3 matmul and on cuMemAlloc latency, and start-up of 100 concurrent CUDA processes.
+# Every section is guarded: one failing still prints the rest. Budget: under 8 minutes.
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+VGPU=$(cd "$HERE/../.." && pwd)
+ROOT=$(cd "$VGPU/../.." && pwd)
+PY=${PYTHON:-python3}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/vgpu-gpu.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+TABLE=$WORK/table.md
+LIB=$VGPU/build/libvgpu.so
+GiB=$((1024 * 1024 * 1024))
+export PYTHONPATH=$ROOT/libs/shared/src${PYTHONPATH:+:$PYTHONPATH}
+T_START=$SECONDS
+
+row() { printf '| %s | %s | %s | %s |\n' "$1" "$2" "$3" "$4" >> "$TABLE"; }
+printf '| check | result | target | verdict |\n|---|---|---|---|\n' > "$TABLE"
+
+# section NAME TIMEOUT FUNCTION: runs FUNCTION, which appends rows; on failure adds an ERROR row
+section() {
+    local name=$1 limit=$2 fn=$3 start=$SECONDS
+    echo "== $name" >&2
+    if ! timeout -k 10 "$limit" bash -c "$(declare -f row $fn); $fn" > "$WORK/$fn.log" 2>&1; then
+        row "$name" "ERROR (see below)" "-" "FAIL"
+        echo "--- $name failed; last lines:" >&2
+        tail -n 15 "$WORK/$fn.log" >&2
+    fi
+    echo "   $((SECONDS - start)) s" >&2
+}
+export HERE VGPU ROOT PY WORK LIB GiB TABLE
+
+build() {
+    make -s -C "$VGPU" build/libvgpu.so >&2 &&
+    gcc -O2 -I"$VGPU/include" -o "$WORK/alloc_bench" "$HERE/alloc_bench.c" -ldl &&
+    gcc -O2 -I"$VGPU/include" -o "$WORK/startup" "$HERE/startup.c" -ldl &&
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1 > "$WORK/gpu.txt"
+}
+
+mem_limits() {
+    for v in torch torch_expandable cupy; do
+        env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/mem-$v.cache" CUDA_DEVICE_MEMORY_LIMIT_0=8g \
+            "$PY" "$HERE/gpu_mem.py" limit "$v" "$WORK/mem-$v.cache" > "$WORK/mem-$v.json" || true
+        "$PY" - "$WORK/mem-$v.json" "$v" <<'PYEOF' >> "$TABLE"
+import json, sys
+r = json.load(open(sys.argv[1])) if open(sys.argv[1]).read().strip() else {"error": "no output"}
+v = sys.argv[2]; G = 1 << 30
+if "error" in r:
+    print(f"| 8 GiB limit, {v} | ERROR {r['error']} | OOM at 8 GiB, total 8 GiB | FAIL |")
+else:
+    ok = r["total"] == 8 * G and r["oom"] and r["ledger_used_max"] <= 8 * G
+    print(f"| 8 GiB limit, {v} | total {r['total']/G:.2f} GiB; stopped by {r['oom_type']} after "
+          f"{r['allocated']/G:.2f} GiB; ledger peak {r['ledger_used_max']/G:.3f} GiB | "
+          f"own OOM error, total = 8 GiB, no byte over | {'PASS' if ok else 'FAIL'} |")
+PYEOF
+    done
+}
+
+two_procs() {
+    local cache=$WORK/two.cache
+    env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$cache" CUDA_DEVICE_MEMORY_LIMIT_0=8g \
+        "$PY" "$HERE/gpu_mem.py" hold 5 "$WORK/hold.stop" > "$WORK/hold.out" &
+    local holder=$!
+    for _ in $(seq 120); do
+        grep -q ready "$WORK/hold.out" 2>/dev/null && break
+        kill -0 $holder 2>/dev/null || { echo "holder died" >&2; return 1; }
+        sleep 0.5
+    done
+    env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$cache" CUDA_DEVICE_MEMORY_LIMIT_0=8g \
+        "$PY" "$HERE/gpu_mem.py" second > "$WORK/second.json"
+    touch "$WORK/hold.stop"
+    wait $holder
+    "$PY" - "$WORK/second.json" <<'PYEOF' >> "$TABLE"
+import json, sys
+r = json.load(open(sys.argv[1])); G = 1 << 30
+ok = abs(r["free_seen"] - 3 * G) < 64 << 20 and r["oom"] and r["allocated"] <= 3 * G
+print(f"| two processes, one 8 GiB limit | first holds 5 GiB; second sees {r['free_seen']/G:.2f} GiB free, "
+      f"gets {r['allocated']/G:.2f} GiB then {r['oom_type']} | second sees ~3 GiB, gets <= 3 GiB | "
+      f"{'PASS' if ok else 'FAIL'} |")
+PYEOF
+}
+
+sm_share() {
+    "$PY" "$HERE/gpu_sm.py" calibrate > "$WORK/sm-cal.json"
+    local base
+    base=$("$PY" "$HERE/gpu_sm.py" window 8 "$WORK/sm-cal.json")
+    for pct in 30 50; do
+        local rate
+        rate=$(env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/sm$pct.cache" CUDA_DEVICE_SM_LIMIT=$pct \
+            "$PY" "$HERE/gpu_sm.py" window 8 "$WORK/sm-cal.json")
+        "$PY" -c "
+b, r, p = $base, $rate, $pct
+s = 100 * r / b
+print(f'| SM share, one process at {p}% | {s:.1f}% of unlimited throughput ({r:.0f} vs {b:.0f} kernels/s) | {p} +/- 5 | {\"PASS\" if abs(s - p) <= 5 else \"FAIL\"} |')" >> "$TABLE"
+    done
+    env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/smA.cache" CUDA_DEVICE_SM_LIMIT=30 \
+        "$PY" "$HERE/gpu_sm.py" window 12 "$WORK/sm-cal.json" > "$WORK/smA.out" &
+    local a=$!
+    env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/smB.cache" CUDA_DEVICE_SM_LIMIT=70 \
+        "$PY" "$HERE/gpu_sm.py" window 12 "$WORK/sm-cal.json" > "$WORK/smB.out"
+    wait $a
+    "$PY" -c "
+b, ra, rb = $base, $(cat "$WORK/smA.out"), $(cat "$WORK/smB.out")
+sa, sb = 100 * ra / b, 100 * rb / b
+ok = abs(sa - 30) <= 5 and abs(sb - 70) <= 5
+print(f'| SM share, two workloads at 30/70 | {sa:.1f}% / {sb:.1f}% (HAMi-core: 46/54) | 30/70 +/- 5 | {\"PASS\" if ok else \"FAIL\"} |')" >> "$TABLE"
+}
+
+matmul() {
+    local plain with
+    plain=$("$PY" "$HERE/gpu_mem.py" matmul)
+    with=$(env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/mm.cache" CUDA_DEVICE_MEMORY_LIMIT_0=80g \
+        "$PY" "$HERE/gpu_mem.py" matmul)
+    "$PY" -c "
+p, w = $plain, $with
+d = 100 * (p - w) / p
+print(f'| bf16 8192^3 matmul | {w:.0f} TFLOP/s with, {p:.0f} without ({d:+.2f}% overhead) | within 1% | {\"PASS\" if d <= 1 else \"FAIL\"} |')" >> "$TABLE"
+}
+
+alloc_latency() {
+    local plain with
+    plain=$("$WORK/alloc_bench" 20000)
+    with=$(env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/al.cache" CUDA_DEVICE_MEMORY_LIMIT_0=80g \
+        "$WORK/alloc_bench" 20000)
+    "$PY" -c "
+p, w = $plain, $with
+print(f'| cuMemAlloc_v2+cuMemFree_v2 of 1 MiB | {w/1000:.2f} us with, {p/1000:.2f} us without (+{(w-p)/1000:.2f} us) | small | INFO |')" >> "$TABLE"
+}
+
+startup() {
+    local n=100 t0 t1 t2
+    t0=$EPOCHREALTIME
+    for _ in $(seq $n); do "$WORK/startup" & done
+    wait
+    t1=$EPOCHREALTIME
+    for _ in $(seq $n); do
+        env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/start.cache" CUDA_DEVICE_MEMORY_LIMIT_0=8g \
+            "$WORK/startup" &
+    done
+    wait
+    t2=$EPOCHREALTIME
+    "$PY" -c "
+p, w = $t1 - $t0, $t2 - $t1
+print(f'| start-up, 100 concurrent CUDA processes | {w:.2f} s with, {p:.2f} s without | under 5 s | {\"PASS\" if w < 5 else \"FAIL\"} |')" >> "$TABLE"
+}
+
+section build 240 build || { echo "build failed; nothing else can run" >&2; }
+if [[ -f $LIB ]]; then
+    section "memory limits" 150 mem_limits
+    section "two processes" 90 two_procs
+    section "SM share" 120 sm_share
+    section "matmul overhead" 90 matmul
+    section "alloc latency" 60 alloc_latency
+    section "start-up" 90 startup
+fi
+
+{
+    echo "### libvgpu on $(cat "$WORK/gpu.txt" 2>/dev/null || echo 'unknown GPU') ($((SECONDS - T_START)) s)"
+    echo
+    cat "$TABLE"
+} > "$WORK/final.md"
+cat "$WORK/final.md"
+if [[ -n ${OUT:-} ]]; then cp "$WORK/final.md" "$OUT/vgpu_gpu_table.md"; fi

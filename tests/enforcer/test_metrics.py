@@ -1,0 +1,64 @@
+"""The enforcer's /metrics: HAMi's monitor names and labels, and Tessera's allocated-versus-used view."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tessera.cli.client import Client
+
+from conftest import MIB, finish, run_claims, start_run, wait_until
+
+
+def scrape(port: int) -> dict[str, list]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def value(samples, **labels) -> float | None:
+    found = [s.value for s in samples if all(s.labels.get(k) == v for k, v in labels.items())]
+    return found[0] if found else None
+
+
+async def test_metrics_show_hami_series_and_allocated_versus_used(cluster, tmp_path):
+    client = await Client.connect(cluster.url)
+    port = cluster.find("enforcer-gpu-0").http_port
+    try:
+        known = set(await run_claims(client))
+        proc = await start_run(cluster, "--gpumem", "2000", "--gpucores", "40",
+                               workload=["--alloc", "300", "--hold-file", str(tmp_path / "go")])
+
+        async def running():
+            fresh = [c for c, s in (await run_claims(client)).items() if c not in known and s == "running"]
+            return fresh[0] if fresh else None
+
+        claim = await wait_until(running, what="the claim to run")
+        record = await client.claim(claim)
+        uuid = record.devices[0].uuid
+
+        def used():
+            m = scrape(port)
+            return m if value(m.get("hami_vgpu_memory_used_bytes", []), pod=claim) == 300 * MIB else None
+
+        m = await wait_until(used, what="the metrics to show 300 MiB used")
+        labels = dict(namespace="alpha", pod=claim, container="workload", vdevice_index="0", device_uuid=uuid, zone="vGPU")
+        assert value(m["hami_vgpu_memory_used_bytes"], **labels) == 300 * MIB
+        assert value(m["hami_vgpu_memory_limit_bytes"], **labels) == 2000 * MIB
+        legacy = dict(podnamespace="alpha", podname=claim, ctrname="workload", vdeviceid="0", deviceuuid=uuid)
+        assert value(m["vGPU_device_memory_usage_in_bytes"], **legacy) == 300 * MIB
+        assert value(m["vGPU_device_memory_limit_in_bytes"], **legacy) == 2000 * MIB
+        assert value(m["hami_host_gpu_memory_used_bytes"], node="gpu-0", device_uuid=uuid) == 300 * MIB
+        assert value(m["tessera_gpu_memory_allocated_bytes"], device_uuid=uuid) == 2000 * MIB
+        assert value(m["tessera_gpu_memory_used_bytes"], device_uuid=uuid) == 300 * MIB
+        assert value(m["tessera_gpu_cores_allocated_ratio"], device_uuid=uuid) == 40
+        assert value(m["tessera_claims"], node="gpu-0", state="running") == 1
+        assert value(m["tessera_claim_processes"], claim=claim) == 1
+        # One of two GPUs carries a slice: all of its free memory is stranded for a whole-GPU request.
+        frag = value(m["tessera_node_fragmentation_ratio"], node="gpu-0")
+        assert 0 < frag < 1
+        (tmp_path / "go").touch()
+        assert (await finish(proc)).code == 0
+    finally:
+        await client.close()

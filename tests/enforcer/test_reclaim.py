@@ -1,0 +1,135 @@
+"""Leaks are reclaimed within a bounded time, and nothing in use is released.
+
+A `tessera run` killed with SIGKILL cannot release its claim: the enforcer sees its owner lock drop,
+kills what the workload left behind and releases the claim. An enforcer killed with SIGKILL and
+started again from empty memory adopts the workloads that still run and releases the orphans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+from tessera.cli.client import Client
+
+from conftest import WORKLOAD, finish, live_entries, run_claims, start_run, wait_until
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead for our purpose
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+async def read_report(proc) -> dict:
+    import json
+
+    line = await asyncio.wait_for(proc.stdout.readline(), 60)
+    return json.loads(line)
+
+
+async def new_run_claim(client: Client, known: set[str]) -> str:
+    async def find():
+        fresh = [c for c, s in (await run_claims(client)).items() if c not in known and s == "running"]
+        return fresh[0] if fresh else None
+
+    return await wait_until(find, what="a new running claim")
+
+
+async def test_killed_tessera_run_is_reclaimed_and_its_leftovers_killed_while_a_live_claim_stays(cluster, tmp_path):
+    client = await Client.connect(cluster.url)
+    try:
+        known = set(await run_claims(client))
+        live = await start_run(cluster, "--gpumem", "500", workload=["--alloc", "100", "--hold-file", str(tmp_path / "live")])
+        live_claim = await new_run_claim(client, known)
+        # The workload runs under a shell, so the kernel's parent-death signal reaches only the shell:
+        # the python process it started is left behind holding GPU memory.
+        script = f"{sys.executable} {WORKLOAD} --alloc 200 --hold-file {tmp_path / 'never'} & wait"
+        doomed = await start_run(cluster, "--gpumem", "500", command=["sh", "-c", script])
+        doomed_claim = await new_run_claim(client, known | {live_claim})
+        leftover = (await read_report(doomed))["pid"]
+        assert alive(leftover)
+
+        doomed.kill()  # SIGKILL: `tessera run` gets no chance to release
+        await doomed.wait()
+
+        async def reclaimed():
+            return (await client.claim(doomed_claim)).state == "released" and doomed_claim not in await live_entries(client)
+
+        await wait_until(reclaimed, what="the orphaned claim to be released")
+        assert "owner gone" in (await client.claim(doomed_claim)).reason
+        await wait_until(lambda: not alive(leftover), what="the leftover workload process to be killed")
+
+        assert (await client.claim(live_claim)).state == "running"
+        assert live_claim in await live_entries(client)
+        (tmp_path / "live").touch()
+        done = await finish(live)
+        assert done.code == 0, done.stderr
+        assert (await client.claim(live_claim)).state == "released"
+    finally:
+        await client.close()
+
+
+async def test_killed_workload_returns_137_and_releases(cluster, tmp_path):
+    client = await Client.connect(cluster.url)
+    try:
+        proc = await start_run(cluster, "--gpumem", "500", workload=["--alloc", "100", "--hold-file", str(tmp_path / "x")])
+        os.kill((await read_report(proc))["pid"], signal.SIGKILL)
+        done = await finish(proc)
+        assert done.code == 128 + signal.SIGKILL
+        assert not [c for c in await live_entries(client) if c.startswith("run-")]
+    finally:
+        await client.close()
+
+
+async def test_sigterm_is_forwarded_and_the_exit_code_says_so(cluster, tmp_path):
+    proc = await start_run(cluster, "--gpumem", "500", workload=["--alloc", "100", "--hold-file", str(tmp_path / "x")])
+    await read_report(proc)
+    proc.send_signal(signal.SIGTERM)
+    done = await finish(proc)
+    assert done.code == 128 + signal.SIGTERM
+
+
+async def test_restarted_enforcer_adopts_live_workloads_and_releases_orphans(fresh_cluster, tmp_path):
+    cluster = await fresh_cluster()
+    client = await Client.connect(cluster.url)
+    try:
+        live = await start_run(cluster, "--gpumem", "500", workload=["--alloc", "100", "--hold-file", str(tmp_path / "live")])
+        live_claim = await new_run_claim(client, set())
+        orphan = await start_run(cluster, "--gpumem", "500", workload=["--alloc", "100", "--hold-file", str(tmp_path / "never")])
+        orphan_claim = await new_run_claim(client, {live_claim})
+        orphan_pid = (await read_report(orphan))["pid"]
+
+        enforcer = cluster.find("enforcer-gpu-0")
+        enforcer.proc.kill()
+        enforcer.proc.wait()
+        orphan.kill()  # its owner dies while no enforcer is watching
+        await orphan.wait()
+        await wait_until(lambda: not alive(orphan_pid), what="the orphan's workload to die with its owner")
+
+        cluster.spawn("enforcer", instance="enforcer-gpu-0", env={"TESSERA_NODE": "gpu-0"})
+
+        async def reclaimed():
+            return (await client.claim(orphan_claim)).state == "released" and orphan_claim not in await live_entries(client)
+
+        await wait_until(reclaimed, what="the orphan to be released by the restarted enforcer")
+        assert "owner gone" in (await client.claim(orphan_claim)).reason
+        assert (await client.claim(live_claim)).state == "running"
+        assert live_claim in await live_entries(client)
+
+        (tmp_path / "live").touch()
+        done = await finish(live)
+        assert done.code == 0, done.stderr
+        assert (await client.claim(live_claim)).state == "released"
+        assert await live_entries(client) == {}
+    finally:
+        await client.close()
