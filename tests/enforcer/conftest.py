@@ -67,7 +67,7 @@ def cluster(tmp_path_factory):
         cluster.stop()
         raise
     yield cluster
-    cluster.stop()
+    cluster.stop(timeout=2)  # orderly shutdown is tested elsewhere; here it only costs time
 
 
 @pytest.fixture
@@ -83,7 +83,7 @@ def fresh_cluster(tmp_path):
 
     yield start
     for cluster in clusters:
-        cluster.stop()
+        cluster.stop(timeout=2)
 
 
 @dataclass

@@ -15,7 +15,8 @@
 
 #include "vgpu.h"
 
-#define TAU_NS (2 * 1000000LL)   /* burst tolerance: how far ahead of its budget a workload may run */
+#define TAU_NS (10 * 1000000LL)  /* burst tolerance: how far ahead of its budget a workload may run; absorbs
+                                    * CPU scheduling delays so the GPU queue does not run dry */
 #define RING 32                  /* metered launches in flight per device */
 #define MAX_SLEEP_NS (50 * 1000000LL)
 

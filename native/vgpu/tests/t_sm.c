@@ -48,8 +48,16 @@ int main(int argc, char **argv)
 {
     CHECK(argc >= 2);
     if (!strcmp(argv[1], "work")) {
+        /* argv[2] = "n,up,down": ready after start-up, go on the parent's word, report start/end */
+        int n, up, down;
+        CHECK(sscanf(argv[2], "%d,%d,%d", &n, &up, &down) == 3);
         vt_ctx(0);
-        run_kernels(atoi(argv[2]));
+        vt_send_byte(up);
+        vt_expect_byte(down);
+        double t0 = vt_now();
+        run_kernels(n);
+        double t[2] = {t0, vt_now()};
+        CHECK(write(up, t, sizeof t) == sizeof t);
         return 0;
     }
     CHECK(argc == 4);
@@ -63,10 +71,23 @@ int main(int argc, char **argv)
         return check_share("one process", n * kernel_s() / wall, want);
     }
     CHECK(!strcmp(argv[1], "pair"));
-    double t0 = vt_now();
-    pid_t a = vt_spawn("work", argv[3], NULL), b = vt_spawn("work", argv[3], NULL);
+    /* process start-up is not GPU time: both start kernels together and report their own clocks */
+    vt_chan ca, cb;
+    vt_chan_open(&ca);
+    vt_chan_open(&cb);
+    char arg_a[64], arg_b[64];
+    snprintf(arg_a, sizeof arg_a, "%d,%d,%d", n, ca.up[1], ca.down[0]);
+    snprintf(arg_b, sizeof arg_b, "%d,%d,%d", n, cb.up[1], cb.down[0]);
+    pid_t a = vt_spawn("work", arg_a, NULL), b = vt_spawn("work", arg_b, NULL);
+    vt_expect_byte(ca.up[0]);
+    vt_expect_byte(cb.up[0]);
+    vt_send_byte(ca.down[1]);
+    vt_send_byte(cb.down[1]);
+    double ta[2], tb[2];
+    CHECK(read(ca.up[0], ta, sizeof ta) == sizeof ta);
+    CHECK(read(cb.up[0], tb, sizeof tb) == sizeof tb);
     CHECK_EQ(vt_wait(a), 0);
     CHECK_EQ(vt_wait(b), 0);
-    double wall = vt_now() - t0;
+    double wall = (ta[1] > tb[1] ? ta[1] : tb[1]) - (ta[0] < tb[0] ? ta[0] : tb[0]);
     return check_share("two processes, one budget", 2 * n * kernel_s() / wall, want);
 }

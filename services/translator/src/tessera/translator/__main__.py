@@ -6,11 +6,11 @@ import sys
 
 from tessera.shared.runner import main as run_service
 
-from tessera.translator.service import build
+from tessera.translator.service import configure
 
 
 def main() -> int:
-    return run_service("translator", build)
+    return run_service("translator", configure=configure)
 
 
 if __name__ == "__main__":

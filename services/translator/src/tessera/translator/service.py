@@ -9,16 +9,21 @@ the fix, and nothing is published. A good one is recorded in the ``claims`` buck
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import ssl
 import uuid
+from dataclasses import dataclass
 from typing import Mapping
 
 import msgspec
+from aiohttp import web
 
 from tessera.shared import api, subjects
 from tessera.shared.api import ReleaseRequest, SubmitRequest
 from tessera.shared.claimstore import TERMINAL, ClaimStore
-from tessera.shared.errors import TemporaryError
+from tessera.shared.errors import ConfigError, TemporaryError
 from tessera.shared.events import (
     ClaimRecord,
     ClaimReleaseRequested,
@@ -28,9 +33,11 @@ from tessera.shared.events import (
     encode,
 )
 from tessera.shared.runner import ServiceContext
+from tessera.shared.settings import env_int, env_str
 from tessera.shared.telemetry import inject
 
 from tessera.translator.hami import TranslationError, translate
+from tessera.translator.webhook import make_app
 
 log = logging.getLogger("tessera.translator")
 
@@ -44,19 +51,76 @@ def new_claim_id() -> str:
     return "c-" + uuid.uuid4().hex[:16]
 
 
+@dataclass(frozen=True)
+class TranslatorSettings:
+    """The admission webhook is served only when a port is set (Kubernetes mode)."""
+
+    webhook_port: int = 0
+    webhook_host: str = "0.0.0.0"
+    webhook_cert: str = ""
+    webhook_key: str = ""
+    create_templates: bool = False
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "TranslatorSettings":
+        env = os.environ if env is None else env
+        settings = cls(
+            webhook_port=env_int(env, "TESSERA_WEBHOOK_PORT", 0, minimum=0),
+            webhook_host=env_str(env, "TESSERA_WEBHOOK_HOST", cls.webhook_host),
+            webhook_cert=env_str(env, "TESSERA_WEBHOOK_CERT", ""),
+            webhook_key=env_str(env, "TESSERA_WEBHOOK_KEY", ""),
+            create_templates=env_str(env, "TESSERA_KUBERNETES", "") in ("1", "true", "yes"),
+        )
+        if bool(settings.webhook_cert) != bool(settings.webhook_key):
+            raise ConfigError("set both TESSERA_WEBHOOK_CERT and TESSERA_WEBHOOK_KEY (PEM files), or neither")
+        for name in ("webhook_cert", "webhook_key"):
+            path = getattr(settings, name)
+            if path and not os.path.exists(path):
+                raise ConfigError(f"TESSERA_{name.upper()}={path} does not exist")
+        return settings
+
+
 class TranslatorService:
-    def __init__(self, ctx: ServiceContext) -> None:
+    def __init__(self, ctx: ServiceContext, settings: TranslatorSettings = TranslatorSettings()) -> None:
         self.ctx = ctx
         self.bus = ctx.bus
+        self.settings = settings
         self.claims: ClaimStore
 
     async def start(self) -> dict:
         self.claims = ClaimStore(await self.bus.kv(subjects.KV_CLAIMS))
         self.tenants = await self.bus.kv(subjects.KV_TENANTS)
-        return {
+        tasks = {
             "api-submit": self.bus.serve(subjects.API_SUBMIT, self.submit),
             "api-release": self.bus.serve(subjects.API_RELEASE, self.release),
         }
+        if self.settings.webhook_port:
+            tasks["admission-webhook"] = self._serve_webhook()
+        return tasks
+
+    async def _serve_webhook(self) -> None:
+        """AdmissionReview v1 over HTTPS (HTTP when no certificate is configured, for tests)."""
+        hook = None
+        if self.settings.create_templates:
+            from tessera.translator.kube import TemplateWriter
+
+            hook = TemplateWriter()
+        ssl_context = None
+        if self.settings.webhook_cert:
+            ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ssl_context.load_cert_chain(self.settings.webhook_cert, self.settings.webhook_key)
+        runner = web.AppRunner(make_app(hook), handle_signals=False, access_log=None)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self.settings.webhook_host, self.settings.webhook_port, ssl_context=ssl_context)
+            await site.start()
+            log.info("admission webhook on %s://%s:%d/mutate", "https" if ssl_context else "http",
+                     self.settings.webhook_host, self.settings.webhook_port)
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+            if hook is not None:
+                await hook.close()
 
     async def _tenant_exists(self, tenant: str) -> bool:
         try:
@@ -164,5 +228,10 @@ class TranslatorService:
         return api.ok({"claim": record.claim, "state": "releasing"})
 
 
-async def build(ctx: ServiceContext) -> dict:
-    return await TranslatorService(ctx).start()
+def configure():
+    settings = TranslatorSettings.from_env()
+
+    async def build(ctx: ServiceContext) -> dict:
+        return await TranslatorService(ctx, settings).start()
+
+    return build
