@@ -61,8 +61,8 @@ void vgpu_log(int level, const char *fmt, ...)
     errno = saved;
 }
 
-/* glibc >= 2.34 keeps dlsym in libc as GLIBC_2.34; older ones as GLIBC_2.2.5 (x86_64). dlvsym is not
- * interposed by us, so this never recurses into our own dlsym. */
+/* glibc >= 2.34 keeps dlsym in libc as GLIBC_2.34; older ones as GLIBC_2.2.5 (x86_64) or GLIBC_2.17
+ * (aarch64). dlvsym is not interposed by us, so this never recurses into our own dlsym. */
 void *vgpu_real_dlsym(void *handle, const char *name)
 {
     static void *(*real)(void *, const char *);
@@ -71,6 +71,8 @@ void *vgpu_real_dlsym(void *handle, const char *name)
         f = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
         if (!f)
             f = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+        if (!f) /* aarch64's base version */
+            f = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17");
         if (!f) {
             static const char msg[] = "libvgpu: FATAL: cannot find the real dlsym (GLIBC_2.34 / GLIBC_2.2.5)\n";
             ssize_t w = write(2, msg, sizeof msg - 1);

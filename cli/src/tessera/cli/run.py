@@ -69,6 +69,8 @@ def register(sub) -> None:
     mem.add_argument("--gpumem", type=int, help="nvidia.com/gpumem: MiB per GPU")
     mem.add_argument("--gpumem-percent", type=int, help="nvidia.com/gpumem-percentage: percent of each card's memory")
     p.add_argument("--gpucores", type=int, help="nvidia.com/gpucores: percent of SMs per GPU (100 = exclusive)")
+    p.add_argument("--use-gpuuuid", help="nvidia.com/use-gpuuuid: only these GPUs (comma-separated UUIDs)")
+    p.add_argument("--gpu-policy", help="hami.io/gpu-scheduler-policy: binpack | spread | ...")
     p.add_argument("--node", help="the node to run on (default: $TESSERA_NODE, else the hostname)")
     p.add_argument("--nats", default=None, help="NATS URL (default: $TESSERA_NATS_URL or nats://127.0.0.1:4222)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the claim to be prepared")
@@ -86,6 +88,15 @@ def _resources(args) -> dict[str, int]:
     if args.gpucores is not None:
         resources["nvidia.com/gpucores"] = args.gpucores
     return resources
+
+
+def _annotations(args) -> dict[str, str]:
+    annotations = {}
+    if args.use_gpuuuid:
+        annotations["nvidia.com/use-gpuuuid"] = args.use_gpuuuid
+    if args.gpu_policy:
+        annotations["hami.io/gpu-scheduler-policy"] = args.gpu_policy
+    return annotations
 
 
 def child_env(base: dict[str, str], prepared: dict[str, str]) -> dict[str, str]:
@@ -148,7 +159,8 @@ class Run:
 
     async def submit(self) -> None:
         await self.client.submit(api.SubmitRequest(
-            tenant=self.args.tenant, resources=_resources(self.args), claim=self.claim, node=self.node
+            tenant=self.args.tenant, resources=_resources(self.args), annotations=_annotations(self.args),
+            claim=self.claim, node=self.node,
         ))
 
     async def wait_prepared(self) -> ClaimRecord | int:

@@ -34,7 +34,7 @@ class ClaimView:
     record: ClaimRecord | None  # None: no record in the claims bucket
     directory: ClaimDir | None  # None: in the ledger but never prepared here
     owner: bool = False
-    snapshot: accounting.Snapshot = accounting.EMPTY
+    snapshot: accounting.VgpuSnapshot = accounting.EMPTY
     in_ledger: bool = False
     error: str = ""  # the accounting file could not be read
 
@@ -44,8 +44,8 @@ class ClaimView:
         return self.record is not None and self.record.state in ("allocated", "prepared", "running")
 
     @property
-    def processes(self) -> list[accounting.ProcessSlot]:
-        return self.snapshot.processes
+    def processes(self) -> tuple[accounting.ProcessUsage, ...]:
+        return self.snapshot.live_processes
 
 
 @dataclass
@@ -103,7 +103,7 @@ class Observer:
             cv.owner = owner_alive(cv.directory.owner_lock)
             try:
                 cv.snapshot = accounting.read(cv.directory.cache)
-            except (accounting.AccountingError, OSError) as exc:
+            except (accounting.VgpuCacheError, OSError) as exc:
                 cv.error = str(exc)
                 # Unreadable is not idle: keep it looking used so nothing is released on a guess.
                 cv.snapshot = accounting.EMPTY

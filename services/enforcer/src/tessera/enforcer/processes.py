@@ -16,7 +16,7 @@ import os
 import signal
 from pathlib import Path
 
-from tessera.enforcer.accounting import ProcessSlot
+from tessera.enforcer.accounting import ProcessUsage
 
 log = logging.getLogger("tessera.enforcer.processes")
 
@@ -61,7 +61,7 @@ def _start_time(pid: int) -> int | None:
         return None
 
 
-def same_process(slot: ProcessSlot) -> bool:
+def same_process(slot: ProcessUsage) -> bool:
     """Is ``slot.pid`` in our pid namespace still the process that registered the slot?"""
     if slot.pid <= 0:
         return False
@@ -72,7 +72,7 @@ def same_process(slot: ProcessSlot) -> bool:
     return started is not None and (not slot.start_time or started == slot.start_time)
 
 
-def kill(slots: list[ProcessSlot], sig: int = signal.SIGKILL) -> list[int]:
+def kill(slots, sig: int = signal.SIGKILL) -> list[int]:
     """Signal the processes of ``slots`` that are verifiably who registered; returns the pids signalled."""
     done = []
     for slot in slots:

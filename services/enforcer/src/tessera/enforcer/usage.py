@@ -17,6 +17,7 @@ import msgspec
 
 from tessera.shared.events import ClaimUsage, DeviceUsage, NodeUsage
 
+from tessera.enforcer import accounting
 from tessera.enforcer.observe import ClaimView, NodeView
 
 MIB = 1 << 20
@@ -31,11 +32,10 @@ def claim_usage(node: str, cv: ClaimView) -> ClaimUsage | None:
     devices = []
     for i, share in enumerate(ordered):
         # libvgpu numbers devices as the workload sees them; map by UUID where it recorded one.
-        rec = by_uuid.get(share.uuid) or cv.snapshot.device(i)
-        slot = rec.index if rec is not None else i
+        rec = by_uuid.get(share.uuid) or accounting.device(cv.snapshot, i)
         limit = rec.limit_bytes if rec is not None and rec.limit_bytes else share.memory_mib * MIB
-        sm = rec.sm_limit if rec is not None and rec.sm_limit else (share.cores if 0 < share.cores < 100 else 0)
-        devices.append(DeviceUsage(uuid=share.uuid, index=share.index, used_bytes=cv.snapshot.used(slot),
+        sm = rec.sm_limit_percent if rec is not None and rec.sm_limit_percent else (share.cores if 0 < share.cores < 100 else 0)
+        devices.append(DeviceUsage(uuid=share.uuid, index=share.index, used_bytes=rec.used_bytes if rec else 0,
                                    limit_bytes=limit, sm_limit=sm))
     return ClaimUsage(node=node, claim=cv.claim, tenant=record.tenant, devices=devices, processes=len(cv.processes))
 
