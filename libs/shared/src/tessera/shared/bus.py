@@ -246,7 +246,7 @@ class Bus:
                 for msg in msgs:
                     await self._handle(msg, decoder, handler, max_deliver)
             else:
-                await asyncio.gather(*(one(m) for m in msgs))
+                await asyncio.gather(*(one(m) for m in msgs), return_exceptions=True)
 
     async def _bind(self, stream: str, config: api.ConsumerConfig):
         while True:

@@ -42,15 +42,25 @@ class ClaimStore:
             return None, entry.revision
         return _decoder.decode(entry.value), entry.revision
 
-    async def create(self, record: ClaimRecord) -> bool:
-        """Store a new claim; False if one with that id already exists (an idempotent retry)."""
+    async def create(self, record: ClaimRecord) -> int | None:
+        """Store a new claim: its revision, or None if one with that id already exists (a retry)."""
         try:
-            await self.kv.create(record.claim, encode(record))
-            return True
+            return await self.kv.create(record.claim, encode(record))
         except Exception as exc:
             if "wrong last sequence" in str(exc).lower() or "key exists" in str(exc).lower():
-                return False
+                return None
             raise
+
+    async def replace(self, record: ClaimRecord, revision: int) -> int | None:
+        """Write ``record`` if the stored one is still at ``revision``: its new revision, or None.
+
+        The fast path of a writer that already knows the revision (placement learns it from the
+        ``requested`` event): one round trip instead of a read and a write.
+        """
+        try:
+            return await self.kv.update(record.claim, encode(record), last=revision)
+        except KeyWrongLastSequenceError:
+            return None
 
     async def transition(
         self, claim: str, state: str, update: Callable[[ClaimRecord], ClaimRecord] | None = None

@@ -111,6 +111,9 @@ class ClaimRequested(Event, tag="requested"):
     tenant: TenantName
     spec: ClaimSpec
     source: str = "api"
+    # Revision of the claim's record in the ``claims`` bucket when this was published (0: unknown).
+    # Placement writes the outcome with compare-and-set against it, skipping a read.
+    record_revision: int = 0
     ts: float = field(default_factory=now)
 
 

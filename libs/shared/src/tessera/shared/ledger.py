@@ -99,6 +99,10 @@ class Ledger:
         new_revision = await self._write(subjects.ledger_node_key(node), encode(new), revision)
         return new, new_revision
 
+    async def write_node(self, ledger: NodeLedger, revision: int | None) -> int:
+        """Replace a node's ledger as read at ``revision`` (None: must not exist); ConflictError if it moved."""
+        return await self._write(subjects.ledger_node_key(ledger.node), encode(ledger), revision)
+
     async def release(self, node: str, claim: str) -> LedgerEntry | None:
         """Remove a claim's allocation from a node; idempotent (None if it was not there)."""
         while True:

@@ -30,13 +30,14 @@ import msgspec
 
 from tessera.shared import subjects
 from tessera.shared.bus import Bus
-from tessera.shared.events import ClaimRequested, ClaimSpec, NodeInventory, TenantRecord, claim_decoder, encode
+from tessera.shared.claimstore import ClaimStore
+from tessera.shared.events import ClaimRecord, ClaimRequested, ClaimSpec, NodeInventory, TenantRecord, claim_decoder, encode
 from tessera.shared.natsserver import NatsServer, die_with_parent, free_port
 from tessera.shared.settings import BusSettings
 
 from tessera.placement.trace import load_nodes, load_pods, node_inventory
 
-DEFAULT_DATA = Path(__file__).resolve().parents[5] / ".." / "shared" / "data" / "openb"
+DEFAULT_DATA = Path(os.environ.get("TESSERA_OPENB_DIR") or Path(__file__).resolve().parents[5].parent / "shared" / "data" / "openb")
 
 
 def fleet(kind: str, nodes_csv: Path) -> list[NodeInventory]:
@@ -104,6 +105,18 @@ def start_placers(url: str, replicas: int, workdir: Path) -> list[tuple[subproce
     return out
 
 
+async def translated(store: ClaimStore, prefix: str, specs: list[ClaimSpec]) -> list[ClaimRequested]:
+    """What the translator does before publishing: record each claim, note the record's revision."""
+    events = []
+    for chunk in range(0, len(specs), 500):
+        part = [ClaimRecord(claim=f"{prefix}{chunk + i:06d}", tenant="bench", state="requested", spec=s)
+                for i, s in enumerate(specs[chunk: chunk + 500])]
+        revisions = await asyncio.gather(*(store.create(r) for r in part))
+        events += [ClaimRequested(claim=r.claim, tenant="bench", spec=r.spec, record_revision=rev or 0)
+                   for r, rev in zip(part, revisions)]
+    return events
+
+
 class Decisions:
     """Core-NATS subscriber timing every allocated/unschedulable event by claim id."""
 
@@ -157,8 +170,8 @@ async def run_fleet(kind: str, args, progress) -> dict:
                 for k in ("allocated", "unschedulable")]
         try:
             # Throughput: publish everything as fast as the client can, then wait for the last decision.
-            events = [ClaimRequested(claim=f"t{i:06d}", tenant="bench", spec=s)
-                      for i, s in enumerate(specs[: args.claims])]
+            store = ClaimStore(await bus.kv(subjects.KV_CLAIMS))
+            events = await translated(store, "t", specs[: args.claims])
             progress(f"{kind}: throughput, {len(events)} claims")
             start = time.perf_counter()
             for chunk in range(0, len(events), 500):
@@ -170,17 +183,16 @@ async def run_fleet(kind: str, args, progress) -> dict:
             allocated = decisions.allocated
 
             # Latency at a fixed rate.
-            rest = specs[args.claims:]
+            rest = await translated(store, "l", specs[args.claims:])
             progress(f"{kind}: latency at {args.rate:.0f} claims/s for {args.latency_seconds:.0f}s")
             sent: dict[str, float] = {}
             interval = 1.0 / args.rate
             t0 = time.perf_counter()
-            for i, spec in enumerate(rest):
+            for i, e in enumerate(rest):
                 due = t0 + i * interval
                 delay = due - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                e = ClaimRequested(claim=f"l{i:06d}", tenant="bench", spec=spec)
                 sent[e.claim] = time.perf_counter()
                 await bus.js.publish_async(subjects.claim("bench", e.claim, "requested"), encode(e),
                                            headers={"Nats-Msg-Id": f"{e.claim}:requested"})

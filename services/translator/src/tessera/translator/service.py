@@ -179,7 +179,9 @@ class TranslatorService:
         )
         try:
             created = await self.claims.create(record)
-            if not created:
+            if created is not None:
+                event = msgspec.structs.replace(event, record_revision=created)
+            else:
                 existing, _ = await self.claims.get(event.claim)
                 if existing is not None and existing.tenant != event.tenant:
                     return api.error(
