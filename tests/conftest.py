@@ -109,6 +109,11 @@ PROFILES = Path(__file__).parent / "profiles"
 
 
 @pytest.fixture
+def profiles_dir() -> Path:
+    return PROFILES
+
+
+@pytest.fixture
 def start_cluster(tmp_path):
     """Factory: ``await start_cluster(profile="tiny.yaml", placement_replicas=2, ...)``."""
     import asyncio

@@ -31,10 +31,8 @@ async def eventually(predicate, timeout: float = 30.0):
         await asyncio.sleep(0.2)
 
 
-async def test_a_silent_node_is_marked_lost_and_restored_when_it_speaks_again(nats_server, tmp_path):
-    from conftest import PROFILES
-
-    cluster = LocalCluster(workdir=tmp_path, profile=PROFILES / "tiny.yaml", nats_url=nats_server.url,
+async def test_a_silent_node_is_marked_lost_and_restored_when_it_speaks_again(nats_server, tmp_path, profiles_dir):
+    cluster = LocalCluster(workdir=tmp_path, profile=profiles_dir / "tiny.yaml", nats_url=nats_server.url,
                            heartbeat_seconds=0.5, lost_after_seconds=2.0)
     first = cluster.spawn("capacity", instance="capacity-gpu-0", env={"TESSERA_CAPACITY_NODES": "gpu-0"})
     second = cluster.spawn("capacity", instance="capacity-gpu-1", env={"TESSERA_CAPACITY_NODES": "gpu-1"})

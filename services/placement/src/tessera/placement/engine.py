@@ -44,10 +44,10 @@ CONSTRAINTS = ("lost", "node-pin", "excluded", "cpu", "host-memory", "gpu-count"
 _MISS = object()
 _UNEXPLAINED = None  # set below, once Rejection exists
 _tokens = count()
-_CACHE_CAP = 192  # cached claim shapes per node class
-_FCACHE_CAP = 400_000
+_CACHE_CAP = 64  # cached claim shapes per node class
+_FCACHE_CAP = 120_000
 _class_id = attrgetter("id")
-_HEAPS_CAP = 160  # claim shapes with a live index
+_HEAPS_CAP = 96  # claim shapes with a live index
 
 
 @dataclass(frozen=True, slots=True)
