@@ -1,4 +1,4 @@
-"""Two placement processes race for a small fleet: no GPU is ever over-committed.
+"""Two (and three) placement processes race for a small fleet: no GPU is ever over-committed.
 
 Every revision of every node's ledger record is checked as it is written (a KV watch), not only the
 final state; at the end the ledger must equal the sum of the live claims, each claim on one node.
@@ -11,6 +11,7 @@ import random
 import re
 
 import msgspec
+import pytest
 
 from tessera.shared import api, subjects
 from tessera.shared.events import GpuQuota, NodeInventory
@@ -52,8 +53,11 @@ async def settle(client: Client, claims: list[str], timeout: float = 60) -> dict
         await asyncio.sleep(0.3)
 
 
-async def test_two_placers_never_overcommit(start_cluster):
-    cluster = await start_cluster("race.yaml", placement_replicas=2)
+@pytest.mark.parametrize("replicas", [2, 3])
+async def test_placers_racing_never_overcommit(start_cluster, replicas):
+    # Small fetches, so that the claims spread over the replicas instead of one taking them all.
+    cluster = await start_cluster("race.yaml", placement_replicas=replicas,
+                                  extra_env={"TESSERA_PLACEMENT_BATCH": "2", "TESSERA_PLACEMENT_CONCURRENCY": "2"})
     client = await Client.connect(cluster.url)
     watch = None
     try:
@@ -99,7 +103,7 @@ async def test_two_placers_never_overcommit(start_cluster):
 
         # Both replicas took part (each logs what it allocated every few seconds).
         await asyncio.sleep(5.5)
-        for name in ("placement-0", "placement-1"):
+        for name in [f"placement-{i}" for i in range(replicas)]:
             text = cluster.find(name).log_path.read_text()
             allocated = sum(int(n) for n in re.findall(r"last 5s: allocated (\d+)", text))
             assert allocated > 0, f"{name} allocated nothing: the race was not a race"
