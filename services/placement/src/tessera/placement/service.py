@@ -115,6 +115,7 @@ class PlacementService:
             "watch-tenants": self._watch(subjects.KV_TENANTS, self._on_tenant, open_tenants),
             "claims": self._consume_when_ready(consumer_ready),
             "retry-unschedulable": self._retry_loop(),
+            "follow-unschedulable": self._follow_unschedulable(),
             "report": self._report(),
         }
 
@@ -158,6 +159,24 @@ class PlacementService:
             ready=ready,
         )
 
+    async def _follow_unschedulable(self) -> None:
+        """Every replica retries every waiting claim, not only those it decided itself, so a claim
+        does not wait for the replica that first saw it (which may be gone). Duplicated retries are
+        harmless: the claim record's compare-and-set lets one win."""
+        sub = await self.bus.nc.subscribe(subjects.claims_of_kind("unschedulable"))
+        try:
+            async for msg in sub.messages:
+                try:
+                    event = claim_decoder.decode(msg.data)
+                except (msgspec.ValidationError, msgspec.DecodeError):
+                    continue  # the stream's consumers dead-letter it
+                if isinstance(event, ClaimUnschedulable) and event.claim not in self.pending:
+                    self.pending[event.claim] = ClaimRequested(claim=event.claim, tenant=event.tenant, spec=ClaimSpec())
+                    if msg.headers and "traceparent" in msg.headers:
+                        self.traces[event.claim] = msg.headers["traceparent"]
+        finally:
+            await sub.unsubscribe()
+
     async def _load_pending(self) -> None:
         """Reconcile: unschedulable claims recorded in the bucket are ours to retry."""
         for record in await self.claims.all():
@@ -192,13 +211,13 @@ class PlacementService:
                 self._retry_wanted.set()
             return
         node = key[5:]
+        known = self.node_ledgers.get(node)
+        if known is not None and known[1] is not None and known[1] >= revision:
+            return  # our own write, already applied: skip decoding it
         if op in ("DEL", "PURGE") or not value:
             ledger = NodeLedger(node=node)
         else:
             ledger = decode_node_ledger(value)
-        known = self.node_ledgers.get(node)
-        if known is not None and known[1] is not None and known[1] >= revision:
-            return  # our own write, already applied
         released = known is not None and any(c not in ledger.entries for c in known[0].entries)
         self._remember(node, ledger, revision)
         if released:
@@ -266,6 +285,10 @@ class PlacementService:
                 revision = await self.claims.create(record)
                 if revision is None:
                     raise ConflictError(f"{event.claim} was created concurrently")
+            elif record.spec != event.spec:  # a peer's waiting claim: its record holds the spec
+                event = msgspec.structs.replace(event, spec=record.spec)
+                if event.claim in self.pending:
+                    self.pending[event.claim] = event
         if record.state not in ("requested", "unschedulable") or record.release_requested:
             log.debug("%s is %s: nothing to place", event.claim, record.state)
             self._forget(event.claim)
