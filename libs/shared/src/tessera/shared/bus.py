@@ -54,6 +54,7 @@ class Delivery:
 
 
 Handler = Callable[[Any, Delivery], Awaitable[None]]
+BatchHandler = Callable[[list[tuple[Any, Delivery]]], Awaitable[list[BaseException | None]]]
 ApiHandler = Callable[[bytes, Mapping[str, str]], Awaitable[bytes]]
 
 
@@ -163,14 +164,22 @@ class Bus:
         except (nats.errors.TimeoutError, nats.errors.ConnectionClosedError, nats.js.errors.NoStreamResponseError) as exc:
             raise TemporaryError(f"publish to {subject} failed: {exc!r}") from exc
 
-    async def publish_many(
-        self, items: Iterable[tuple[str, msgspec.Struct, str | None]]
-    ) -> list[api.PubAck]:
-        """Publish without waiting for each ack in turn, then gather the acks (much faster)."""
-        futures = [
-            await self.js.publish_async(subject, encode(event), headers=self._headers(msg_id))
-            for subject, event, msg_id in items
-        ]
+    async def publish_many(self, items: Iterable[tuple]) -> list[api.PubAck]:
+        """Publish without waiting for each ack in turn, then gather the acks (much faster).
+
+        Items are ``(subject, event, msg_id)``, or ``(subject, event, msg_id, headers)`` where
+        ``headers`` carries a traceparent captured earlier (when the publish happens outside the
+        span that decided it)."""
+        futures = []
+        for item in items:
+            subject, event, msg_id = item[:3]
+            if len(item) > 3:
+                headers = dict(item[3])
+                if msg_id:
+                    headers["Nats-Msg-Id"] = msg_id
+            else:
+                headers = self._headers(msg_id)
+            futures.append(await self.js.publish_async(subject, encode(event), headers=headers))
         return list(await asyncio.gather(*futures))
 
     async def dead_letter(self, subject: str, data: bytes, reason: str, deliveries: int = 1) -> None:
@@ -199,11 +208,15 @@ class Bus:
         deliver_new: bool = False,
         max_deliver: int | None = None,
         ready: asyncio.Event | None = None,
+        batch_handler: BatchHandler | None = None,
     ) -> None:
         """Run a durable pull-consumer loop forever; returns only by cancellation.
 
         ``concurrency`` > 1 handles the messages of one fetched batch concurrently; handlers must
         then be safe to run side by side (they are idempotent and use compare-and-set anyway).
+        ``batch_handler``, when given, receives each fetched batch whole (decoded; invalid payloads
+        are already dead-lettered) and returns one outcome per item: None to ack, or the exception
+        that decides the message's fate exactly as if a single handler had raised it.
         """
         max_deliver = max_deliver or self.settings.max_deliver
         config = api.ConsumerConfig(
@@ -242,7 +255,9 @@ class Bus:
                 log.warning("fetch on %s failed (%r %s); retrying", durable, exc, getattr(exc, "description", ""))
                 await asyncio.sleep(0.5)
                 continue
-            if concurrency == 1:
+            if batch_handler is not None:
+                await self._handle_batch(msgs, decoder, batch_handler, max_deliver)
+            elif concurrency == 1:
                 for msg in msgs:
                     await self._handle(msg, decoder, handler, max_deliver)
             else:
@@ -287,22 +302,58 @@ class Bus:
                         await asyncio.sleep(0.001 * attempt)
                 await msg.ack()
                 log.debug("acked %s", msg.subject)
-            except PermanentError as exc:
-                span.set_attribute("tessera.dead_letter", str(exc))
-                await self._give_up(msg, str(exc), delivered)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                reason = str(exc) if isinstance(exc, TemporaryError) else f"{type(exc).__name__}: {exc}"
-                if delivered >= max_deliver:
-                    await self._give_up(msg, f"gave up after {delivered} deliveries: {reason}", delivered)
-                    return
-                delay = exc.delay if isinstance(exc, TemporaryError) else min(0.2 * 2**delivered, 10)
-                log.warning("retrying %s in %.1fs (%s)", msg.subject, delay, reason)
-                try:
-                    await msg.nak(delay=delay)
-                except Exception:  # connection gone: the server redelivers after ack_wait
-                    pass
+                if isinstance(exc, PermanentError):
+                    span.set_attribute("tessera.dead_letter", str(exc))
+                await self._settle_failure(msg, exc, delivered, max_deliver)
+
+    async def _handle_batch(
+        self, msgs: list[Msg], decoder: msgspec.json.Decoder, handler: BatchHandler, max_deliver: int
+    ) -> None:
+        items: list[tuple[Any, Delivery]] = []
+        kept: list[Msg] = []
+        for msg in msgs:
+            delivery = self._delivery(msg)
+            try:
+                items.append((decoder.decode(msg.data), delivery))
+                kept.append(msg)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                await self._give_up(msg, f"invalid payload: {exc}", delivery.num_delivered)
+        if not items:
+            return
+        outcomes = await handler(items)
+        for msg, (_, delivery), outcome in zip(kept, items, outcomes):
+            if outcome is None:
+                await msg.ack()
+            elif isinstance(outcome, ConflictError):
+                await msg.nak(delay=0.01)  # re-read and retry at once, through a redelivery
+            else:
+                await self._settle_failure(msg, outcome, delivery.num_delivered, max_deliver)
+
+    @staticmethod
+    def _delivery(msg: Msg) -> Delivery:
+        try:
+            delivered = msg.metadata.num_delivered
+        except Exception:
+            delivered = 1
+        return Delivery(msg.subject, dict(msg.headers or {}), msg.data, delivered)
+
+    async def _settle_failure(self, msg: Msg, exc: BaseException, delivered: int, max_deliver: int) -> None:
+        if isinstance(exc, PermanentError):
+            await self._give_up(msg, str(exc), delivered)
+            return
+        reason = str(exc) if isinstance(exc, TemporaryError) else f"{type(exc).__name__}: {exc}"
+        if delivered >= max_deliver:
+            await self._give_up(msg, f"gave up after {delivered} deliveries: {reason}", delivered)
+            return
+        delay = exc.delay if isinstance(exc, TemporaryError) else min(0.2 * 2**delivered, 10)
+        log.warning("retrying %s in %.1fs (%s)", msg.subject, delay, reason)
+        try:
+            await msg.nak(delay=delay)
+        except Exception:  # connection gone: the server redelivers after ack_wait
+            pass
 
     async def _give_up(self, msg: Msg, reason: str, delivered: int) -> None:
         try:

@@ -7,6 +7,7 @@ overwrites ``released``, and replaying a stream converges to the same records.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Callable
 
 import msgspec
@@ -61,6 +62,28 @@ class ClaimStore:
             return await self.kv.update(record.claim, encode(record), last=revision)
         except KeyWrongLastSequenceError:
             return None
+
+    async def replace_many(self, items: list[tuple[ClaimRecord, int]]) -> list[int | None]:
+        """``replace`` for many records at once, pipelined: new revisions, None where the CAS lost.
+
+        The writes go out without waiting for each acknowledgement (a KV update is a publish on
+        ``$KV.<bucket>.<key>`` with the expected last sequence), then the acks are gathered.
+        """
+        js, prefix = self.kv._js, self.kv._pre  # nats-py's KV is a thin layer over this publish
+        futures = [
+            await js.publish_async(prefix + record.claim, encode(record),
+                                   headers={"Nats-Expected-Last-Subject-Sequence": str(revision)})
+            for record, revision in items
+        ]
+        out: list[int | None] = []
+        for result in await asyncio.gather(*futures, return_exceptions=True):
+            if isinstance(result, BaseException):
+                if "wrong last sequence" not in str(result).lower() and getattr(result, "err_code", 0) != 10071:
+                    raise result
+                out.append(None)
+            else:
+                out.append(result.seq)
+        return out
 
     async def transition(
         self, claim: str, state: str, update: Callable[[ClaimRecord], ClaimRecord] | None = None

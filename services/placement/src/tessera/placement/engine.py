@@ -48,6 +48,7 @@ _CACHE_CAP = 64  # cached claim shapes per node class
 _FCACHE_CAP = 120_000
 _class_id = attrgetter("id")
 _HEAPS_CAP = 96  # claim shapes with a live index
+_WHYS_CAP = 256  # claim shapes with live rejection counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +113,7 @@ class Placer:
         self._km: list[int] = []
         self._roster: tuple[int, list[Node]] = (-1, [])
         self._rejections: dict[tuple, tuple[int, Rejection]] = {}
+        self._whys: OrderedDict[tuple, list] = OrderedDict()
 
     # --- public ---------------------------------------------------------------------------------
 
@@ -621,14 +623,9 @@ class Placer:
         if nodes is None:
             if self.fleet.lost:
                 filtered["lost"] = len(self.fleet.lost)
-            wk = ("why", ck)
-            for cls in self.fleet.classes.values():
-                why = cls.cache.get(wk)
-                if why is None:
-                    why = cls.cache[wk] = self._explain(cls.devs, cls.cpu_free, cls.mem_free, d, None)
-                if exclude and why == "fits":
-                    continue  # counted as excluded by the caller
-                filtered[why] = filtered.get(why, 0) + len(cls.members)
+            for why, n in self._why_counts(d).items():
+                if n and not (exclude and why == "fits"):  # (fits but excluded: counted by the caller)
+                    filtered[why] = filtered.get(why, 0) + n
         else:
             for n in nodes:
                 cls = n.cls
@@ -636,6 +633,55 @@ class Placer:
                 filtered[why] = filtered.get(why, 0) + 1
         filtered.pop("fits", None)
         return Rejection(reason=self._reason(d, filtered), filtered=filtered)
+
+    def _why_counts(self, d: Demand) -> dict[str, int]:
+        """Live nodes per first failing constraint for this claim shape.
+
+        Why a class rejects a shape depends on the class key alone, which never changes, so the
+        counts are kept per shape and brought up to date from the fleet's log of nodes moving
+        between classes: a rejection costs what moved since the shape was last rejected, not a
+        fleet scan. A shape whose position fell off the log's front is recounted.
+        """
+        fleet = self.fleet
+        moves = fleet.moves
+        base = fleet.moves_base
+        end = base + len(moves)
+        wk = ("why", d.shape)
+        st = self._whys.get(d.shape)
+        if st is None or st[1] < base:
+            counts: dict[str, int] = {}
+            for cls in fleet.classes.values():
+                why = self._why(cls, wk, d)
+                counts[why] = counts.get(why, 0) + len(cls.members)
+            st = [counts, end]
+            self._whys[d.shape] = st
+            if len(self._whys) > _WHYS_CAP:
+                self._whys.popitem(last=False)
+        else:
+            self._whys.move_to_end(d.shape)
+            if st[1] < end:
+                # Net moves per class: a class born and emptied since then costs nothing.
+                net: dict[NodeClass, int] = {}
+                for cls, delta in moves[st[1] - base:]:
+                    net[cls] = net.get(cls, 0) + delta
+                counts = st[0]
+                for cls, delta in net.items():
+                    if delta:
+                        why = self._why(cls, wk, d)
+                        counts[why] = counts.get(why, 0) + delta
+                st[1] = end
+        return st[0]
+
+    def _why(self, cls: NodeClass, wk: tuple, d: Demand) -> str:
+        cache = cls.cache
+        why = cache.get(wk)
+        if why is None:
+            why = self._explain(cls.devs, cls.cpu_free, cls.mem_free, d, None)
+            if cls.alive:
+                if len(cache) >= _CACHE_CAP:
+                    cache.clear()
+                cache[wk] = why
+        return why
 
     def _reason(self, d: Demand, filtered: dict[str, int]) -> str:
         if not self.fleet.nodes:

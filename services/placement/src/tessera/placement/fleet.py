@@ -214,6 +214,11 @@ class Fleet:
         self.log: list[NodeClass] = []
         # Bumped when the set of live nodes changes (not on usage changes).
         self.roster_generation = 0
+        # Every node joining (+1) or leaving (-1) a class, in order: a placer keeps per-shape counts
+        # of why nodes are rejected up to date from here instead of rescanning the fleet. The front is
+        # dropped now and then (`moves_base` counts what was dropped); a reader behind it recounts.
+        self.moves: list[tuple[NodeClass, int]] = []
+        self.moves_base = 0
 
     # --- inventory ------------------------------------------------------------------------------
 
@@ -299,6 +304,7 @@ class Fleet:
         cls = n.cls
         if cls is not None:
             del cls.members[n.name]
+            self._moved(cls, -1)
             if not cls.members:
                 del self.classes[cls.key]
                 cls.alive = False
@@ -329,3 +335,12 @@ class Fleet:
                 self.log = [c for c in self.log if c.alive]
         cls.members[n.name] = n
         n.cls = cls
+        self._moved(cls, 1)
+
+    def _moved(self, cls: NodeClass, delta: int) -> None:
+        moves = self.moves
+        moves.append((cls, delta))
+        if len(moves) > 8192 + 4 * len(self.nodes):
+            drop = len(moves) // 2
+            del moves[:drop]
+            self.moves_base += drop

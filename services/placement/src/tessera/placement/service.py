@@ -42,6 +42,7 @@ from tessera.shared.events import (
 )
 from tessera.shared.ledger import Ledger, check_fit, claim_quota, decode_node_ledger, tenant_totals
 from tessera.shared.runner import ServiceContext
+from tessera.shared.telemetry import inject
 from tessera.shared.settings import env_int, env_str
 
 from tessera.placement.engine import Placement, Placer, Rejection
@@ -157,6 +158,7 @@ class PlacementService:
             batch=self.settings.batch,
             concurrency=self.settings.concurrency,
             ready=ready,
+            batch_handler=self.handle_batch,
         )
 
     async def _follow_unschedulable(self) -> None:
@@ -266,6 +268,131 @@ class PlacementService:
                 await self.cancel(event)
             case _:
                 return
+
+    def _fast(self, event, seen: set[str]) -> bool:
+        """A fresh claim that needs nothing but a decision and three pipelined writes."""
+        return (
+            isinstance(event, ClaimRequested)
+            and event.record_revision > 0
+            and event.claim not in self.pending
+            and event.claim not in self.claim_nodes
+            and event.claim not in seen
+            and event.tenant in self.tenants_known
+            and not has_limits(self.quotas.get(event.tenant))
+        )
+
+    async def handle_batch(self, items: list) -> list[BaseException | None]:
+        """A fetched batch at once: decide fresh claims one by one in memory, then write the ledger
+        once per node, the claim records and the ``allocated`` events pipelined. Everything else
+        (releases, redeliveries, quota-limited tenants) takes the one-claim path."""
+        outcomes: list[BaseException | None] = [None] * len(items)
+        seen: set[str] = set()
+        fast, slow = [], []
+        for i, (event, _) in enumerate(items):
+            (fast if self._fast(event, seen) else slow).append(i)
+            seen.add(getattr(event, "claim", ""))
+
+        booked: list[tuple[int, ClaimRequested, LedgerEntry, dict[str, str]]] = []
+        for i in fast:
+            event, delivery = items[i]
+            if "traceparent" in delivery.headers:
+                self.traces[event.claim] = delivery.headers["traceparent"]
+            with self.ctx.telemetry.span("placement handle requested", parent_headers=delivery.headers,
+                                         attributes={"tessera.claim": event.claim}):
+                decision = self.placer.place(event.claim, event.tenant, event.spec)
+                headers = inject({})
+                if isinstance(decision, Rejection):
+                    record = ClaimRecord(claim=event.claim, tenant=event.tenant, state="requested", spec=event.spec)
+                    try:
+                        await self._unschedulable(event, decision.reason, decision.filtered, record, event.record_revision)
+                    except Exception as exc:
+                        outcomes[i] = exc
+                    continue
+            entry = LedgerEntry(claim=event.claim, tenant=event.tenant, shares=list(decision.shares),
+                                cpu_millis=event.spec.cpu_millis, host_memory_mib=event.spec.host_memory_mib)
+            self.fleet.commit(decision.node, entry)
+            self.tentative.setdefault(decision.node, {})[entry.claim] = entry
+            booked.append((i, event, entry, headers, decision.node))
+
+        committed = await self._commit_booked([(node, entry) for _, _, entry, _, node in booked])
+        writes = []
+        for (i, event, entry, headers, node), error in zip(booked, committed):
+            if error is not None:
+                outcomes[i] = error
+                continue
+            record = ClaimRecord(claim=event.claim, tenant=event.tenant, state="allocated", spec=event.spec,
+                                 node=node, devices=list(entry.shares), traceparent=self.traces.get(event.claim, ""))
+            writes.append((i, event, entry, headers, node, record))
+        revisions = await self.claims.replace_many([(w[5], w[1].record_revision) for w in writes]) if writes else []
+        announce = []
+        for (i, event, entry, headers, node, record), revision in zip(writes, revisions):
+            if revision is None:  # the record moved (a release request?): the careful path decides
+                try:
+                    base = ClaimRecord(claim=event.claim, tenant=event.tenant, state="requested", spec=event.spec)
+                    await self._finish(event, node, entry, base, None)
+                except Exception as exc:
+                    outcomes[i] = exc
+                continue
+            self._forget(event.claim)
+            self.counts["allocated"] += 1
+            announce.append((subjects.claim(event.tenant, event.claim, "allocated"),
+                             ClaimAllocated(claim=event.claim, tenant=event.tenant, node=node,
+                                            devices=list(entry.shares), spec=event.spec),
+                             f"{event.claim}:allocated", headers))
+        if announce:
+            await self.bus.publish_many(announce)
+
+        async def one(i: int) -> None:
+            event, delivery = items[i]
+            try:
+                with self.ctx.telemetry.span(f"placement handle {delivery.subject.rsplit('.', 1)[-1]}",
+                                             parent_headers=delivery.headers,
+                                             attributes={"tessera.claim": getattr(event, "claim", "")}):
+                    await self.handle(event, delivery)
+            except Exception as exc:
+                outcomes[i] = exc
+
+        for i in slow:  # in order: a release after a request in the same batch must see it
+            await one(i)
+        return outcomes
+
+    async def _commit_booked(self, booked: list[tuple[str, LedgerEntry]]) -> list[BaseException | None]:
+        """Group-commit entries already booked in the local view: one ledger write per node."""
+        loop = asyncio.get_running_loop()
+        futures = []
+        nodes = []
+        for node, entry in booked:
+            done = loop.create_future()
+            self.commit_queues.setdefault(node, []).append((entry, done))
+            futures.append(done)
+            if node not in nodes:
+                nodes.append(node)
+
+        async def flush(node: str) -> None:
+            if node in self.flushing:
+                return  # the flusher already at work on this node takes our entries too
+            self.flushing.add(node)
+            try:
+                while self.commit_queues.get(node):
+                    await self._flush(node, self.commit_queues.pop(node))
+            finally:
+                self.flushing.discard(node)
+
+        await asyncio.gather(*(flush(n) for n in nodes))
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        touched = set()
+        out: list[BaseException | None] = []
+        for (node, entry), result in zip(booked, results):
+            self.tentative.get(node, {}).pop(entry.claim, None)
+            if isinstance(result, BaseException):
+                touched.add(node)
+                out.append(result if isinstance(result, Exception) else ConflictError(str(result)))
+            else:
+                out.append(None)
+        for node in touched:  # undo the local booking of what did not make it into the ledger
+            known = self.node_ledgers.get(node)
+            self._apply_to_fleet(node, known[0] if known else NodeLedger(node=node))
+        return out
 
     async def place(self, event: ClaimRequested) -> bool:
         """Allocate one claim; True if allocated. Idempotent: a redelivery finds the claim's state.
