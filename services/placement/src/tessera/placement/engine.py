@@ -4,9 +4,13 @@ Pure and synchronous: no I/O, no clock, no mutation of the fleet (the service co
 compare-and-set on the ledger and then feeds the result back with `Fleet.apply_ledger`). The same
 code runs in the service and in the packing benchmark, so the benchmark measures what ships.
 
-Work per claim is kept proportional to what changed: the fleet groups identical nodes into classes,
-each class is evaluated once per claim shape and the answer cached on the class; a commit creates at
-most one new class. Policies:
+Work per claim is kept proportional to what changed: the fleet groups identical nodes into classes
+and a commit creates at most one new class; each claim shape keeps a heap of the classes it fits,
+brought up to date from the fleet's class log, so a class is scored once per shape. Scores are
+memoised on what they depend on (the claim's GPU part, the GPU states, CPU/memory only as kind
+thresholds), so classes and shapes alike in that share one evaluation. A rejection's per-constraint
+counts are kept per shape from the fleet's log of node moves, not recounted over the fleet.
+Policies:
 
 - ``binpack`` / ``spread``: HAMi's scores. A node scores used/total of shares + cores + memory over
   its GPUs; binpack takes the most used node, spread the least. Same per GPU within the node.
@@ -28,7 +32,7 @@ from bisect import bisect_right
 from heapq import heapify, heappop, heappush
 from dataclasses import dataclass, field
 from itertools import count
-from operator import attrgetter
+from operator import attrgetter, mul
 
 from tessera.shared.events import ClaimSpec, DeviceShare, LedgerEntry
 
@@ -42,12 +46,14 @@ CONSTRAINTS = ("lost", "node-pin", "excluded", "cpu", "host-memory", "gpu-count"
                "gpu-uuid", "exclusive", "max-shares", "memory", "cores")
 
 _MISS = object()
+_NO_FIT = object()
+_BY_BUCKET = object()
 _UNEXPLAINED = None  # set below, once Rejection exists
 _tokens = count()
 _CACHE_CAP = 64  # cached claim shapes per node class
 _FCACHE_CAP = 120_000
 _class_id = attrgetter("id")
-_HEAPS_CAP = 96  # claim shapes with a live index
+_HEAPS_CAP = 256  # claim shapes with a live index
 _WHYS_CAP = 256  # claim shapes with live rejection counts
 
 
@@ -65,6 +71,27 @@ class Rejection:
 
 
 _UNEXPLAINED = Rejection(reason="no node fits", filtered={})
+
+# Per-GPU constraints in the order a rejection is attributed to them; 7 = fits.
+_STEPS = ("gpu-count", "gpu-type", "gpu-uuid", "exclusive", "max-shares", "memory", "cores")
+
+
+def _fail_step(d: Demand, st) -> int:
+    """Index in `_STEPS` of the first per-GPU constraint a GPU in state `st` fails for `d` (uuid
+    selectors aside: they are per node), 7 if one more share fits."""
+    if not st.healthy:
+        return 0
+    if not d.type_ok(st):
+        return 1
+    if st.exclusive or (d.exclusive and st.shares):
+        return 3
+    if st.shares >= st.max_shares:
+        return 4
+    if st.memory_mib - st.mem_used < d.mem_req(st.memory_mib):
+        return 5
+    if 100 - st.cores_used < d.cores:
+        return 6
+    return 7
 
 
 def ledger_entry(claim_id: str, tenant: str, spec: ClaimSpec, placement: Placement) -> LedgerEntry:
@@ -104,7 +131,9 @@ class Placer:
         self._recent: set[str] = set()
         self._recent_q: deque[str] = deque()
         self._gcache: dict[tuple, tuple] = {}
-        self._fcache: dict[tuple, float] = {}
+        self._fmemo: dict[tuple, tuple | None] = {}
+        self._gmemo: dict[tuple, object] = {}
+        self._svec: dict[tuple[int, int], tuple] = {}
         self._kinds: list[tuple[Demand, float]] = []
         self._heaps: OrderedDict[tuple, list] = OrderedDict()
         self._memo: dict[tuple, tuple | None] = {}
@@ -157,35 +186,12 @@ class Placer:
         if node_policy == "random":
             return self._place_random(d, ck, gpu_policy, explain)
         heap = self._index(ck, d, node_policy, gpu_policy)
-        if not exclude_nodes:
-            if not heap:
-                if not explain:
-                    return _UNEXPLAINED
-                return self._reject(d, ck, {}, None)
-            e = heap[0]
-            return self._placement(e[2].first(), d, e[3], gpu_policy)
-        # Walk the index best-first past classes whose nodes are all excluded, then put it back.
-        popped = []
-        found = None
-        excluded = 0
-        while heap:
-            e = heappop(heap)
-            if not e[2].alive:
-                continue
-            popped.append(e)
-            for n in e[2].members.values():
-                if n.name in exclude_nodes:
-                    excluded += 1
-                else:
-                    found = (e, n)
-                    break
-            if found:
-                break
-        for e in popped:
-            heappush(heap, e)
-        if found is None:
-            return self._reject(d, ck, {"excluded": excluded} if excluded else {}, None, exclude_nodes)
-        return self._placement(found[1], d, found[0][3], gpu_policy)
+        if not heap:
+            if not explain:
+                return _UNEXPLAINED
+            return self._reject(d, ck, {}, None)
+        e = heap[0]
+        return self._placement(e[-2].first(), d, e[0], e[-1], gpu_policy)
 
     def _cached(self, cls: NodeClass, ck: tuple, d: Demand, node_policy: str, gpu_policy: str):
         cache = cls.cache
@@ -196,8 +202,6 @@ class Placer:
             if gpu_policy == "random" or node_policy == "random":
                 r = self._evaluate(cls.devs, cls.cpu_free, cls.mem_free, cls.cpu_total, cls.mem_total,
                                    d, node_policy, gpu_policy, None)
-            elif node_policy == "fragmentation-aware":
-                r = self._fgd_memo(cls, ck, d, gpu_policy)
             else:
                 r = self._gpu_memo(cls, ck, d, node_policy, gpu_policy)
             cache[ck] = r
@@ -237,7 +241,8 @@ class Placer:
             fitting = [i for i, s in enumerate(devs) if fits(states[s])]
             if len(fitting) < k:
                 return None
-            positions, after = self._choose_gpus(devs, fitting, d, gpu_policy, 0, 0)
+            positions, after = self._choose_gpus(devs, fitting, d, gpu_policy, bisect_right(self._kc, 0),
+                                                 bisect_right(self._km, 0))
         else:
             positions, after = (), devs
         ng = len(devs) or 1
@@ -263,28 +268,81 @@ class Placer:
             mt += st.memory_mib
         return sh / mx + cu / (100 * len(devs)) + mu / mt
 
-    def _fgd_memo(self, cls: NodeClass, ck: tuple, d: Demand, gpu_policy: str):
-        """FGD's answer depends on CPU/memory free only through which kinds' thresholds they reach,
-        before and after the claim; nodes alike in that share one evaluation."""
-        c, m = cls.cpu_free, cls.mem_free
-        if d.cpu > c or d.hostmem > m:
+    def _fgd_entry(self, cls: NodeClass, d: Demand, gpu_policy: str):
+        """FGD's index entry for a class. The GPU choice and the change in fragmentation depend on
+        the claim's GPU part, the GPU states, and CPU/memory free only through which kinds'
+        thresholds they reach before and after the claim: claims alike in that (whatever their
+        exact CPU and memory) and nodes alike in that share one evaluation."""
+        c = cls.cpu_free
+        m = cls.mem_free
+        cpu = d.cpu
+        hm = d.hostmem
+        if cpu > c or hm > m:
             return None
-        kc, km = self._kc, self._km
-        key = (ck, cls.devs, bisect_right(kc, c), bisect_right(kc, c - d.cpu),
-               bisect_right(km, m), bisect_right(km, m - d.hostmem))
-        r = self._memo.get(key, _MISS)
+        kc = self._kc
+        km = self._km
+        devs = cls.devs
+        key = (d.gshape, gpu_policy, devs, bisect_right(kc, c), bisect_right(kc, c - cpu),
+               bisect_right(km, m), bisect_right(km, m - hm))
+        r = self._fmemo.get(key, _MISS)
         if r is _MISS:
-            if len(self._memo) >= _FCACHE_CAP:
-                self._memo.clear()
-            r = self._memo[key] = self._evaluate(cls.devs, c, m, cls.cpu_total, cls.mem_total, d,
-                                                 "fragmentation-aware", gpu_policy, None)
+            if len(self._fmemo) >= _FCACHE_CAP:
+                self._fmemo.clear()
+            r = self._fmemo[key] = self._fgd_eval(devs, key[3], key[4], key[5], key[6], d, gpu_policy)
         if r is None:
             return None
-        (delta, left, _), positions = r
-        return ((delta, left, (c - d.cpu) / (cls.cpu_total or 1)), positions)
+        return (r[0], r[1], (c - cpu) / (cls.cpu_total or 1), cls.id, cls, r[2])
+
+    def _fgd_eval(self, devs: tuple, bc: int, bc2: int, bm: int, bm2: int, d: Demand, gpu_policy: str):
+        """(increase in fragmentation, GPU capacity left, positions) or None when it does not fit."""
+        gk = (d.gshape, gpu_policy, devs)
+        g = self._gmemo.get(gk)
+        if g is None:
+            g = self._gpu_choice(devs, bc2, bm2, d, gpu_policy, True)
+            if len(self._gmemo) >= _FCACHE_CAP:
+                self._gmemo.clear()
+            self._gmemo[gk] = g
+        if g is _BY_BUCKET:
+            g = self._gpu_choice(devs, bc2, bm2, d, gpu_policy, False)
+        if g is _NO_FIT:
+            return None
+        positions, after, left = g
+        delta = self._fragb(after, bc2, bm2) - self._fragb(devs, bc, bm)
+        # Ties (common: many nodes where the claim changes nothing a typical task could use) go to
+        # the tighter fit: less GPU left, then (added per class) less CPU left.
+        return (round(delta, 9), left, positions)
+
+    def _gpu_choice(self, devs: tuple, bc2: int, bm2: int, d: Demand, gpu_policy: str, probe: bool):
+        """(positions, GPU states after, GPU capacity left), `_NO_FIT`, or with `probe`
+        `_BY_BUCKET` when the choice depends on CPU/memory left (several distinct candidate GPUs
+        under the fragmentation-aware GPU policy); otherwise it depends on the GPU states alone."""
+        states = self.fleet.states.states
+        k = d.gpus
+        if k:
+            fitting = d.fitting(devs, states)
+            if len(fitting) < k:
+                return _NO_FIT
+            if probe and gpu_policy == "fragmentation-aware" and len({devs[i] for i in fitting}) > 1:
+                return _BY_BUCKET
+            positions, after = self._choose_gpus(devs, fitting, d, gpu_policy, bc2, bm2)
+        else:
+            positions, after = (), devs
+        left = 0.0
+        for s in after:
+            left += states[s].free
+        return (positions, after, left)
+
+    def _entry(self, cls: NodeClass, ck: tuple, d: Demand, node_policy: str, gpu_policy: str):
+        """A class's entry in a shape's index: (score..., class id, class, positions) or None."""
+        if node_policy == "fragmentation-aware" and gpu_policy != "random":
+            return self._fgd_entry(cls, d, gpu_policy)
+        r = self._cached(cls, ck, d, node_policy, gpu_policy)
+        if r is None:
+            return None
+        return r[0] + (cls.id, cls, r[1])
 
     def _index(self, ck: tuple, d: Demand, node_policy: str, gpu_policy: str) -> list:
-        """The per-shape index: a heap of (score, class id, class, result) over feasible classes.
+        """The per-shape index: a heap of (score..., class id, class, positions) over feasible classes.
 
         Built once per claim shape, then brought up to date from the fleet's class log: each new
         class is evaluated once per shape that is asked for later; dead classes are dropped lazily.
@@ -295,10 +353,11 @@ class Placer:
         idx = self._heaps.get(ck)
         if idx is None:
             heap = []
+            entry = self._entry
             for cls in fleet.classes.values():
-                r = self._cached(cls, ck, d, node_policy, gpu_policy)
-                if r is not None:
-                    heap.append((r[0], cls.id, cls, r))
+                e = entry(cls, ck, d, node_policy, gpu_policy)
+                if e is not None:
+                    heap.append(e)
             heapify(heap)
             idx = [heap, last]
             self._heaps[ck] = idx
@@ -308,16 +367,17 @@ class Placer:
             self._heaps.move_to_end(ck)
             heap = idx[0]
             if idx[1] < last:
+                entry = self._entry
                 for cls in log[bisect_right(log, idx[1], key=_class_id):]:
                     if cls.alive:
-                        r = self._cached(cls, ck, d, node_policy, gpu_policy)
-                        if r is not None:
-                            heappush(heap, (r[0], cls.id, cls, r))
+                        e = entry(cls, ck, d, node_policy, gpu_policy)
+                        if e is not None:
+                            heappush(heap, e)
                 idx[1] = last
-        while heap and not heap[0][2].alive:
+        while heap and not heap[0][-2].alive:
             heappop(heap)
         if len(heap) > 2 * len(fleet.classes) + 64:
-            heap = [e for e in heap if e[2].alive]
+            heap = [e for e in heap if e[-2].alive]
             heapify(heap)
             idx[0] = heap
         return heap
@@ -338,8 +398,10 @@ class Placer:
             parts[gk][1].append((self._kc.index(kd.cpu), self._km.index(kd.hostmem), p))
         self._parts = list(parts.values())
         self._memo.clear()
+        self._fmemo.clear()
+        self._gmemo.clear()
         self._gcache.clear()
-        self._fcache.clear()
+        self._svec.clear()
         self._heaps.clear()
 
     def _frag(self, G: tuple, c: int, m: int) -> float:
@@ -347,46 +409,57 @@ class Placer:
         return self._fragb(G, bisect_right(self._kc, c), bisect_right(self._km, m))
 
     def _fragb(self, G: tuple, bc: int, bm: int) -> float:
-        """`_frag` with CPU and memory given as buckets: how many kinds' thresholds they reach."""
-        key = (G, bc, bm)
-        f = self._fcache.get(key)
-        if f is not None:
-            return f
+        """`_frag` with CPU and memory given as buckets: how many kinds' thresholds they reach.
+
+        Kinds are grouped by their GPU part. A group's usable capacity on GPUs `G` (free capacity of
+        the GPUs it fits, if enough of them) depends on `G` alone, the weight of its members whose
+        CPU and memory fit on (bc, bm) alone, so fragmentation = U - their dot product.
+        """
         gi = self._gcache.get(G)
         if gi is None:
-            states = self.fleet.states.states
-            ss = [states[s] for s in G]
-            U = 0.0
-            for s in ss:
-                U += s.free
-            usable = []
-            for kd, members in self._parts:
-                if not kd.gpus:
-                    # A CPU-only kind wastes nothing where it fits; where CPU or memory is short for
-                    # it, the node's free GPUs are stranded from its point of view.
-                    fs = U
-                else:
-                    n = 0
+            gi = self._gvec(G)
+        fsv = gi[1]
+        if fsv is None:
+            return gi[0]
+        sv = self._svec.get((bc, bm))
+        if sv is None:
+            sv = self._svec[(bc, bm)] = tuple(
+                sum(p for ic, im, p in members if bc > ic and bm > im) for _, members in self._parts)
+        return gi[0] - sum(map(mul, fsv, sv))
+
+    def _gvec(self, G: tuple) -> tuple:
+        """(free GPU capacity U, per kind group the capacity it can use, or None if none can)."""
+        states = self.fleet.states.states
+        ss = [states[s] for s in G]
+        U = 0.0
+        for s in ss:
+            U += s.free
+        fsv = []
+        anyv = False
+        for kd, _ in self._parts:
+            if not kd.gpus:
+                # A CPU-only kind wastes nothing where it fits; where CPU or memory is short for it,
+                # the node's free GPUs are stranded from its point of view.
+                fs = U
+            else:
+                n = 0
+                fs = 0.0
+                fits = kd.fits
+                for s in ss:
+                    if fits(s):
+                        n += 1
+                        fs += s.free
+                if n < kd.gpus:
                     fs = 0.0
-                    fits = kd.fits
-                    for s in ss:
-                        if fits(s):
-                            n += 1
-                            fs += s.free
-                    if n < kd.gpus:
-                        continue
-                if fs > 0.0:
-                    for ic, im, p in members:
-                        usable.append((ic, im, p * fs))
-            gi = self._gcache[G] = (U, tuple(usable))
-        f, usable = gi
-        for ic, im, w in usable:
-            if bc > ic and bm > im:
-                f -= w
-        if len(self._fcache) >= _FCACHE_CAP:
-            self._fcache.clear()
-        self._fcache[key] = f
-        return f
+            if fs > 0.0:
+                anyv = True
+                fsv.append(fs)
+            else:
+                fsv.append(0.0)
+        if len(self._gcache) >= _FCACHE_CAP:
+            self._gcache.clear()
+        gi = self._gcache[G] = (U, tuple(fsv) if anyv else None)
+        return gi
 
     # --- evaluation -----------------------------------------------------------------------------
 
@@ -407,7 +480,8 @@ class Placer:
             fitting = [i for i, s in enumerate(devs) if fits(states[s]) and (mask is None or mask[i])]
             if len(fitting) < k:
                 return None
-            positions, after = self._choose_gpus(devs, fitting, d, gpu_policy, cpu_after, mem_after)
+            positions, after = self._choose_gpus(devs, fitting, d, gpu_policy, bisect_right(self._kc, cpu_after),
+                                                 bisect_right(self._km, mem_after))
         else:
             positions, after = (), devs
         ng = len(devs) or 1
@@ -440,7 +514,9 @@ class Placer:
         return (score, positions)
 
     def _choose_gpus(self, devs: tuple, fitting: list[int], d: Demand, gpu_policy: str,
-                     cpu_after: int, mem_after: int) -> tuple[tuple, tuple]:
+                     bc: int, bm: int) -> tuple[tuple, tuple]:
+        """GPU positions for the claim and the node's sorted GPU states after it; (bc, bm) are the
+        CPU/memory buckets after the claim (used by the fragmentation-aware choice only)."""
         k = d.gpus
         states = self.fleet.states.states
         after_of = self.fleet.states.after
@@ -461,7 +537,7 @@ class Placer:
                     trial = cur.copy()
                     trial[i] = ns
                     G = tuple(sorted(trial))
-                    key = (self._frag(G, cpu_after, mem_after), states[ns].free, i)
+                    key = (self._fragb(G, bc, bm), states[ns].free, i)
                     if best is None or key < best[0]:
                         best = (key, i, ns)
                 _, i, ns = best
@@ -485,8 +561,7 @@ class Placer:
                 cur[i] = after_of(s, d.mem_req(states[s].memory_mib), d.cores)
         return positions, tuple(sorted(cur))
 
-    def _placement(self, node: Node, d: Demand, r: tuple, gpu_policy: str) -> Placement:
-        score, positions = r
+    def _placement(self, node: Node, d: Demand, score: float, positions: tuple, gpu_policy: str) -> Placement:
         if gpu_policy == "random" and len(positions) > d.gpus:
             positions = self.rng.sample(positions, d.gpus)
         shares = []
@@ -497,7 +572,7 @@ class Placer:
             shares.append(DeviceShare(uuid=dev.uuid, index=dev.index,
                                        memory_mib=d.mem_req(dev.memory_mib), cores=d.cores))
         shares.sort(key=lambda s: s.index)
-        return Placement(node=node.name, shares=shares, score=float(score[0]))
+        return Placement(node=node.name, shares=shares, score=float(score))
 
     def _place_random(self, d: Demand, ck: tuple, gpu_policy: str, explain: bool) -> Placement | Rejection:
         """A node drawn uniformly among those that fit: draw from all live nodes and redraw on a
@@ -511,19 +586,19 @@ class Placer:
             n = nodes[rng.randrange(len(nodes))]
             r = self._cached(n.cls, ck, d, "random", gpu_policy)
             if r is not None:
-                return self._placement(n, d, r, gpu_policy)
+                return self._placement(n, d, r[0][0], r[1], gpu_policy)
         # Near full most draws miss: pick from the per-shape index of feasible classes instead.
         heap = self._index(ck, d, "random", gpu_policy)
-        live = [e for e in heap if e[2].alive]
-        total = sum(len(e[2].members) for e in live)
+        live = [e for e in heap if e[-2].alive]
+        total = sum(len(e[-2].members) for e in live)
         if not total:
             return self._reject(d, ck, {}, None) if explain else _UNEXPLAINED
         pick = rng.randrange(total)
         for e in live:
-            cls = e[2]
+            cls = e[-2]
             if pick < len(cls.members):
                 node = list(cls.members.values())[pick]
-                return self._placement(node, d, e[3], gpu_policy)
+                return self._placement(node, d, e[0], e[-1], gpu_policy)
             pick -= len(cls.members)
         raise AssertionError("unreachable")
 
@@ -574,34 +649,34 @@ class Placer:
                 bestnode = n
         if best is None:
             return self._reject(d, None, filtered, live)
-        return self._placement(bestnode, d, best, gpu_policy)
+        return self._placement(bestnode, d, best[0][0], best[1], gpu_policy)
 
     # --- rejection ------------------------------------------------------------------------------
 
     def _explain(self, devs: tuple, cpu_free: int, mem_free: int, d: Demand, mask) -> str:
+        """The first constraint (in `CONSTRAINTS` order) that leaves fewer than `d.gpus` GPUs."""
         if d.cpu > cpu_free:
             return "cpu"
         if d.hostmem > mem_free:
             return "host-memory"
-        states = self.fleet.states.states
         k = d.gpus
         if not k:
             return "fits"
-        cand = [i for i, s in enumerate(devs) if states[s].healthy]
-        if len(cand) < k:
-            return "gpu-count"
-        steps = (
-            ("gpu-type", lambda i, st: d.type_ok(st)),
-            ("gpu-uuid", lambda i, st: mask is None or mask[i]),
-            ("exclusive", lambda i, st: not st.exclusive and (not d.exclusive or st.shares == 0)),
-            ("max-shares", lambda i, st: st.shares < st.max_shares),
-            ("memory", lambda i, st: st.memory_mib - st.mem_used >= d.mem_req(st.memory_mib)),
-            ("cores", lambda i, st: 100 - st.cores_used >= d.cores),
-        )
-        for name, ok in steps:
-            cand = [i for i in cand if ok(i, states[devs[i]])]
-            if len(cand) < k:
-                return name
+        states = self.fleet.states.states
+        fail = d._fail
+        hist = [0] * 8
+        for i, s in enumerate(devs):
+            f = fail.get(s)
+            if f is None:
+                f = fail[s] = _fail_step(d, states[s])
+            if mask is not None and f > 2 and not mask[i]:
+                f = 2
+            hist[f] += 1
+        left = len(devs)
+        for j in range(7):
+            left -= hist[j]
+            if left < k:
+                return _STEPS[j]
         return "fits"
 
     def _reject(self, d: Demand, ck: tuple | None, filtered: dict[str, int], nodes: list[Node] | None,
@@ -646,8 +721,8 @@ class Placer:
         moves = fleet.moves
         base = fleet.moves_base
         end = base + len(moves)
-        wk = ("why", d.shape)
-        st = self._whys.get(d.shape)
+        wk = d.shape
+        st = self._whys.get(wk)
         if st is None or st[1] < base:
             counts: dict[str, int] = {}
             for cls in fleet.classes.values():
@@ -672,15 +747,13 @@ class Placer:
                 st[1] = end
         return st[0]
 
-    def _why(self, cls: NodeClass, wk: tuple, d: Demand) -> str:
-        cache = cls.cache
-        why = cache.get(wk)
+    def _why(self, cls: NodeClass, shape: tuple, d: Demand) -> str:
+        whys = cls.whys
+        why = whys.get(shape)
         if why is None:
-            why = self._explain(cls.devs, cls.cpu_free, cls.mem_free, d, None)
-            if cls.alive:
-                if len(cache) >= _CACHE_CAP:
-                    cache.clear()
-                cache[wk] = why
+            if len(whys) >= _CACHE_CAP:
+                whys.clear()
+            why = whys[shape] = self._explain(cls.devs, cls.cpu_free, cls.mem_free, d, None)
         return why
 
     def _reason(self, d: Demand, filtered: dict[str, int]) -> str:

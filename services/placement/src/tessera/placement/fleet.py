@@ -175,11 +175,11 @@ class NodeClass:
     """Nodes that are indistinguishable to placement: same GPU states, same CPU/host memory free.
 
     `devs` are the device state ids in sorted order; each member node's `order` maps those positions
-    to its own device list. `cache` holds the engine's per-claim-shape result for this class.
+    to its own device list. `cache` holds the engine's per-claim-shape result for this class, `whys` its rejection reasons.
     """
 
     __slots__ = ("id", "key", "devs", "cpu_total", "cpu_free", "mem_total", "mem_free", "members", "cache",
-                 "alive")
+                 "whys", "alive")
 
     def __init__(self, cid: int, key: tuple) -> None:
         self.id = cid
@@ -187,6 +187,9 @@ class NodeClass:
         self.cpu_total, self.cpu_free, self.mem_total, self.mem_free, self.devs = key
         self.members: dict[str, Node] = {}
         self.cache: dict = {}
+        # Why a claim shape does not fit here, by shape: kept after the class dies, because the
+        # engine's rejection counts still have to take its nodes off.
+        self.whys: dict = {}
         self.alive = True
 
     def __lt__(self, other: NodeClass) -> bool:  # never reached in practice: ids are unique

@@ -6,7 +6,8 @@ al., USENIX ATC'23) measures a node's fragmentation as the expected unusable GPU
 drawn from the workload's task mix; this module keeps that mix. It counts observed claim shapes
 (GPU count, memory and core share per GPU, host CPU and memory), keeps the most frequent ones, and
 republishes a normalised distribution only now and then (each republish invalidates cached scores,
-so it must be rare: after 16 claims, then whenever the count grew by a quarter, at most every 5,000).
+so it must be rare: checked after 16 claims, then whenever the count grew by a quarter, at most every
+5,000, and republished only if the distribution moved by 5% or more in total variation).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class Demand:
     __slots__ = (
         "gpus", "memory_mib", "memory_percent", "cores", "exclusive", "use_types", "nouse_types",
         "use_uuids", "nouse_uuids", "cpu", "hostmem", "node", "node_policy", "gpu_policy",
-        "shape", "kind", "_fit", "_ckey",
+        "shape", "gshape", "kind", "_fit", "_fail", "_ckey",
     )
 
     def __init__(
@@ -56,7 +57,10 @@ class Demand:
         # What the mix counts: the resource shape, without selectors or policies.
         self.kind = (gpus, memory_mib, memory_percent, cores, cpu, hostmem)
         self.shape = (self.kind, self.use_types, self.nouse_types, node_policy, gpu_policy)
+        # What decides which GPUs fit and how they change: the shape without CPU and host memory.
+        self.gshape = (gpus, memory_mib, memory_percent, cores, self.use_types, self.nouse_types)
         self._fit: dict[int, bool] = {}
+        self._fail: dict[int, int] = {}  # device state id -> first failing constraint (engine)
         self._ckey = None
 
     def mem_req(self, memory_mib: int) -> int:
@@ -86,6 +90,18 @@ class Demand:
             )
             self._fit[s.id] = r
         return r
+
+    def fitting(self, devs: tuple, states: list) -> list[int]:
+        """Positions in `devs` (device state ids) where one more share of this claim fits."""
+        known = self._fit
+        out = []
+        for i, s in enumerate(devs):
+            r = known.get(s)
+            if r is None:
+                r = self.fits(states[s])
+            if r:
+                out.append(i)
+        return out
 
     def units(self, s) -> float:
         """This claim's size on one GPU in GPU units (the larger of its memory and compute share)."""
@@ -133,6 +149,17 @@ def _size_weight(kind: tuple) -> float:
     return (gpus * share) ** 0.5
 
 
+# Total variation distance between the published mix and the current counts that republishes it.
+REPUBLISH_AT = 0.05
+
+
+def _moved(old: list[tuple[Demand, float]], new: list[tuple[Demand, float]]) -> float:
+    """Total variation distance between two mixes (0: same, 1: disjoint)."""
+    a = {d.kind: p for d, p in old}
+    b = {d.kind: p for d, p in new}
+    return sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in a.keys() | b.keys()) / 2
+
+
 class WorkloadMix:
     """A distribution over claim kinds. Feed it with `observe`; read `kinds()` and `version`."""
 
@@ -154,9 +181,12 @@ class WorkloadMix:
         self._seen += weight
         grown = self._seen - self._seen_at_build
         if grown >= max(16, min(self._seen_at_build // 4, 5000)):
-            self._kinds = self._build(self._counts)
+            kinds = self._build(self._counts)
             self._seen_at_build = self._seen
-            self.version += 1
+            # Republishing invalidates every cached score: only when the mix really moved.
+            if _moved(self._kinds, kinds) >= REPUBLISH_AT:
+                self._kinds = kinds
+                self.version += 1
 
     def observe_all(self, items) -> None:
         """Feed many claims at once and publish the mix once (history replay, benchmarks)."""
