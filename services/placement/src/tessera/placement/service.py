@@ -51,6 +51,8 @@ from tessera.placement.quota import has_limits, over_quota
 
 log = logging.getLogger("tessera.placement")
 
+CONFLICT_RETRIES = 20
+
 POLICIES = ("binpack", "spread", "fragmentation-aware", "best-fit")
 
 _inventory_decoder = msgspec.json.Decoder(NodeInventory)
@@ -316,7 +318,11 @@ class PlacementService:
 
         committed = await self._commit_booked([(node, entry) for _, _, entry, _, node in booked])
         writes = []
+        lost_races = []
         for (i, event, entry, headers, node), error in zip(booked, committed):
+            if isinstance(error, ConflictError):
+                lost_races.append(i)  # a peer took the space first: decide again below, in-process
+                continue
             if error is not None:
                 outcomes[i] = error
                 continue
@@ -342,16 +348,31 @@ class PlacementService:
         if announce:
             await self.bus.publish_many(announce)
 
-        async def one(i: int) -> None:
+        async def one(i: int, raise_conflict: bool = False) -> None:
             event, delivery = items[i]
             try:
                 with self.ctx.telemetry.span(f"placement handle {delivery.subject.rsplit('.', 1)[-1]}",
                                              parent_headers=delivery.headers,
                                              attributes={"tessera.claim": getattr(event, "claim", "")}):
                     await self.handle(event, delivery)
+            except ConflictError:
+                if raise_conflict:
+                    raise
+                outcomes[i] = ConflictError(f"{getattr(event, 'claim', '?')}: compare-and-set kept losing")
             except Exception as exc:
                 outcomes[i] = exc
 
+        for i in lost_races:
+            # Retried here rather than by redelivery: losing races to a peer is normal and must
+            # not use up the message's delivery budget (which ends in the dead-letter subject).
+            for attempt in range(CONFLICT_RETRIES):
+                try:
+                    await one(i, raise_conflict=True)
+                    break
+                except ConflictError as exc:
+                    if attempt == CONFLICT_RETRIES - 1:
+                        outcomes[i] = exc
+                    await asyncio.sleep(0.001 * attempt)
         for i in slow:  # in order: a release after a request in the same batch must see it
             await one(i)
         return outcomes
