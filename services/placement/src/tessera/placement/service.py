@@ -295,6 +295,7 @@ class PlacementService:
             seen.add(getattr(event, "claim", ""))
 
         booked: list[tuple[int, ClaimRequested, LedgerEntry, dict[str, str]]] = []
+        rejected: list[tuple[int, ClaimRequested, Rejection, dict[str, str]]] = []
         for i in fast:
             event, delivery = items[i]
             if "traceparent" in delivery.headers:
@@ -304,11 +305,7 @@ class PlacementService:
                 decision = self.placer.place(event.claim, event.tenant, event.spec)
                 headers = inject({})
                 if isinstance(decision, Rejection):
-                    record = ClaimRecord(claim=event.claim, tenant=event.tenant, state="requested", spec=event.spec)
-                    try:
-                        await self._unschedulable(event, decision.reason, decision.filtered, record, event.record_revision)
-                    except Exception as exc:
-                        outcomes[i] = exc
+                    rejected.append((i, event, decision, headers))
                     continue
             entry = LedgerEntry(claim=event.claim, tenant=event.tenant, shares=list(decision.shares),
                                 cpu_millis=event.spec.cpu_millis, host_memory_mib=event.spec.host_memory_mib)
@@ -316,6 +313,8 @@ class PlacementService:
             self.tentative.setdefault(decision.node, {})[entry.claim] = entry
             booked.append((i, event, entry, headers, decision.node))
 
+        if rejected:
+            await self._unschedulable_many(rejected, outcomes)
         committed = await self._commit_booked([(node, entry) for _, _, entry, _, node in booked])
         writes = []
         lost_races = []
@@ -376,6 +375,33 @@ class PlacementService:
         for i in slow:  # in order: a release after a request in the same batch must see it
             await one(i)
         return outcomes
+
+    async def _unschedulable_many(self, rejected: list, outcomes: list) -> None:
+        """Record and announce a batch's rejections with pipelined writes (a full fleet rejects a lot)."""
+        now = time.time()
+        records = []
+        for i, event, decision, _ in rejected:
+            self.pending[event.claim] = event
+            self.counts["unschedulable"] += 1
+            records.append((ClaimRecord(claim=event.claim, tenant=event.tenant, state="unschedulable",
+                                        spec=event.spec, reason=decision.reason,
+                                        traceparent=self.traces.get(event.claim, ""), updated=now),
+                            event.record_revision))
+        revisions = await self.claims.replace_many(records)
+        announce = []
+        for (i, event, decision, headers), revision in zip(rejected, revisions):
+            if revision is None:  # the record moved: the careful one-claim path decides
+                record = ClaimRecord(claim=event.claim, tenant=event.tenant, state="requested", spec=event.spec)
+                try:
+                    await self._unschedulable(event, decision.reason, decision.filtered, record, None)
+                except Exception as exc:
+                    outcomes[i] = exc
+                continue
+            announce.append((subjects.claim(event.tenant, event.claim, "unschedulable"),
+                             ClaimUnschedulable(claim=event.claim, tenant=event.tenant, reason=decision.reason,
+                                                filtered=decision.filtered), None, headers))
+        if announce:
+            await self.bus.publish_many(announce)
 
     async def _commit_booked(self, booked: list[tuple[str, LedgerEntry]]) -> list[BaseException | None]:
         """Group-commit entries already booked in the local view: one ledger write per node."""
