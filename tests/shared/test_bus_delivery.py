@@ -122,3 +122,10 @@ async def test_permanent_error_and_bad_payload_go_to_dead_letter_once(bus):
     assert any("invalid payload" in r and "$.claim" in r for r in reasons)
     payload = [letter.payload for letter in letters if "c6" in letter.subject][0]
     assert msgspec.json.decode(payload)["claim"] == 7
+
+
+def test_urls_in_logs_never_carry_credentials():
+    from tessera.shared.bus import redact
+
+    assert redact("nats://platform:s3cret@10.0.0.1:4222") == "nats://***@10.0.0.1:4222"
+    assert redact("nats://127.0.0.1:4222") == "nats://127.0.0.1:4222"

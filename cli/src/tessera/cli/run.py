@@ -51,7 +51,7 @@ EXIT_UNSCHEDULABLE = 3
 EXIT_TIMEOUT = 4
 EXIT_CANNOT_EXECUTE = 126
 EXIT_NOT_FOUND = 127
-OWNER_LOCK_VAR = "TESSERA_OWNER_LOCK"  # set by the enforcer in the prepared environment
+from tessera.shared.workload import OWNER_LOCK_VAR, RUN_CLAIM_PREFIX
 PATH_LIKE = ("LD_PRELOAD", "LD_LIBRARY_PATH")  # prepended to the caller's value, not replacing it
 RELEASE_WAIT_SECONDS = 15.0
 
@@ -321,7 +321,7 @@ async def cmd_run(args) -> int:
     logging.getLogger("tessera.bus").setLevel(logging.ERROR)
     client = await Client.connect(args.nats)
     try:
-        return await Run(client, args, f"run-{uuid.uuid4().hex[:16]}", node, command).run()
+        return await Run(client, args, f"{RUN_CLAIM_PREFIX}{uuid.uuid4().hex[:16]}", node, command).run()
     finally:
         await client.close()
 

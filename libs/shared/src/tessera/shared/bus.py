@@ -58,6 +58,14 @@ BatchHandler = Callable[[list[tuple[Any, Delivery]]], Awaitable[list[BaseExcepti
 ApiHandler = Callable[[bytes, Mapping[str, str]], Awaitable[bytes]]
 
 
+def redact(url: str) -> str:
+    """A NATS URL fit for logs: credentials in it are replaced by ***."""
+    scheme, sep, rest = url.partition("://")
+    if sep and "@" in rest:
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url
+
+
 class Bus:
     def __init__(self, nc: NatsClient, settings: BusSettings, service: str, telemetry: Telemetry):
         self.nc = nc
@@ -78,14 +86,18 @@ class Bus:
         *,
         connect_timeout: float = 5.0,
     ) -> "Bus":
+        shown = redact(settings.url)
+        state = {"closing": False}
+
         async def on_error(exc: Exception) -> None:
             log.warning("nats: %s", exc)
 
         async def on_disconnect() -> None:
-            log.warning("nats: disconnected from %s", settings.url)
+            if not state["closing"]:
+                log.warning("nats: disconnected from %s", shown)
 
         async def on_reconnect() -> None:
-            log.info("nats: reconnected to %s", settings.url)
+            log.info("nats: reconnected to %s", shown)
 
         options: dict[str, Any] = dict(
             servers=[settings.url],
@@ -103,11 +115,14 @@ class Bus:
         try:
             nc = await nats.connect(**options)
         except Exception as exc:  # nats raises several unrelated types for "cannot connect"
-            raise TemporaryError(f"cannot connect to NATS at {settings.url}: {exc}") from exc
-        return cls(nc, settings, service, telemetry or Telemetry(service, None))
+            raise TemporaryError(f"cannot connect to NATS at {shown}: {exc}") from exc
+        bus = cls(nc, settings, service, telemetry or Telemetry(service, None))
+        bus._state = state
+        return bus
 
     async def close(self) -> None:
         """Drain: finish in-flight handlers' acks and publishes, then close."""
+        getattr(self, "_state", {})["closing"] = True
         if self.nc.is_closed:
             return
         try:

@@ -18,7 +18,7 @@ from typing import Mapping
 from tessera.shared.events import DeviceShare, GpuDevice
 
 # Set in the prepared environment for `tessera run`, which holds that file locked while it lives.
-OWNER_LOCK_VAR = "TESSERA_OWNER_LOCK"
+from tessera.shared.workload import OWNER_LOCK_VAR  # noqa: F401  (re-exported for the enforcer)
 
 
 def limit_vars(shares: list[DeviceShare]) -> dict[str, str]:

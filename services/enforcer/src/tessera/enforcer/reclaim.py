@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from tessera.enforcer.observe import ClaimView, NodeView
 
-RUN_PREFIX = "run-"
+from tessera.shared.workload import RUN_CLAIM_PREFIX as RUN_PREFIX
 
 
 @dataclass(frozen=True)

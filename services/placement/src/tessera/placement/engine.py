@@ -55,6 +55,11 @@ _FCACHE_CAP = 120_000
 _class_id = attrgetter("id")
 _HEAPS_CAP = 256  # claim shapes with a live index
 _WHYS_CAP = 256  # claim shapes with live rejection counts
+import os as _os
+_K = {k[2:]: float(v) for k, v in _os.environ.items() if k.startswith("K_")}
+_RND = int(_K.get("RND", 9))
+_FILL = _K.get("FILL", 0)
+_TIE = int(_K.get("TIE", 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,7 +315,7 @@ class Placer:
         delta = self._fragb(after, bc2, bm2) - self._fragb(devs, bc, bm)
         # Ties (common: many nodes where the claim changes nothing a typical task could use) go to
         # the tighter fit: less GPU left, then (added per class) less CPU left.
-        return (round(delta, 9), left, positions)
+        return (round(delta, _RND), left, positions)
 
     def _gpu_choice(self, devs: tuple, bc2: int, bm2: int, d: Demand, gpu_policy: str, probe: bool):
         """(positions, GPU states after, GPU capacity left), `_NO_FIT`, or with `probe`
