@@ -29,6 +29,7 @@ from tessera.shared import api
 from tessera.cli import scenario, views
 from tessera.cli.client import Client, CliError, nats_url
 from tessera.cli.cluster import LocalCluster
+from tessera.cli.gpuflags import resources_from
 
 console = Console()
 err = Console(stderr=True)
@@ -150,19 +151,6 @@ async def cmd_demo(args) -> int:
 # --- client commands -------------------------------------------------------------------------
 
 
-def _resources(args) -> dict:
-    resources: dict[str, int] = {"nvidia.com/gpu": args.gpus}
-    if args.gpumem is not None:
-        resources["nvidia.com/gpumem"] = args.gpumem
-    if args.gpumem_percent is not None:
-        resources["nvidia.com/gpumem-percentage"] = args.gpumem_percent
-    if args.gpucores is not None:
-        resources["nvidia.com/gpucores"] = args.gpucores
-    if args.priority is not None:
-        resources["nvidia.com/priority"] = args.priority
-    return resources
-
-
 def _annotations(args) -> dict:
     ann = {}
     for flag, name in (("use_gputype", "nvidia.com/use-gputype"), ("nouse_gputype", "nvidia.com/nouse-gputype"),
@@ -178,7 +166,7 @@ async def cmd_submit(args) -> int:
     client = await Client.connect(args.nats)
     try:
         result = await client.submit(
-            api.SubmitRequest(tenant=args.tenant, resources=_resources(args), annotations=_annotations(args),
+            api.SubmitRequest(tenant=args.tenant, resources=resources_from(args), annotations=_annotations(args),
                               claim=args.claim, node=args.node)
         )
         claim = result["claim"]

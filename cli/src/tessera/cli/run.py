@@ -42,8 +42,10 @@ from rich.console import Console
 
 from tessera.shared import api, subjects
 from tessera.shared.events import ClaimPrepared, ClaimRecord, ClaimRunning, claim_decoder
+from tessera.shared.workload import OWNER_LOCK_VAR, RUN_CLAIM_PREFIX
 
 from tessera.cli.client import Client, CliError
+from tessera.cli.gpuflags import resources_from
 
 err = Console(stderr=True)
 
@@ -51,7 +53,6 @@ EXIT_UNSCHEDULABLE = 3
 EXIT_TIMEOUT = 4
 EXIT_CANNOT_EXECUTE = 126
 EXIT_NOT_FOUND = 127
-from tessera.shared.workload import OWNER_LOCK_VAR, RUN_CLAIM_PREFIX
 PATH_LIKE = ("LD_PRELOAD", "LD_LIBRARY_PATH")  # prepended to the caller's value, not replacing it
 RELEASE_WAIT_SECONDS = 15.0
 
@@ -77,17 +78,6 @@ def register(sub) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no status lines on stderr")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     p.set_defaults(func=cmd_run)
-
-
-def _resources(args) -> dict[str, int]:
-    resources = {"nvidia.com/gpu": args.gpus}
-    if args.gpumem is not None:
-        resources["nvidia.com/gpumem"] = args.gpumem
-    if args.gpumem_percent is not None:
-        resources["nvidia.com/gpumem-percentage"] = args.gpumem_percent
-    if args.gpucores is not None:
-        resources["nvidia.com/gpucores"] = args.gpucores
-    return resources
 
 
 def _annotations(args) -> dict[str, str]:
