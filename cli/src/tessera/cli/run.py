@@ -149,7 +149,7 @@ class Run:
 
     async def submit(self) -> None:
         await self.client.submit(api.SubmitRequest(
-            tenant=self.args.tenant, resources=_resources(self.args), annotations=_annotations(self.args),
+            tenant=self.args.tenant, resources=resources_from(self.args), annotations=_annotations(self.args),
             claim=self.claim, node=self.node,
         ))
 
