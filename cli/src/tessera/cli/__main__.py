@@ -243,15 +243,25 @@ def cmd_bench(args) -> int:
         "placement-nats": [sys.executable, "-m", "tessera.placement.natsbench"],
         "tenants": [sys.executable, "-m", "tessera.controlplane.bench"],
     }
+    openb = Path(os.environ.get("TESSERA_OPENB_DIR") or REPO_ROOT.parent / "shared" / "data" / "openb")
+
+    def command(name: str, rest: list[str]) -> list[str]:
+        if name in ("placement", "placement-speed") and "--nodes" not in rest:
+            if not openb.exists():
+                raise CliError(f"the openb trace is not at {openb}: pass --nodes/--pods or set TESSERA_OPENB_DIR")
+            rest = ["--nodes", str(openb / "openb_node_list_gpu_node.csv"),
+                    "--pods", str(openb / "openb_pod_list_default.csv"), *rest]
+        return targets[name] + rest
+
     if args.what == "all":
         code = 0
         for name in ("placement", "placement-speed", "placement-nats", "tenants"):
             err.print(f"[bold]== bench {name}[/]")
-            code |= subprocess.call(targets[name])
+            code |= subprocess.call(command(name, []))
         return code
     if args.what not in targets:
         raise CliError(f"unknown benchmark {args.what!r}; choose one of: all, {', '.join(targets)}")
-    return subprocess.call(targets[args.what] + args.rest)
+    return subprocess.call(command(args.what, args.rest))
 
 
 # --- parser ----------------------------------------------------------------------------------
