@@ -5,7 +5,10 @@ writes the inventory to the ``inventory`` bucket and publishes it on ``tessera.i
 then publishes a heartbeat every ``TESSERA_HEARTBEAT_SECONDS``. Every publisher also watches all
 heartbeats: a node silent for ``TESSERA_LOST_AFTER_SECONDS`` is marked lost (label
 ``tessera.dev/lost=true`` in its inventory record, and a ``lost`` event), so placement stops using it
-and the enforcers' leak reclaim can release what it held. A heartbeat from a lost node restores it.
+and the enforcers' leak reclaim can release what it held. A node whose enforcer reported usage
+before and then fell silent for ``TESSERA_ENFORCER_LOST_AFTER_SECONDS`` is lost as well (its GPUs are
+announced, but nothing there can prepare or release a claim). A node is restored when both speak
+again.
 """
 
 from __future__ import annotations
@@ -20,7 +23,15 @@ from typing import Mapping
 import msgspec
 
 from tessera.shared import subjects
-from tessera.shared.events import NodeHeartbeat, NodeInventory, NodeLost, encode, inventory_decoder
+from tessera.shared.events import (
+    NodeHeartbeat,
+    NodeInventory,
+    NodeLost,
+    NodeUsage,
+    encode,
+    inventory_decoder,
+    usage_decoder,
+)
 from tessera.shared.errors import ConfigError
 from tessera.shared.runner import ServiceContext
 from tessera.shared.settings import env_float, env_str
@@ -40,6 +51,9 @@ class CapacitySettings:
     nodes: tuple[str, ...] = ()  # () = every node of the profile
     heartbeat_seconds: float = 5.0
     lost_after_seconds: float = 20.0
+    # A node whose enforcer has reported before and then fell silent this long is lost too: its
+    # GPUs may still be announced, but nobody there can prepare or release a claim.
+    enforcer_lost_after_seconds: float = 90.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "CapacitySettings":
@@ -51,6 +65,9 @@ class CapacitySettings:
             nodes=nodes,
             heartbeat_seconds=env_float(env, "TESSERA_HEARTBEAT_SECONDS", cls.heartbeat_seconds),
             lost_after_seconds=env_float(env, "TESSERA_LOST_AFTER_SECONDS", cls.lost_after_seconds),
+            enforcer_lost_after_seconds=env_float(
+                env, "TESSERA_ENFORCER_LOST_AFTER_SECONDS", cls.enforcer_lost_after_seconds
+            ),
         )
 
 
@@ -78,6 +95,7 @@ class CapacityService:
         self.settings = settings
         self.nodes = nodes
         self.last_seen: dict[str, float] = {}
+        self.enforcer_seen: dict[str, float] = {}
         self.lost: set[str] = set()
 
     async def start(self) -> dict:
@@ -86,8 +104,35 @@ class CapacityService:
         return {
             "announce-and-heartbeat": self._heartbeats(announced),
             "watch-heartbeats": self._watch_heartbeats(),
+            "watch-enforcers": self._watch_enforcers(),
             "detect-lost": self._detect_lost(),
         }
+
+    def silent(self, node: str, now: float) -> str | None:
+        """Why ``node`` counts as lost now (None: it does not)."""
+        seen = self.last_seen.get(node)
+        if seen is not None and seen < now - self.settings.lost_after_seconds:
+            return f"no heartbeat for {now - seen:.0f}s"
+        enforcer = self.enforcer_seen.get(node)
+        if enforcer is not None and enforcer < now - self.settings.enforcer_lost_after_seconds:
+            return f"its enforcer has been silent for {now - enforcer:.0f}s"
+        return None
+
+    async def _watch_enforcers(self) -> None:
+        """Node usage reports are the enforcers' sign of life."""
+        sub = await self.bus.nc.subscribe(f"{subjects.USAGE}.>")
+        try:
+            async for msg in sub.messages:
+                try:
+                    event = usage_decoder.decode(msg.data)
+                except (msgspec.ValidationError, msgspec.DecodeError):
+                    continue
+                if isinstance(event, NodeUsage):
+                    self.enforcer_seen[event.node] = time.time()
+                    if event.node in self.lost and self.silent(event.node, time.time()) is None:
+                        await self._restore(event.node)
+        finally:
+            await sub.unsubscribe()
 
     async def announce(self, inv: NodeInventory) -> None:
         await self.kv.put(inv.node, encode(inv))
@@ -124,7 +169,7 @@ class CapacityService:
                     continue  # the stream's own consumers dead-letter it; here it is just not a heartbeat
                 if isinstance(event, (NodeHeartbeat, NodeInventory)):
                     self.last_seen[event.node] = time.time()
-                    if event.node in self.lost:
+                    if event.node in self.lost and self.silent(event.node, time.time()) is None:
                         await self._restore(event.node)
         finally:
             await sub.unsubscribe()
@@ -132,12 +177,13 @@ class CapacityService:
     async def _detect_lost(self) -> None:
         while True:
             await asyncio.sleep(max(0.2, self.settings.heartbeat_seconds / 2))
-            cutoff = time.time() - self.settings.lost_after_seconds
-            for node, seen in list(self.last_seen.items()):
-                if seen < cutoff and node not in self.lost:
-                    await self._mark_lost(node, seen)
+            now = time.time()
+            for node in list(self.last_seen):
+                why = self.silent(node, now)
+                if why is not None and node not in self.lost:
+                    await self._mark_lost(node, self.last_seen[node], why)
 
-    async def _mark_lost(self, node: str, seen: float) -> None:
+    async def _mark_lost(self, node: str, seen: float, why: str) -> None:
         """Label the node lost in its inventory record (CAS, so two publishers agree) and say so."""
         self.lost.add(node)
         try:
@@ -154,11 +200,11 @@ class CapacityService:
             await self.kv.update(node, encode(msgspec.structs.replace(inv, labels=labels)), last=entry.revision)
         except Exception:
             return  # another publisher marked it, or it came back; either way not ours to say
-        log.warning("node %s lost: no heartbeat for %.0fs", node, time.time() - seen)
+        log.warning("node %s lost: %s", node, why)
         await self.bus.publish(
             subjects.inventory(node),
-            NodeLost(node=node, last_seen=seen, reason=f"no heartbeat for {self.settings.lost_after_seconds:.0f}s"),
-            msg_id=f"{node}:lost:{int(seen)}",
+            NodeLost(node=node, last_seen=seen, reason=why),
+            msg_id=f"{node}:lost:{int(time.time())}",
         )
 
     async def _restore(self, node: str) -> None:
