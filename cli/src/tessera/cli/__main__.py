@@ -25,6 +25,7 @@ from rich.console import Console, Group
 from rich.live import Live
 
 from tessera.shared import api
+from tessera.shared.bus import redact
 
 from tessera.cli import scenario, views
 from tessera.cli.client import Client, CliError, nats_url
@@ -61,7 +62,7 @@ def _start_cluster(args) -> LocalCluster:
     except Exception:
         cluster.stop()
         raise
-    err.print(f"[dim]•[/] NATS at {cluster.url}; logs in {workdir / 'logs'}")
+    err.print(f"[dim]•[/] NATS at {redact(cluster.url)} (full URL in {workdir / 'nats-url'}); logs in {workdir / 'logs'}")
     return cluster
 
 

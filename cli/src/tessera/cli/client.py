@@ -10,6 +10,7 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import msgspec
 
@@ -33,8 +34,17 @@ class CliError(Exception):
         self.code = code
 
 
+LOCAL_URL_FILE = Path(__file__).resolve().parents[4] / ".run" / "nats-url"
+
+
 def nats_url(explicit: str | None = None) -> str:
-    return explicit or os.environ.get("TESSERA_NATS_URL") or "nats://127.0.0.1:4222"
+    """--nats, else $TESSERA_NATS_URL, else the URL a running `make up` left in .run/nats-url."""
+    if explicit or os.environ.get("TESSERA_NATS_URL"):
+        return explicit or os.environ["TESSERA_NATS_URL"]
+    try:
+        return LOCAL_URL_FILE.read_text().strip()
+    except OSError:
+        return "nats://127.0.0.1:4222"
 
 
 @dataclass

@@ -8,7 +8,9 @@ what is left, so a clean shutdown leaves no process behind.
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -52,13 +54,34 @@ class LocalCluster:
     lost_after_seconds: float = 10.0
     nats: NatsServer | None = None
     processes: list[ServiceProcess] = field(default_factory=list)
+    platform_password: str = ""
 
     @property
     def url(self) -> str:
+        """The URL services and the CLI use; for the embedded server it carries the platform user."""
         if self.nats_url:
             return self.nats_url
         assert self.nats is not None, "cluster not started"
-        return self.nats.url
+        return self.nats.url.replace("nats://", f"nats://platform:{self.platform_password}@", 1)
+
+    def _secured_nats(self) -> NatsServer:
+        """The embedded server with config-file authorization: the platform user, plus one user per
+        tenant that the control-plane manager writes into users.conf and reloads (tenant-scoped
+        credentials work in `make up` exactly as against a production server)."""
+        auth = self.workdir / "nats-auth"
+        auth.mkdir(parents=True, exist_ok=True)
+        secret = auth / "platform.secret"
+        if not secret.exists():
+            secret.write_text(secrets.token_urlsafe(24))
+            secret.chmod(0o600)
+        self.platform_password = secret.read_text().strip()
+        users = auth / "users.conf"
+        if not users.exists():  # the manager rewrites it (same format) once it has tenants
+            users.write_text("users: " + json.dumps([{"user": "platform", "password": self.platform_password}]) + "\n")
+            users.chmod(0o600)
+        conf = auth / "nats.conf"
+        conf.write_text(f'pid_file: "{auth / "nats.pid"}"\nauthorization {{\n  include "users.conf"\n}}\n')
+        return NatsServer(self.workdir / "nats", config_file=conf)
 
     def nodes(self) -> list[str]:
         return [n.node for n in profiles.load(self.profile)]
@@ -66,8 +89,11 @@ class LocalCluster:
     def start(self, *, progress=lambda msg: None) -> "LocalCluster":
         self.workdir.mkdir(parents=True, exist_ok=True)
         if not self.nats_url:
-            progress("starting nats-server with JetStream")
-            self.nats = NatsServer(self.workdir / "nats").start()
+            progress("starting nats-server with JetStream and authorization")
+            self.nats = self._secured_nats().start()
+            url_file = self.workdir / "nats-url"
+            url_file.write_text(self.url + "\n")
+            url_file.chmod(0o600)
         nodes = self.nodes()  # fail on a bad profile before starting anything else
         for name in SERVICES:
             replicas = self.placement_replicas if name == "placement" else 1
@@ -92,6 +118,11 @@ class LocalCluster:
         )
         if self.otlp_endpoint:
             env["OTEL_EXPORTER_OTLP_ENDPOINT"] = self.otlp_endpoint
+        if name == "controlplane" and self.nats is not None:
+            auth = self.workdir / "nats-auth"
+            env.update(TESSERA_CP_NATS_AUTH_FILE=str(auth / "users.conf"),
+                       TESSERA_CP_NATS_PID_FILE=str(auth / "nats.pid"),
+                       TESSERA_CP_NATS_TENANT_URL=self.nats.url)
         env.update(self.extra_env)
         return env
 
