@@ -10,7 +10,7 @@ import sys
 import msgspec
 import pytest
 
-from tessera.shared import api, subjects
+from tessera.shared import subjects
 from tessera.shared.events import TenantRecord, tenant_decoder
 
 

@@ -4,7 +4,6 @@ its exit code comes back, usage events say what it allocated, and the claim is r
 
 from __future__ import annotations
 
-import asyncio
 
 from tessera.cli.client import Client
 

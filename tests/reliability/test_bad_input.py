@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import msgspec
 
 from tessera.shared import api, subjects
 from tessera.shared.events import GpuQuota, dlq_decoder

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from tessera.shared import api
 from tessera.shared.bus import redact
 
 from tessera.cli import scenario, views
-from tessera.cli.client import Client, CliError, nats_url
+from tessera.cli.client import Client, CliError
 from tessera.cli.cluster import LocalCluster
 from tessera.cli.gpuflags import resources_from
 
@@ -48,6 +49,14 @@ def _default_profile() -> str:
 
 def _start_cluster(args) -> LocalCluster:
     workdir = Path(args.workdir).resolve()
+    if not args.keep_state:
+        # A fresh scenario each time: the previous run's streams, buckets and claim directories go.
+        for part in ("nats", "nats-auth", "state", "nats-url"):
+            target = workdir / part
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
     reuse = os.environ.get("TESSERA_NATS_URL") if not args.embedded else None
     cluster = LocalCluster(
         workdir=workdir,
@@ -277,6 +286,7 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--profile", default=_default_profile(), help="fleet profile YAML (default: profiles/demo.yaml)")
         sp.add_argument("--workdir", default=str(REPO_ROOT / ".run"), help="where NATS data and service logs go")
         sp.add_argument("--embedded", action="store_true", help="always start an embedded nats-server, even if TESSERA_NATS_URL is set")
+        sp.add_argument("--keep-state", action="store_true", help="keep the previous run's NATS data and claims instead of starting fresh")
         return sp
 
     local("up", "run Tessera on a simulated fleet and show a live GPU table until Ctrl-C").set_defaults(func=cmd_up)
@@ -346,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C, so every `finally` that stops services runs.
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
-        result = args.func(args)
+        handler = getattr(args, "func", None) or args.run  # `tenant` subcommands name theirs `run`
+        result = handler(args)
         if asyncio.iscoroutine(result):
             result = asyncio.run(result)
         return int(result or 0)

@@ -38,11 +38,11 @@ async def create_tenants(client: Client) -> None:
 
 async def submit_workload(client: Client) -> list[str]:
     claims: list[str] = []
-    for tenant, resources, annotations, count in WORKLOAD:
+    for tenant, resources, notes, count in WORKLOAD:
         for _ in range(count):
             try:
                 result = await client.submit(
-                    api.SubmitRequest(tenant=tenant, resources=resources, annotations=annotations)
+                    api.SubmitRequest(tenant=tenant, resources=resources, annotations=notes)
                 )
             except CliError as exc:
                 raise CliError(f"demo submit failed for {tenant} {resources}: {exc}") from None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -22,10 +21,12 @@ import yaml
 
 from tessera.shared import api, subjects
 from tessera.shared.api import TenantRequest
-from tessera.shared.bus import Bus
+from tessera.shared.bus import Bus, redact
 from tessera.shared.errors import TemporaryError
 from tessera.shared.events import GpuQuota
 from tessera.shared.settings import BusSettings
+
+from tessera.cli.client import nats_url as resolve_url
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE = 0, 1, 3, 2
@@ -108,12 +109,8 @@ async def run_delete(args: argparse.Namespace) -> int:
 
 
 def nats_url(args: argparse.Namespace) -> str:
-    return (
-        getattr(args, "tenant_nats", None)
-        or getattr(args, "nats", None)
-        or os.environ.get("TESSERA_NATS_URL")
-        or DEFAULT_URL
-    )
+    """--nats, else the CLI-wide rule ($TESSERA_NATS_URL, then a running `make up`)."""
+    return resolve_url(getattr(args, "tenant_nats", None) or getattr(args, "nats", None))
 
 
 async def _call(args: argparse.Namespace, verb: str, req: TenantRequest, show) -> int:
@@ -125,7 +122,7 @@ async def _call(args: argparse.Namespace, verb: str, req: TenantRequest, show) -
             timeout=10,
         )
     except (TemporaryError, asyncio.TimeoutError) as exc:
-        print(f"tessera tenant {verb}: cannot reach NATS at {url}: {exc}", file=sys.stderr)
+        print(f"tessera tenant {verb}: cannot reach NATS at {redact(url)}: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     try:
         data = await bus.request(f"{subjects.API_TENANTS}.{verb}", msgspec.json.encode(req), timeout=args.timeout)

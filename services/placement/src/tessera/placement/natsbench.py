@@ -31,7 +31,7 @@ import msgspec
 from tessera.shared import subjects
 from tessera.shared.bus import Bus
 from tessera.shared.claimstore import ClaimStore
-from tessera.shared.events import ClaimRecord, ClaimRequested, ClaimSpec, NodeInventory, TenantRecord, claim_decoder, encode
+from tessera.shared.events import ClaimRecord, ClaimRequested, ClaimSpec, NodeInventory, TenantRecord, encode
 from tessera.shared.natsserver import NatsServer, die_with_parent, free_port
 from tessera.shared.settings import BusSettings
 
