@@ -60,3 +60,20 @@ def test_place_does_not_mutate_the_fleet(harness):
         h.place(memory_mib=1000)
     assert h.fleet.generation == gen
     assert all(not n.entries for n in h.fleet.nodes.values())
+
+
+def test_fluid_memory_keeps_host_memory_next_to_free_gpus(harness):
+    # Typical job: one GPU, 48 GiB host memory. A 100 GiB claim on "lean" (200 GiB) leaves memory for
+    # two of its four GPUs; on "fat" for all of them. The threshold model sees no difference (a
+    # typical job still fits on both); the fluid memory bound sees the two stranded GPUs.
+    mix = _mix((ClaimSpec(cores=100, host_memory_mib=49152), 20))
+    for fluid, where in ((True, "fat"), (False, None)):
+        h = harness(inventory("lean", gpus=4, host_memory_mib=204800),
+                    inventory("fat", gpus=4, host_memory_mib=1048576), mix=mix, fluid_memory=fluid)
+        r = h.place(cores=100, host_memory_mib=102400)
+        if where:
+            assert r.node == where
+        h.placer._new_epoch()
+        lean = h.fleet.nodes["lean"].cls
+        frag = h.placer._frag(lean.devs, lean.cpu_free, 204800 - 102400)
+        assert (frag > 0) == fluid

@@ -77,7 +77,7 @@ def cluster_fragmentation(placer: Placer) -> float:
     return total
 
 
-def simulate(policy: str, seed: int, learn: str = "history") -> dict:
+def simulate(policy: str, seed: int, learn: str = "history", fluid_memory: bool = False) -> dict:
     """One run of the paper's method; returns the curve and timings."""
     nodes, pods = _nodes, _pods
     capacity = sum(n.gpus for n in nodes)
@@ -89,7 +89,7 @@ def simulate(policy: str, seed: int, learn: str = "history") -> dict:
         demands[p] = pod_demand(p)
     if learn == "history":
         mix.observe_all(demands[p] for p in pods)
-    placer = Placer(fleet, policy, mix=mix, learn=False, seed=seed)
+    placer = Placer(fleet, policy, mix=mix, learn=False, seed=seed, fluid_memory=fluid_memory)
     arrived = allocated = 0.0
     curve = []
     next_pct = 1
@@ -126,8 +126,8 @@ def simulate(policy: str, seed: int, learn: str = "history") -> dict:
 
 
 def _job(args: tuple) -> dict:
-    policy, seed, learn = args
-    return simulate(policy, seed, learn)
+    policy, seed, learn, fluid = args
+    return simulate(policy, seed, learn, fluid)
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -153,7 +153,7 @@ def run_placement(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds)
     _load(args.nodes, args.pods)
     # The fragmentation-aware runs are the slowest: start them first so the pool drains evenly.
-    jobs = [(p, s, args.learn) for p in sorted(policies, key=lambda p: p != "fragmentation-aware")
+    jobs = [(p, s, args.learn, args.fluid_memory) for p in sorted(policies, key=lambda p: p != "fragmentation-aware")
             for s in seeds]
     t0 = time.perf_counter()
     results: dict[str, list[dict]] = {p: [] for p in policies}
@@ -226,7 +226,8 @@ def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _speed_one(nodes_path: str, pods_path: str, size: int, policy: str, seed: int, q) -> None:
+def _speed_one(nodes_path: str, pods_path: str, size: int, policy: str, seed: int, q,
+               fluid_memory: bool = False) -> None:
     try:
         base_rss = _rss_mib()
         _load(nodes_path, pods_path)
@@ -236,7 +237,7 @@ def _speed_one(nodes_path: str, pods_path: str, size: int, policy: str, seed: in
         fleet = build_fleet(nodes)
         mix = WorkloadMix()
         mix.observe_all(pod_demand(p) for p in _pods)
-        placer = Placer(fleet, policy, mix=mix, learn=False, seed=seed)
+        placer = Placer(fleet, policy, mix=mix, learn=False, seed=seed, fluid_memory=fluid_memory)
         demands = {p: pod_demand(p) for p in _pods}
         lat: list[float] = []
         phase_at = []
@@ -277,7 +278,8 @@ def run_speed(args: argparse.Namespace) -> int:
     results = []
     for size in [int(s) for s in args.sizes.split(",")]:
         q = ctx.Queue()
-        proc = ctx.Process(target=_speed_one, args=(args.nodes, args.pods, size, args.policy, args.seed, q))
+        proc = ctx.Process(target=_speed_one, args=(args.nodes, args.pods, size, args.policy, args.seed, q,
+                                                         args.fluid_memory))
         proc.start()
         r = q.get()
         proc.join()
@@ -312,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--json")
     pl.add_argument("--jobs", type=int, default=0, help="worker processes (default: CPU count)")
     pl.add_argument("--learn", choices=("history", "online"), default="history")
+    pl.add_argument("--fluid-memory", action="store_true",
+                    help="fragmentation-aware: count host memory's gradual stranding of GPUs (slower)")
     sp = sub.add_parser("speed", help="place() decisions/s and RSS at fleet sizes")
     sp.add_argument("--nodes", required=True)
     sp.add_argument("--pods", required=True)
@@ -319,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--policy", default="fragmentation-aware")
     sp.add_argument("--seed", type=int, default=42)
     sp.add_argument("--json")
+    sp.add_argument("--fluid-memory", action="store_true")
     args = ap.parse_args(argv)
     try:
         return run_placement(args) if args.cmd == "placement" else run_speed(args)

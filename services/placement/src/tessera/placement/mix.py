@@ -138,22 +138,15 @@ def _kind_demand(kind: tuple) -> Demand:
                   cpu=cpu, hostmem=hostmem)
 
 
-import os as _os
-_K = {k[2:]: float(v) for k, v in _os.environ.items() if k.startswith("K_")}
-_A = _K.get("A", 0.5)
-_B = _K.get("B", _A)
-_C = _K.get("C", 0.5 ** 0.5)
-
-
 def _size_weight(kind: tuple) -> float:
     gpus, memory_mib, memory_percent, cores, _, _ = kind
     if not gpus:
-        return _C
+        return 0.5 ** 0.5
     if cores >= 100 or (memory_mib is None and memory_percent is None):
         share = 1.0
     else:
         share = max(cores, memory_percent or 0, 1) / 100
-    return share ** _A * gpus ** _B
+    return (gpus * share) ** 0.5
 
 
 # Total variation distance between the published mix and the current counts that republishes it.
