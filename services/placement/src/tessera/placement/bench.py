@@ -314,8 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--json")
     pl.add_argument("--jobs", type=int, default=0, help="worker processes (default: CPU count)")
     pl.add_argument("--learn", choices=("history", "online"), default="history")
-    pl.add_argument("--fluid-memory", action="store_true",
-                    help="fragmentation-aware: count host memory's gradual stranding of GPUs (slower)")
+    pl.add_argument("--fluid-memory", action=argparse.BooleanOptionalAction, default=True,
+                    help="fragmentation-aware: count host memory's gradual stranding of GPUs, as the "
+                         "placement service does by default (--no-fluid-memory: the faster model)")
     sp = sub.add_parser("speed", help="place() decisions/s and RSS at fleet sizes")
     sp.add_argument("--nodes", required=True)
     sp.add_argument("--pods", required=True)
@@ -323,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--policy", default="fragmentation-aware")
     sp.add_argument("--seed", type=int, default=42)
     sp.add_argument("--json")
-    sp.add_argument("--fluid-memory", action="store_true")
+    sp.add_argument("--fluid-memory", action=argparse.BooleanOptionalAction, default=True,
+                    help="as for placement (the service's default is on)")
     args = ap.parse_args(argv)
     try:
         return run_placement(args) if args.cmd == "placement" else run_speed(args)

@@ -64,6 +64,9 @@ class PlacementSettings:
     default_policy: str = "fragmentation-aware"
     concurrency: int = 32
     batch: int = 256
+    # The host-memory term of the fragmentation model: better packing (openb: 4.33% unallocated
+    # instead of 4.64%), about 2.5x the decision time.
+    fluid_memory: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "PlacementSettings":
@@ -72,6 +75,7 @@ class PlacementSettings:
             default_policy=env_str(env, "TESSERA_PLACEMENT_POLICY", cls.default_policy),
             concurrency=env_int(env, "TESSERA_PLACEMENT_CONCURRENCY", cls.concurrency, minimum=1),
             batch=env_int(env, "TESSERA_PLACEMENT_BATCH", cls.batch, minimum=1),
+            fluid_memory=env_str(env, "TESSERA_PLACEMENT_FLUID_MEMORY", "true").lower() not in ("0", "false", "no"),
         )
 
 
@@ -85,6 +89,7 @@ class PlacementService:
             self.fleet,
             default_node_policy=settings.default_policy,
             default_gpu_policy=settings.default_policy,
+            fluid_memory=settings.fluid_memory,
         )
         self.ledger: Ledger
         self.claims: ClaimStore
