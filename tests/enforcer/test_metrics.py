@@ -39,10 +39,14 @@ async def test_metrics_show_hami_series_and_allocated_versus_used(cluster, tmp_p
         uuid = record.devices[0].uuid
 
         def used():
+            # Metrics come from the enforcer's periodic observation: wait for one that has seen both
+            # the workload's allocation and the claim's move to running.
             m = scrape(port)
-            return m if value(m.get("hami_vgpu_memory_used_bytes", []), pod=claim) == 300 * MIB else None
+            seen = value(m.get("hami_vgpu_memory_used_bytes", []), pod=claim) == 300 * MIB
+            running_now = value(m.get("tessera_claims", []), node="gpu-0", state="running") == 1
+            return m if seen and running_now else None
 
-        m = await wait_until(used, what="the metrics to show 300 MiB used")
+        m = await wait_until(used, what="the metrics to show 300 MiB used by a running claim")
         labels = dict(namespace="alpha", pod=claim, container="workload", vdevice_index="0", device_uuid=uuid, zone="vGPU")
         assert value(m["hami_vgpu_memory_used_bytes"], **labels) == 300 * MIB
         assert value(m["hami_vgpu_memory_limit_bytes"], **labels) == 2000 * MIB
@@ -61,4 +65,5 @@ async def test_metrics_show_hami_series_and_allocated_versus_used(cluster, tmp_p
         (tmp_path / "go").touch()
         assert (await finish(proc)).code == 0
     finally:
+        (tmp_path / "go").touch()  # never leave the workload holding its claim for the next test
         await client.close()
