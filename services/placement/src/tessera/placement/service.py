@@ -7,7 +7,12 @@ a race re-reads and tries again; a replica whose claim CAS loses rolls its ledge
 claim is never allocated twice and no GPU is over-committed, without node locks between replicas.
 
 Unschedulable claims are kept (in the ``claims`` bucket, mirrored here) and retried when capacity or
-quota changes: an inventory change, a ledger release or a tenant update, never by polling.
+quota changes: an inventory change, a ledger release or a tenant update, never by polling. Every
+replica follows every ``unschedulable`` event, so waiting claims do not depend on one replica.
+
+Throughput comes from treating a fetched batch as a unit: fresh claims are decided one after another
+in memory, the ledger is written once per node for the whole batch (group commit), and the claim
+records and ``allocated`` events go out pipelined; anything unusual takes the one-claim path.
 """
 
 from __future__ import annotations
