@@ -27,7 +27,9 @@ def release(claim: str) -> ClaimReleaseRequested:
     return ClaimReleaseRequested(claim=claim, tenant="t")
 
 
-async def run_consumer(bus: Bus, handler, until, timeout=15.0):
+async def run_consumer(bus: Bus, handler, until, timeout=15.0, linger=0.5):
+    """Consume until ``until()`` holds, then a little longer: the loop must get to ack, nak or
+    dead-letter the message it just handled before it is cancelled."""
     task = asyncio.create_task(bus.consume(
         stream=subjects.STREAM_CLAIMS, durable="probe", filter_subjects=[subjects.claims_of_kind("release")],
         decoder=claim_decoder, handler=handler,
@@ -37,6 +39,7 @@ async def run_consumer(bus: Bus, handler, until, timeout=15.0):
         while not until():
             assert asyncio.get_running_loop().time() < deadline, "consumer did not get there in time"
             await asyncio.sleep(0.05)
+        await asyncio.sleep(linger)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
