@@ -115,6 +115,22 @@ static CUresult settle_pitch(int dev, uint64_t est, uint64_t actual, CUresult (*
     return CUDA_SUCCESS;
 }
 
+/* Both pitch ABIs end the same way: the driver chose the real size (pitch x height); charge that
+ * instead of the estimate, and undo the allocation if the real size does not fit after all. */
+static CUresult pitch_settled(int dev, uint64_t est, uint64_t ptr, uint64_t actual, int v2)
+{
+    int over;
+    if (settle_pitch(dev, est, actual, NULL, &over) != CUDA_SUCCESS) {
+        if (v2 && REAL(cuMemFree_v2))
+            REAL(cuMemFree_v2)((CUdeviceptr)ptr);
+        else if (!v2 && REAL(cuMemFree))
+            REAL(cuMemFree)((CUdeviceptr_v1)ptr);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    allocs_put(ALLOC_PTR, ptr, dev, actual);
+    return CUDA_SUCCESS;
+}
+
 VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
                                         unsigned int elementSize)
 {
@@ -130,15 +146,7 @@ VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
         ledger_release(dev, est);
         return r;
     }
-    uint64_t actual = (uint64_t)*pitch * height;
-    int over;
-    if (settle_pitch(dev, est, actual, NULL, &over) != CUDA_SUCCESS) {
-        if (REAL(cuMemFree_v2))
-            REAL(cuMemFree_v2)(*dptr);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    allocs_put(ALLOC_PTR, (uint64_t)*dptr, dev, actual);
-    return r;
+    return pitch_settled(dev, est, (uint64_t)*dptr, (uint64_t)*pitch * height, 1);
 }
 
 VGPU_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, unsigned int width, unsigned int height,
@@ -156,15 +164,7 @@ VGPU_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, 
         ledger_release(dev, est);
         return r;
     }
-    uint64_t actual = (uint64_t)*pitch * height;
-    int over;
-    if (settle_pitch(dev, est, actual, NULL, &over) != CUDA_SUCCESS) {
-        if (REAL(cuMemFree))
-            REAL(cuMemFree)(*dptr);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    allocs_put(ALLOC_PTR, (uint64_t)*dptr, dev, actual);
-    return r;
+    return pitch_settled(dev, est, (uint64_t)*dptr, (uint64_t)*pitch * height, 0);
 }
 
 /* ---- virtual memory management: physical memory is charged at cuMemCreate ------------------- */
