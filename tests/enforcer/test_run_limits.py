@@ -23,6 +23,7 @@ async def only_run_claim(client: Client, states=("prepared", "running")) -> str:
 async def test_within_limit_usage_matches_allocation_and_claim_is_released(cluster, tmp_path):
     client = await Client.connect(cluster.url)
     hold = tmp_path / "go"
+    proc = None
     try:
         async with UsageListener(client) as usage:
             proc = await start_run(cluster, "--gpumem", "1000", "--gpucores", "30",
@@ -49,6 +50,9 @@ async def test_within_limit_usage_matches_allocation_and_claim_is_released(clust
         assert record.state == "released"
         assert claim not in await live_entries(client)
     finally:
+        hold.touch()  # a failed assertion must not leave the workload (and its claim) to the next test
+        if proc is not None and proc.returncode is None:
+            await finish(proc)
         await client.close()
 
 

@@ -19,6 +19,7 @@ from tessera.shared.bus import Bus
 from tessera.shared.claimstore import ClaimStore
 from tessera.shared.errors import TemporaryError
 from tessera.shared.events import ClaimRecord, NodeInventory, NodeLedger
+from tessera.shared.kvkeys import live_keys
 from tessera.shared.ledger import Ledger
 from tessera.shared.settings import BusSettings
 
@@ -91,11 +92,7 @@ class Client:
     async def fleet(self) -> FleetState:
         inv_kv = await self.bus.kv(subjects.KV_INVENTORY)
         inventories: dict[str, NodeInventory] = {}
-        try:
-            keys = await inv_kv.keys()
-        except Exception:
-            keys = []
-        for key in keys:
+        for key in await live_keys(inv_kv):
             entry = await inv_kv.get(key)
             if entry.value:
                 inventories[key] = _inventory.decode(entry.value)

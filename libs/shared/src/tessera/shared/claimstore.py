@@ -14,6 +14,7 @@ import msgspec
 
 from tessera.shared.bus import KeyNotFoundError, KeyValue, KeyWrongLastSequenceError
 from tessera.shared.events import ClaimRecord, encode, now
+from tessera.shared.kvkeys import live_keys
 
 _decoder = msgspec.json.Decoder(ClaimRecord)
 
@@ -117,12 +118,8 @@ class ClaimStore:
                 continue
 
     async def all(self) -> list[ClaimRecord]:
-        try:
-            keys = await self.kv.keys()
-        except Exception:  # NoKeysError on an empty bucket
-            return []
         out = []
-        for key in keys:
+        for key in await live_keys(self.kv):
             record, _ = await self.get(key)
             if record is not None:
                 out.append(record)

@@ -18,6 +18,7 @@ from tessera.shared import subjects
 from tessera.shared.bus import KeyNotFoundError, KeyValue, KeyWrongLastSequenceError
 from tessera.shared.errors import ConflictError
 from tessera.shared.events import GpuQuota, LedgerEntry, NodeLedger, TenantUsage, encode
+from tessera.shared.kvkeys import live_keys
 
 _node_decoder = msgspec.json.Decoder(NodeLedger)
 _tenant_decoder = msgspec.json.Decoder(TenantUsage)
@@ -121,11 +122,7 @@ class Ledger:
 
     async def all_nodes(self) -> dict[str, NodeLedger]:
         out: dict[str, NodeLedger] = {}
-        try:
-            keys = await self.kv.keys()
-        except Exception:  # nats-py raises NoKeysError on an empty bucket
-            return out
-        for key in keys:
+        for key in await live_keys(self.kv):
             if key.startswith("node."):
                 ledger, _ = await self.read_node(key[5:])
                 out[ledger.node] = ledger

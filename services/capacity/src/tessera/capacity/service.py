@@ -33,6 +33,7 @@ from tessera.shared.events import (
     usage_decoder,
 )
 from tessera.shared.errors import ConfigError
+from tessera.shared.kvkeys import live_keys
 from tessera.shared.runner import ServiceContext
 from tessera.shared.settings import env_float, env_str
 
@@ -155,11 +156,8 @@ class CapacityService:
     async def _watch_heartbeats(self) -> None:
         """Every publisher tracks every node's last sign of life (core subscription, no storage)."""
         now = time.time()
-        try:
-            for key in await self.kv.keys():
-                self.last_seen.setdefault(key, now)  # grace period for nodes known before we started
-        except Exception:  # NoKeysError: empty bucket
-            pass
+        for key in await live_keys(self.kv):
+            self.last_seen.setdefault(key, now)  # grace period for nodes known before we started
         sub = await self.bus.nc.subscribe(f"{subjects.INVENTORY}.>")
         try:
             async for msg in sub.messages:

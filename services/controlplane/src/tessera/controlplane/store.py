@@ -19,6 +19,7 @@ from tessera.shared import subjects
 from tessera.shared.bus import Bus, KeyNotFoundError, KeyValue, KeyWrongLastSequenceError
 from tessera.shared.errors import ConflictError
 from tessera.shared.events import TenantRecord
+from tessera.shared.kvkeys import live_keys
 
 KV_CONTROLPLANES = "controlplanes"
 KV_SECRETS = "controlplane-secrets"
@@ -68,12 +69,7 @@ class Bucket(Generic[T]):
             pass
 
     async def keys(self) -> list[str]:
-        try:
-            return sorted(await self.kv.keys())
-        except Exception as exc:  # nats-py raises NoKeysError for an empty bucket
-            if type(exc).__name__ == "NoKeysError":
-                return []
-            raise
+        return await live_keys(self.kv)
 
 
 class TenantStore:

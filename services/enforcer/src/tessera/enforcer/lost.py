@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from tessera.shared.events import NodeInventory
+from tessera.shared.kvkeys import live_keys
 
 log = logging.getLogger("tessera.enforcer.lost")
 
@@ -35,11 +36,7 @@ def designated(claim: str, nodes: list[str]) -> str | None:
 
 async def read_inventory(kv) -> dict[str, NodeInventory]:
     out: dict[str, NodeInventory] = {}
-    try:
-        keys = await kv.keys()
-    except Exception:  # NoKeysError on an empty bucket
-        return out
-    for key in keys:
+    for key in await live_keys(kv):
         try:
             entry = await kv.get(key)
             if entry.value:

@@ -1,0 +1,53 @@
+"""Listing a KV bucket's keys: exact, never a spurious "empty", deletes and purges left out."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats
+
+from tessera.shared.kvkeys import live_keys
+
+
+async def bucket(nats_url, name):
+    nc = await nats.connect(nats_url)
+    kv = await nc.jetstream().create_key_value(bucket=name, history=5)
+    return nc, kv
+
+
+async def test_empty_bucket_has_no_keys(nats_url):
+    nc, kv = await bucket(nats_url, "empty")
+    try:
+        assert await live_keys(kv) == []
+    finally:
+        await nc.close()
+
+
+async def test_deleted_and_purged_keys_are_left_out_and_history_is_not_counted_twice(nats_url):
+    nc, kv = await bucket(nats_url, "mixed")
+    try:
+        for i in range(30):
+            await kv.put(f"node.n{i}", b"x")
+            await kv.put(f"node.n{i}", b"y")  # a second revision of the same key
+        await kv.delete("node.n3")
+        await kv.purge("node.n4")
+        await kv.put("node.n4", b"back")  # purged, then written again
+        expected = sorted({f"node.n{i}" for i in range(30)} - {"node.n3"})
+        assert await live_keys(kv) == expected
+    finally:
+        await nc.close()
+
+
+async def test_a_full_bucket_is_never_read_as_empty_under_concurrent_readers(nats_url):
+    """nats-py's keys() could answer "no keys" when the consumer info overtook the pushed messages."""
+    nc, kv = await bucket(nats_url, "busy")
+    try:
+        for i in range(700):  # more than one fetch batch
+            await kv.put(f"c{i:04d}", b"v")
+        results = await asyncio.gather(*(live_keys(kv) for _ in range(40)))
+        assert all(len(r) == 700 for r in results)
+        # and nothing is left behind on the server: every listing deletes its consumer
+        info = await nc.jetstream().stream_info("KV_busy")
+        assert info.state.consumer_count == 0
+    finally:
+        await nc.close()
