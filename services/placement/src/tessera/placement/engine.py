@@ -135,6 +135,10 @@ class Placer:
         self._recent: set[str] = set()
         self._recent_q: deque[str] = deque()
         self._gcache: dict[tuple, tuple] = {}
+        self._fluid_key: tuple = ()
+        self._stv: dict[int, tuple] = {}  # GPU state id -> its vectors for `_gvec` (this epoch)
+        self._pgpus: tuple = ()
+        self._pzero: tuple = ()
         self._fmemo: dict[tuple, tuple | None] = {}
         self._gmemo: dict[tuple, object] = {}
         self._svec: dict[tuple[int, int], tuple] = {}
@@ -301,8 +305,13 @@ class Placer:
         # The host-memory part of the change is exact in the node's memory, not bucketed: added here.
         delta = r[0]
         if self._mfl:
-            delta = round(delta + self._fluid(r[3], key[4], key[6], m - hm) - self._fluid(devs, key[3], key[5], m),
-                          9)
+            cache = cls.cache  # the class's own term is the same for every claim: kept on the class
+            before = cache.get(self._fluid_key)
+            if before is None:
+                if len(cache) >= _CACHE_CAP:
+                    cache.clear()
+                before = cache[self._fluid_key] = self._fluid(devs, key[3], key[5], m)
+            delta = round(delta + self._fluid(r[3], key[4], key[6], m - hm) - before, 9)
         return (delta, r[1], (c - cpu) / (cls.cpu_total or 1), cls.id, cls, r[2])
 
     def _fgd_eval(self, devs: tuple, bc: int, bc2: int, bm: int, bm2: int, d: Demand, gpu_policy: str):
@@ -398,6 +407,7 @@ class Placer:
 
     def _new_epoch(self) -> None:
         self._epoch = self.mix.version
+        self._fluid_key = (self._token, self._epoch, "fluid")
         self._kinds = self.mix.kinds()
         self._kc = sorted({kd.cpu for kd, _ in self._kinds})
         self._km = sorted({kd.hostmem for kd, _ in self._kinds})
@@ -409,6 +419,9 @@ class Placer:
                 parts[gk] = (kd, [])
             parts[gk][1].append((self._kc.index(kd.cpu), self._km.index(kd.hostmem), p))
         self._parts = list(parts.values())
+        self._pgpus = tuple(kd.gpus for kd, _ in self._parts)
+        self._pzero = (0,) * len(self._parts)
+        self._stv.clear()
         # Kinds by host memory per GPU unit, hungriest first (see `_fluid`).
         gidx = {gk: j for j, gk in enumerate(parts)}
         mfl = []
@@ -494,37 +507,50 @@ class Placer:
 
     def _gvec(self, G: tuple) -> tuple:
         """(free GPU capacity U, per kind group the capacity it can use, or None if none can)."""
-        states = self.fleet.states.states
-        ss = [states[s] for s in G]
-        U = 0.0
-        for s in ss:
-            U += s.free
-        fsv = []
-        anyv = False
-        for kd, _ in self._parts:
-            if not kd.gpus:
-                # A CPU-only kind wastes nothing where it fits; where CPU or memory is short for it,
-                # the node's free GPUs are stranded from its point of view.
-                fs = U
-            else:
-                n = 0
-                fs = 0.0
-                fits = kd.fits
-                for s in ss:
-                    if fits(s):
-                        n += 1
-                        fs += s.free
-                if n < kd.gpus:
-                    fs = 0.0
-            if fs > 0.0:
-                anyv = True
-                fsv.append(fs)
-            else:
-                fsv.append(0.0)
+        stv = self._stv
+        vs = []
+        for s in G:
+            v = stv.get(s)
+            if v is None:
+                v = self._state_vec(s)
+            vs.append(v)
+        if len(vs) == 1:
+            U, fs, ns = vs[0]
+        elif vs:
+            U = 0.0
+            for v in vs:
+                U += v[0]
+            # column sums in the order of G: the same floats as adding GPU by GPU
+            fs = map(sum, zip(*[v[1] for v in vs]))
+            ns = map(sum, zip(*[v[2] for v in vs]))
+        else:
+            U, fs, ns = 0.0, self._pzero, self._pzero
+        # A group needs as many fitting GPUs as the kind asks for (a CPU-only kind needs none: where
+        # CPU or memory is short for it, the node's free GPUs are stranded from its point of view).
+        fsv = tuple([f if n >= g else 0.0 for f, n, g in zip(fs, ns, self._pgpus)])
         if len(self._gcache) >= _FCACHE_CAP:
             self._gcache.clear()
-        gi = self._gcache[G] = (U, tuple(fsv) if anyv else None)
+        gi = self._gcache[G] = (U, fsv if any(fsv) else None)
         return gi
+
+    def _state_vec(self, s: int) -> tuple:
+        """One GPU state's part of `_gvec`: (free, per kind group the free capacity it can use there,
+        per group 1 if it fits). Per mix epoch, as the groups are."""
+        st = self.fleet.states.states[s]
+        free = st.free
+        fv, cv = [], []
+        for kd, _ in self._parts:
+            if not kd.gpus:
+                fv.append(free)
+                cv.append(0)
+            elif kd.fits(st):
+                fv.append(free)
+                cv.append(1)
+            else:
+                fv.append(0.0)
+                cv.append(0)
+        v = self._stv[s] = (free, tuple(fv), tuple(cv))
+        return v
 
     # --- evaluation -----------------------------------------------------------------------------
 
