@@ -10,7 +10,7 @@ from tessera.shared import api
 
 from tessera.cli.client import Client
 
-from conftest import live_entries
+from runkit import live_entries
 
 
 async def test_claims_of_a_lost_node_are_released_by_a_peer(fresh_cluster):

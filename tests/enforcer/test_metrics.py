@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tessera.cli.client import Client
 
-from conftest import MIB, finish, run_claims, start_run, wait_until
+from runkit import MIB, finish, run_claims, start_run, wait_until
 
 
 def scrape(port: int) -> dict[str, list]:

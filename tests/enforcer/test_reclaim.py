@@ -14,7 +14,7 @@ import sys
 
 from tessera.cli.client import Client
 
-from conftest import WORKLOAD, finish, live_entries, run_claims, start_run, wait_until
+from runkit import WORKLOAD, finish, live_entries, run_claims, start_run, wait_until
 
 
 def alive(pid: int) -> bool:

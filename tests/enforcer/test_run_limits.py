@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tessera.cli.client import Client
 
-from conftest import MIB, UsageListener, finish, live_entries, run_claims, start_run, tessera_run, wait_until
+from runkit import MIB, UsageListener, finish, live_entries, run_claims, start_run, tessera_run, wait_until
 
 OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
 

@@ -1,6 +1,6 @@
 """binpack (HAMi semantics): the most used node first, and the most used GPU within it."""
 
-from conftest import inventory
+from fleetkit import inventory
 
 
 def test_binpack_fills_the_most_used_node_first(harness):

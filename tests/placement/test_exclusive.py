@@ -1,6 +1,6 @@
 """cores=100 is exclusive use: the GPU must have no other share, and no one may join it."""
 
-from conftest import inventory
+from fleetkit import inventory
 from tessera.placement.engine import Rejection
 
 

@@ -1,6 +1,6 @@
 """fragmentation-aware (FGD): place where the workload mix loses the least usable GPU capacity."""
 
-from conftest import inventory
+from fleetkit import inventory
 from tessera.placement.mix import WorkloadMix
 from tessera.shared.events import ClaimSpec
 

@@ -1,6 +1,6 @@
 """Host CPU and memory stated by a claim must fit on the node."""
 
-from conftest import inventory
+from fleetkit import inventory
 from tessera.placement.engine import Rejection
 
 

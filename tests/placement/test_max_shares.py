@@ -1,6 +1,6 @@
 """A GPU takes at most its device's share limit (HAMi's deviceSplitCount)."""
 
-from conftest import inventory
+from fleetkit import inventory
 from tessera.placement.engine import Rejection
 
 

@@ -1,6 +1,6 @@
 """A multi-GPU claim lands all its GPUs on one node, on distinct GPUs."""
 
-from conftest import inventory
+from fleetkit import inventory
 from tessera.placement.engine import Rejection
 
 

@@ -1,6 +1,6 @@
 """A claim pinned to a node lands there or nowhere; lost and excluded nodes get nothing."""
 
-from conftest import inventory
+from fleetkit import inventory
 from tessera.placement.engine import Placement, Rejection
 
 

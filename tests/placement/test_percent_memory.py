@@ -1,6 +1,6 @@
 """Memory per GPU as a percent of each card, or the whole card when neither size is given."""
 
-from conftest import inventory
+from fleetkit import inventory
 from tessera.placement.engine import Rejection
 
 

@@ -1,6 +1,6 @@
 """An unschedulable claim says which constraint failed on how many nodes, in words and numbers."""
 
-from conftest import inventory
+from fleetkit import inventory
 from tessera.placement.engine import Rejection
 
 

@@ -1,6 +1,6 @@
 """Rejection counts are kept up to date incrementally; they must equal a fresh count of the fleet."""
 
-from conftest import Harness, inventory
+from fleetkit import Harness, inventory
 from tessera.placement.engine import Placer, Rejection
 from tessera.shared.events import ClaimSpec
 

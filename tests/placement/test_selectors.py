@@ -1,6 +1,6 @@
 """GPU type (case-insensitive substring, as HAMi) and UUID include/exclude selectors."""
 
-from conftest import inventory
+from fleetkit import inventory
 from tessera.placement.engine import Placement, Rejection
 
 

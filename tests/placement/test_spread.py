@@ -1,6 +1,6 @@
 """spread (HAMi semantics): the least used node first, and the least used GPU within it."""
 
-from conftest import inventory
+from fleetkit import inventory
 
 
 def test_spread_puts_each_claim_on_the_least_used_node(harness):

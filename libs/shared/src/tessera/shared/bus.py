@@ -26,6 +26,7 @@ from opentelemetry.trace import SpanKind
 from tessera.shared import subjects
 from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
 from tessera.shared.events import DeadLetter, encode
+from tessera.shared.jspub import PubAck, publisher
 from tessera.shared.settings import BusSettings
 from tessera.shared.telemetry import Telemetry, inject
 
@@ -178,13 +179,13 @@ class Bus:
         except (nats.errors.TimeoutError, nats.errors.ConnectionClosedError, nats.js.errors.NoStreamResponseError) as exc:
             raise TemporaryError(f"publish to {subject} failed: {exc!r}") from exc
 
-    async def publish_many(self, items: Iterable[tuple]) -> list[api.PubAck]:
+    async def publish_many(self, items: Iterable[tuple]) -> list[PubAck]:
         """Publish without waiting for each ack in turn, then gather the acks (much faster).
 
         Items are ``(subject, event, msg_id)``, or ``(subject, event, msg_id, headers)`` where
         ``headers`` carries a traceparent captured earlier (when the publish happens outside the
-        span that decided it)."""
-        futures = []
+        span that decided it). Raises the first failure after every item has been tried."""
+        batch = []
         for item in items:
             subject, event, msg_id = item[:3]
             if len(item) > 3:
@@ -193,8 +194,12 @@ class Bus:
                     headers["Nats-Msg-Id"] = msg_id
             else:
                 headers = self._headers(msg_id)
-            futures.append(await self.js.publish_async(subject, encode(event), headers=headers))
-        return list(await asyncio.gather(*futures))
+            batch.append((subject, encode(event), headers))
+        acks = await publisher(self.nc).publish(batch)
+        for ack in acks:
+            if isinstance(ack, Exception):
+                raise ack
+        return acks
 
     async def dead_letter(self, subject: str, data: bytes, reason: str, deliveries: int = 1) -> None:
         letter = DeadLetter(

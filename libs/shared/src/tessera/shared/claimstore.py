@@ -14,6 +14,7 @@ import msgspec
 
 from tessera.shared.bus import KeyNotFoundError, KeyValue, KeyWrongLastSequenceError
 from tessera.shared.events import ClaimRecord, encode, now
+from tessera.shared.jspub import PublishError, publisher
 from tessera.shared.kvkeys import live_keys
 
 _decoder = msgspec.json.Decoder(ClaimRecord)
@@ -70,20 +71,19 @@ class ClaimStore:
         The writes go out without waiting for each acknowledgement (a KV update is a publish on
         ``$KV.<bucket>.<key>`` with the expected last sequence), then the acks are gathered.
         """
-        js, prefix = self.kv._js, self.kv._pre  # nats-py's KV is a thin layer over this publish
-        futures = [
-            await js.publish_async(prefix + record.claim, encode(record),
-                                   headers={"Nats-Expected-Last-Subject-Sequence": str(revision)})
+        prefix = self.kv._pre  # nats-py's KV is a thin layer over this publish
+        acks = await publisher(self.kv._js._nc).publish([
+            (prefix + record.claim, encode(record), {"Nats-Expected-Last-Subject-Sequence": str(revision)})
             for record, revision in items
-        ]
+        ])
         out: list[int | None] = []
-        for result in await asyncio.gather(*futures, return_exceptions=True):
-            if isinstance(result, BaseException):
-                if "wrong last sequence" not in str(result).lower() and getattr(result, "err_code", 0) != 10071:
-                    raise result
+        for ack in acks:
+            if isinstance(ack, PublishError) and ack.wrong_last_sequence:
                 out.append(None)
+            elif isinstance(ack, Exception):
+                raise ack
             else:
-                out.append(result.seq)
+                out.append(ack.seq)
         return out
 
     async def transition(

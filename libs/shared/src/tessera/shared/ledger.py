@@ -18,6 +18,7 @@ from tessera.shared import subjects
 from tessera.shared.bus import KeyNotFoundError, KeyValue, KeyWrongLastSequenceError
 from tessera.shared.errors import ConflictError
 from tessera.shared.events import GpuQuota, LedgerEntry, NodeLedger, TenantUsage, encode
+from tessera.shared.jspub import PublishError, publisher
 from tessera.shared.kvkeys import live_keys
 
 _node_decoder = msgspec.json.Decoder(NodeLedger)
@@ -103,6 +104,25 @@ class Ledger:
     async def write_node(self, ledger: NodeLedger, revision: int | None) -> int:
         """Replace a node's ledger as read at ``revision`` (None: must not exist); ConflictError if it moved."""
         return await self._write(subjects.ledger_node_key(ledger.node), encode(ledger), revision)
+
+    async def write_nodes(self, items: list[tuple[NodeLedger, int | None]]) -> list[int | Exception]:
+        """``write_node`` for many nodes at once, pipelined: per node its new revision, a
+        ConflictError where the ledger moved since the revision given, or the error that stopped it."""
+        prefix = self.kv._pre  # a KV write is a publish on $KV.<bucket>.<key> with the expected revision
+        acks = await publisher(self.kv._js._nc).publish([
+            (prefix + subjects.ledger_node_key(ledger.node), encode(ledger),
+             {"Nats-Expected-Last-Subject-Sequence": str(revision or 0)})  # 0: the key must not exist
+            for ledger, revision in items
+        ])
+        out: list[int | Exception] = []
+        for (ledger, revision), ack in zip(items, acks):
+            if isinstance(ack, PublishError) and ack.wrong_last_sequence:
+                out.append(ConflictError(f"ledger of {ledger.node} changed since revision {revision}"))
+            elif isinstance(ack, Exception):
+                out.append(ack)
+            else:
+                out.append(ack.seq)
+        return out
 
     async def release(self, node: str, claim: str) -> LedgerEntry | None:
         """Remove a claim's allocation from a node; idempotent (None if it was not there)."""

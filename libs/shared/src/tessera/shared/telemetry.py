@@ -3,7 +3,8 @@
 One claim is one trace: every publish carries a ``traceparent`` header taken from the current span,
 and every handler runs in a span whose parent is extracted from the incoming message. Spans are
 exported over OTLP/HTTP when an endpoint is configured (``OTEL_EXPORTER_OTLP_ENDPOINT``, e.g. Jaeger's
-collector on :4318); without one, tracing still propagates context but exports nothing.
+collector on :4318). Without one nothing is exported and no span is built for a message that already
+carries a trace context: its ``traceparent`` is passed on unchanged, so the trace stays whole.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ class Telemetry:
                 BatchSpanProcessor(OTLPSpanExporter(endpoint=url), schedule_delay_millis=500)
             )
         self.tracer = self.provider.get_tracer("tessera")
+        # Without an exporter a span of ours would never be seen: a message that already carries a
+        # trace context is handled in that context and passes it on unchanged (downstream spans then
+        # hang off the last span that *was* exported, not off one that never existed), which also
+        # spares the hot paths the cost of building spans. A message without one still starts a trace.
+        self.exporting = bool(otlp_endpoint)
 
     def shutdown(self) -> None:
         self.provider.shutdown()
@@ -55,6 +61,15 @@ class Telemetry:
     ) -> Iterator[Span]:
         """A span; when ``parent_headers`` carry a traceparent, the span continues that trace."""
         ctx = extract(parent_headers) if parent_headers is not None else None
+        if not self.exporting and ctx is not None:
+            parent = trace.get_current_span(ctx)
+            if parent.get_span_context().is_valid:
+                token = otel_context.attach(ctx)
+                try:
+                    yield parent
+                finally:
+                    otel_context.detach(token)
+                return
         with self.tracer.start_as_current_span(
             name, context=ctx, kind=kind, attributes=dict(attributes or {})
         ) as sp:

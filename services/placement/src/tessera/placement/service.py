@@ -417,25 +417,12 @@ class PlacementService:
         """Group-commit entries already booked in the local view: one ledger write per node."""
         loop = asyncio.get_running_loop()
         futures = []
-        nodes = []
         for node, entry in booked:
             done = loop.create_future()
             self.commit_queues.setdefault(node, []).append((entry, done))
             futures.append(done)
-            if node not in nodes:
-                nodes.append(node)
-
-        async def flush(node: str) -> None:
-            if node in self.flushing:
-                return  # the flusher already at work on this node takes our entries too
-            self.flushing.add(node)
-            try:
-                while self.commit_queues.get(node):
-                    await self._flush(node, self.commit_queues.pop(node))
-            finally:
-                self.flushing.discard(node)
-
-        await asyncio.gather(*(flush(n) for n in nodes))
+        mine = [n for n in dict.fromkeys(node for node, _ in booked) if n not in self.flushing]  # others' flushers take our entries too
+        await self._drain(mine)
         results = await asyncio.gather(*futures, return_exceptions=True)
         touched = set()
         out: list[BaseException | None] = []
@@ -533,12 +520,7 @@ class PlacementService:
         self.commit_queues.setdefault(node, []).append((entry, done))
         try:
             if node not in self.flushing:
-                self.flushing.add(node)
-                try:
-                    while self.commit_queues.get(node):
-                        await self._flush(node, self.commit_queues.pop(node))
-                finally:
-                    self.flushing.discard(node)
+                await self._drain([node])
             await done
         except BaseException:
             self.tentative.get(node, {}).pop(entry.claim, None)
@@ -547,47 +529,75 @@ class PlacementService:
             raise
         self.tentative.get(node, {}).pop(entry.claim, None)
 
-    async def _flush(self, node: str, batch: list[tuple[LedgerEntry, asyncio.Future]]) -> None:
-        ledger, revision = self.node_ledgers.get(node, (NodeLedger(node=node), None))
+    async def _drain(self, nodes: list[str]) -> None:
+        """Write the entries queued for ``nodes`` into their ledgers until no more are queued.
+
+        Each pass checks every queued entry still fits on its node and sends one compare-and-set
+        write per node, all pipelined; a node whose ledger moved (a peer wrote it) is re-read and
+        tried again, up to three times. Entries queued meanwhile by other coroutines go out in the
+        next pass, so our own writes to one node never race each other.
+        """
+        self.flushing.update(nodes)
+        attempts: dict[str, int] = {}
+        work = {n: self.commit_queues.pop(n) for n in nodes if self.commit_queues.get(n)}
         try:
-            for attempt in range(3):
-                inventory = self.inventories.get(node)
-                entries = dict(ledger.entries)
-                accepted, refused = [], []
-                for entry, done in batch:
-                    candidate = NodeLedger(node=node, entries=entries)
-                    why = "node left the fleet" if inventory is None else check_fit(inventory.devices, candidate, entry)
-                    if why is None:
-                        entries[entry.claim] = entry
-                        accepted.append(done)
-                    else:
-                        refused.append((done, f"{entry.claim} no longer fits on {node}: {why}"))
-                if accepted:
-                    new = NodeLedger(node=node, entries=entries)
-                    try:
-                        revision = await self.ledger.write_node(new, revision)
-                        ledger = new
-                    except ConflictError:
+            while work:
+                writes = []
+                for node, batch in work.items():
+                    ledger, revision = self.node_ledgers.get(node, (NodeLedger(node=node), None))
+                    inventory = self.inventories.get(node)
+                    entries = dict(ledger.entries)
+                    accepted, refused = [], []
+                    for entry, done in batch:
+                        candidate = NodeLedger(node=node, entries=entries)
+                        why = ("node left the fleet" if inventory is None
+                               else check_fit(inventory.devices, candidate, entry))
+                        if why is None:
+                            entries[entry.claim] = entry
+                            accepted.append(done)
+                        else:
+                            refused.append((done, f"{entry.claim} no longer fits on {node}: {why}"))
+                    writes.append((node, batch, NodeLedger(node=node, entries=entries), revision, accepted, refused))
+                sent = [w for w in writes if w[4]]
+                results = await self.ledger.write_nodes([(w[2], w[3]) for w in sent]) if sent else []
+                outcome = dict(zip((w[0] for w in sent), results))
+                retry: dict[str, list] = {}
+                for node, batch, new, revision, accepted, refused in writes:
+                    result = outcome.get(node, revision)
+                    if isinstance(result, ConflictError):
                         self.counts["conflicts"] += 1
-                        if attempt == 2:
-                            raise
-                        ledger, revision = await self.ledger.read_node(node)
-                        self._remember(node, ledger, revision)
+                        attempts[node] = attempts.get(node, 0) + 1
+                        if attempts[node] < 3:
+                            ledger, at = await self.ledger.read_node(node)
+                            self._remember(node, ledger, at)
+                            retry[node] = batch
+                            continue
+                    if isinstance(result, Exception):
+                        for _, done in batch:
+                            if not done.done():
+                                done.set_exception(result)
                         continue
-                self._remember(node, ledger, revision)
-                for done in accepted:
-                    if not done.done():
-                        done.set_result(None)
-                for done, why in refused:
-                    if not done.done():
-                        done.set_exception(ConflictError(why))
-                return
+                    if accepted:
+                        self._remember(node, new, result)
+                    for done in accepted:
+                        if not done.done():
+                            done.set_result(None)
+                    for done, why in refused:
+                        if not done.done():
+                            done.set_exception(ConflictError(why))
+                for node in nodes:  # what others queued for our nodes while we wrote
+                    queued = self.commit_queues.pop(node, None)
+                    if queued:
+                        retry[node] = retry.get(node, []) + queued
+                work = retry
         except BaseException as exc:
-            for _, done in batch:
-                if not done.done():
-                    done.set_exception(exc if isinstance(exc, Exception) else ConflictError(str(exc)))
-            if not isinstance(exc, Exception):
-                raise
+            for batch in work.values():
+                for _, done in batch:
+                    if not done.done():
+                        done.set_exception(exc if isinstance(exc, Exception) else ConflictError(str(exc)))
+            raise
+        finally:
+            self.flushing.difference_update(nodes)
 
     async def _finish(self, event: ClaimRequested, node: str, entry: LedgerEntry,
                       record: ClaimRecord, revision: int | None) -> bool:

@@ -1,0 +1,174 @@
+"""A local Tessera for the enforcer tests, with short enforcer intervals, and helpers to drive
+`tessera run` as a user would (a separate process) and to listen to the usage subject.
+
+One cluster serves every test that leaves the services alone (starting five services costs seconds on a small box); tests
+that kill or restart services start their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from tessera.shared import api, subjects
+from tessera.shared.events import GpuQuota, usage_decoder
+
+from tessera.cli.client import Client
+from tessera.cli.cluster import LocalCluster
+
+PROFILES = Path(__file__).parent.parent / "profiles"
+WORKLOAD = str(Path(__file__).parent / "workload.py")
+TESSERA = str(Path(sys.executable).parent / "tessera")
+MIB = 1 << 20
+
+# Short enforcer intervals: the tests assert what happens, these only decide how soon.
+FAST = {
+    "TESSERA_USAGE_SECONDS": "0.2",
+    "TESSERA_USAGE_HEARTBEAT_SECONDS": "2",
+    "TESSERA_RECLAIM_SECONDS": "2",
+    "TESSERA_LOST_RECLAIM_SECONDS": "1",
+}
+
+
+def start_local(workdir: Path, **kwargs) -> LocalCluster:
+    extra = dict(FAST, **kwargs.pop("extra_env", {}))
+    cluster = LocalCluster(workdir=workdir, profile=PROFILES / "tiny.yaml", extra_env=extra, **kwargs)
+    cluster.start()
+    try:
+        cluster.wait_ready(90)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+async def create_tenant(url: str, name: str) -> None:
+    client = await Client.connect(url)
+    try:
+        await client.call(f"{subjects.API_TENANTS}.create", api.TenantRequest(name=name, quota=GpuQuota(gpus=8)),
+                          timeout=30)
+    finally:
+        await client.close()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    cluster = start_local(tmp_path_factory.mktemp("cluster"))
+    try:
+        asyncio.run(create_tenant(cluster.url, "alpha"))
+    except BaseException:
+        cluster.stop()
+        raise
+    yield cluster
+    cluster.stop(timeout=2)  # orderly shutdown is tested elsewhere; here it only costs time
+
+
+@pytest.fixture
+def fresh_cluster(tmp_path):
+    """A cluster of the test's own, for tests that kill services: ``await fresh_cluster(...)``."""
+    clusters = []
+
+    async def start(**kwargs) -> LocalCluster:
+        cluster = await asyncio.to_thread(start_local, tmp_path / f"cluster{len(clusters)}", **kwargs)
+        clusters.append(cluster)
+        await create_tenant(cluster.url, "alpha")
+        return cluster
+
+    yield start
+    for cluster in clusters:
+        cluster.stop(timeout=2)
+
+
+@dataclass
+class Finished:
+    code: int
+    stdout: str
+    stderr: str
+
+    def report(self) -> dict:
+        """The workload's JSON report line."""
+        for line in self.stdout.splitlines():
+            if line.startswith("{"):
+                return json.loads(line)
+        raise AssertionError(f"no report from the workload; stdout={self.stdout!r} stderr={self.stderr!r}")
+
+
+async def start_run(cluster: LocalCluster, *run_args: str, node: str = "gpu-0", tenant: str = "alpha",
+                    workload: list[str] | None = None, command: list[str] | None = None,
+                    env: dict | None = None) -> asyncio.subprocess.Process:
+    """Start `tessera run` as a separate process (stdout/stderr piped)."""
+    cmd = command if command is not None else [sys.executable, WORKLOAD, *(workload or [])]
+    full_env = dict(os.environ, **(env or {}))
+    full_env.pop("TESSERA_NODE", None)
+    return await asyncio.create_subprocess_exec(
+        TESSERA, "run", "--nats", cluster.url, "--node", node, "--tenant", tenant, "--timeout", "60", *run_args,
+        "--", *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=full_env,
+    )
+
+
+async def finish(proc: asyncio.subprocess.Process, timeout: float = 90) -> Finished:
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    return Finished(proc.returncode, out.decode(), err.decode())
+
+
+async def tessera_run(cluster: LocalCluster, *run_args: str, **kw) -> Finished:
+    return await finish(await start_run(cluster, *run_args, **kw))
+
+
+async def wait_until(predicate, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
+    """Poll an async or plain predicate until it returns something truthy; fail naming ``what``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+class UsageListener:
+    """Every usage event published while it listens (core subscription on tessera.usage.>)."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.events: list = []
+        self.sub = None
+
+    async def __aenter__(self) -> "UsageListener":
+        async def on_msg(msg) -> None:
+            try:
+                self.events.append(usage_decoder.decode(msg.data))
+            except msgspec.ValidationError:
+                pass
+
+        self.sub = await self.client.bus.nc.subscribe(f"{subjects.USAGE}.>", cb=on_msg)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.sub.unsubscribe()
+
+    def of(self, claim: str) -> list:
+        return [e for e in self.events if getattr(e, "claim", None) == claim]
+
+
+async def live_entries(client: Client) -> dict[str, str]:
+    """claim -> node, for every allocation the ledger holds."""
+    state = await client.fleet()
+    return {claim: node for node, lg in state.ledgers.items() for claim in lg.entries}
+
+
+async def run_claims(client: Client) -> dict[str, str]:
+    """claim -> state, for the claims `tessera run` made."""
+    state = await client.fleet()
+    return {c: r.state for c, r in state.claims.items() if c.startswith("run-")}
