@@ -135,7 +135,7 @@ class Placer:
         self._recent: set[str] = set()
         self._recent_q: deque[str] = deque()
         self._gcache: dict[tuple, tuple] = {}
-        self._fluid_key: tuple = ()
+        self._own_key: tuple = ()
         self._stv: dict[int, tuple] = {}  # GPU state id -> its vectors for `_gvec` (this epoch)
         self._pgpus: tuple = ()
         self._pzero: tuple = ()
@@ -149,7 +149,6 @@ class Placer:
         self._parts: list[tuple[Demand, list]] = []
         self._mfl: list[tuple] = []
         self._mfit: dict[tuple, list] = {}
-        self._fres: dict[tuple, float] = {}
         self._km: list[int] = []
         self._roster: tuple[int, list[Node]] = (-1, [])
         self._rejections: dict[tuple, tuple[int, Rejection]] = {}
@@ -290,28 +289,30 @@ class Placer:
         hm = d.hostmem
         if cpu > c or hm > m:
             return None
-        kc = self._kc
-        km = self._km
         devs = cls.devs
-        key = (d.gshape, gpu_policy, devs, bisect_right(kc, c), bisect_right(kc, c - cpu),
-               bisect_right(km, m), bisect_right(km, m - hm))
+        # What depends on the class alone is kept on it: its buckets and its own host-memory term.
+        cache = cls.cache
+        own = cache.get(self._own_key)
+        if own is None:
+            if len(cache) >= _CACHE_CAP:
+                cache.clear()
+            bc, bm = bisect_right(self._kc, c), bisect_right(self._km, m)
+            own = cache[self._own_key] = (bc, bm, self._fluid(devs, bc, bm, m))
+        bc, bm, before = own
+        bc2 = bisect_right(self._kc, c - cpu)
+        bm2 = bisect_right(self._km, m - hm)
+        key = (d.gshape, gpu_policy, devs, bc, bc2, bm, bm2)
         r = self._fmemo.get(key, _MISS)
         if r is _MISS:
             if len(self._fmemo) >= _FCACHE_CAP:
                 self._fmemo.clear()
-            r = self._fmemo[key] = self._fgd_eval(devs, key[3], key[4], key[5], key[6], d, gpu_policy)
+            r = self._fmemo[key] = self._fgd_eval(devs, bc, bc2, bm, bm2, d, gpu_policy)
         if r is None:
             return None
         # The host-memory part of the change is exact in the node's memory, not bucketed: added here.
         delta = r[0]
         if self._mfl:
-            cache = cls.cache  # the class's own term is the same for every claim: kept on the class
-            before = cache.get(self._fluid_key)
-            if before is None:
-                if len(cache) >= _CACHE_CAP:
-                    cache.clear()
-                before = cache[self._fluid_key] = self._fluid(devs, key[3], key[5], m)
-            delta = round(delta + self._fluid(r[3], key[4], key[6], m - hm) - before, 9)
+            delta = round(delta + self._fluid(r[3], bc2, bm2, m - hm) - before, 9)
         return (delta, r[1], (c - cpu) / (cls.cpu_total or 1), cls.id, cls, r[2])
 
     def _fgd_eval(self, devs: tuple, bc: int, bc2: int, bm: int, bm2: int, d: Demand, gpu_policy: str):
@@ -407,7 +408,7 @@ class Placer:
 
     def _new_epoch(self) -> None:
         self._epoch = self.mix.version
-        self._fluid_key = (self._token, self._epoch, "fluid")
+        self._own_key = (self._token, self._epoch, "own")
         self._kinds = self.mix.kinds()
         self._kc = sorted({kd.cpu for kd, _ in self._kinds})
         self._km = sorted({kd.hostmem for kd, _ in self._kinds})
@@ -439,7 +440,6 @@ class Placer:
         self._gmemo.clear()
         self._gcache.clear()
         self._mfit.clear()
-        self._fres.clear()
         self._svec.clear()
         self._heaps.clear()
 
@@ -460,10 +460,6 @@ class Placer:
         """
         if not self._mfl:
             return 0.0
-        rk = (G, bc, bm, m)
-        r = self._fres.get(rk)
-        if r is not None:
-            return r
         gi = self._gcache.get(G)
         if gi is None:
             gi = self._gvec(G)
@@ -481,9 +477,6 @@ class Placer:
                 fs = fsv[j]
                 if fs * beta > m:
                     frag += p * fs - m * pb
-        if len(self._fres) >= _FCACHE_CAP:
-            self._fres.clear()
-        self._fres[rk] = frag
         return frag
 
     def _fragb(self, G: tuple, bc: int, bm: int) -> float:
