@@ -7,7 +7,6 @@ overwrites ``released``, and replaying a stream converges to the same records.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Callable
 
 import msgspec

@@ -865,7 +865,7 @@ class Placer:
             "host-memory": f"{{n}} lack {_n(d.hostmem)} MiB host memory free",
             "gpu-count": f"{{n}} have fewer than {g} (healthy)",
             "gpu-type": f"{{n}} excluded by gpu type ({'; '.join(types)})",
-            "gpu-uuid": f"{{n}} excluded by gpu uuid selectors",
+            "gpu-uuid": "{n} excluded by gpu uuid selectors",
             "exclusive": (f"{{n}} lack {g} with no other share{each} (exclusive use)" if d.exclusive
                           else f"{{n}} lack {g} not held exclusively by another claim"),
             "max-shares": f"{{n}} lack {g} below their share limit",
