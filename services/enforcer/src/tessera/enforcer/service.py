@@ -137,6 +137,11 @@ class EnforcerService:
                     if await self.claims.transition(event.claim, "running") is not None:
                         log.info("running %s (pids %s)", event.claim, event.pids)
             case ClaimReleaseRequested():
+                # A release names no node, so every enforcer hears every one: only a claim that has
+                # a directory here can be ours (events come in order: its ``allocated`` came first,
+                # and one prepared late finds the request on its record, see `prepare`).
+                if not self.dirs.of(event.claim).exists():
+                    return
                 record, _ = await self.claims.get(event.claim)
                 if record is not None and record.node == self.node and record.state not in TERMINAL:
                     await self.release(record, event.reason)
@@ -146,6 +151,9 @@ class EnforcerService:
     # --- prepare and release --------------------------------------------------------------------
 
     async def prepare(self, record: ClaimRecord) -> None:
+        if record.release_requested:  # released before we got to it: nothing to prepare
+            await self.release(record, record.reason or "release requested")
+            return
         if not self.observer.devices:
             await self.observer.inventory()
         directory = self.dirs.of(record.claim)
