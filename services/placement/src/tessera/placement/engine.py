@@ -33,6 +33,7 @@ from heapq import heapify, heappop, heappush
 from dataclasses import dataclass, field
 from itertools import count
 from operator import attrgetter, mul
+from typing import Any
 
 from tessera.shared.events import ClaimSpec, DeviceShare, LedgerEntry
 
@@ -48,7 +49,6 @@ CONSTRAINTS = ("lost", "node-pin", "excluded", "cpu", "host-memory", "gpu-count"
 _MISS = object()
 _NO_FIT = object()
 _BY_BUCKET = object()
-_UNEXPLAINED = None  # set below, once Rejection exists
 _tokens = count()
 _CACHE_CAP = 64  # cached claim shapes per node class
 _FCACHE_CAP = 120_000
@@ -70,7 +70,7 @@ class Rejection:
     filtered: dict[str, int] = field(default_factory=dict)
 
 
-_UNEXPLAINED = Rejection(reason="no node fits", filtered={})
+_UNEXPLAINED: Rejection = Rejection(reason="no node fits", filtered={})
 
 # Per-GPU constraints in the order a rejection is attributed to them; 7 = fits.
 _STEPS = ("gpu-count", "gpu-type", "gpu-uuid", "exclusive", "max-shares", "memory", "cores")
@@ -224,7 +224,7 @@ class Placer:
         if d.cpu > c or d.hostmem > m:
             return None
         key = (ck, cls.devs)
-        g = self._memo.get(key, _MISS)
+        g: Any = self._memo.get(key, _MISS)
         if g is _MISS:
             if len(self._memo) >= _FCACHE_CAP:
                 self._memo.clear()
@@ -302,7 +302,7 @@ class Placer:
         bc2 = bisect_right(self._kc, c - cpu)
         bm2 = bisect_right(self._km, m - hm)
         key = (d.gshape, gpu_policy, devs, bc, bc2, bm, bm2)
-        r = self._fmemo.get(key, _MISS)
+        r: Any = self._fmemo.get(key, _MISS)
         if r is _MISS:
             if len(self._fmemo) >= _FCACHE_CAP:
                 self._fmemo.clear()
@@ -318,7 +318,7 @@ class Placer:
     def _fgd_eval(self, devs: tuple, bc: int, bc2: int, bm: int, bm2: int, d: Demand, gpu_policy: str):
         """(increase in fragmentation, GPU capacity left, positions) or None when it does not fit."""
         gk = (d.gshape, gpu_policy, devs)
-        g = self._gmemo.get(gk)
+        g: Any = self._gmemo.get(gk)
         if g is None:
             g = self._gpu_choice(devs, bc2, bm2, d, gpu_policy, True)
             if len(self._gmemo) >= _FCACHE_CAP:
@@ -576,7 +576,7 @@ class Placer:
                 left += states[s].free
             # Ties (common: many nodes where the claim changes nothing a typical task could use)
             # go to the tighter fit: less GPU left, then less CPU left.
-            score = (round(delta, 9), left, cpu_after / (cpu_total or 1))
+            score: tuple = (round(delta, 9), left, cpu_after / (cpu_total or 1))
         elif node_policy in ("binpack", "spread"):
             used = self._used(devs)
             score = (-used,) if node_policy == "binpack" else (used,)
@@ -609,7 +609,7 @@ class Placer:
             avail = list(fitting)
             chosen = []
             for _ in range(k):
-                best = None
+                best: Any = None
                 seen = set()
                 for i in avail:
                     s = cur[i]
@@ -647,7 +647,7 @@ class Placer:
 
     def _placement(self, node: Node, d: Demand, score: float, positions: tuple, gpu_policy: str) -> Placement:
         if gpu_policy == "random" and len(positions) > d.gpus:
-            positions = self.rng.sample(positions, d.gpus)
+            positions = tuple(self.rng.sample(positions, d.gpus))
         shares = []
         devices = node.devices
         order = node.order
@@ -668,6 +668,7 @@ class Placer:
         rng = self.rng
         for _ in range(64 if nodes else 0):
             n = nodes[rng.randrange(len(nodes))]
+            assert n.cls is not None  # not lost: classified
             r = self._cached(n.cls, ck, d, "random", gpu_policy)
             if r is not None:
                 return self._placement(n, d, r[0][0], r[1], gpu_policy)
@@ -717,11 +718,12 @@ class Placer:
                 filtered["excluded"] = filtered.get("excluded", 0) + 1
             else:
                 live.append(n)
-        best = None
-        bestnode = None
+        best: Any = None
+        bestnode: Node | None = None
         pol = "fragmentation-aware" if node_policy == "random" else node_policy
         for n in live:
             cls = n.cls
+            assert cls is not None  # live nodes are classified
             r = self._evaluate(cls.devs, cls.cpu_free, cls.mem_free, cls.cpu_total, cls.mem_total, d,
                                pol, gpu_policy, self._mask(n, d))
             if r is None:
@@ -731,7 +733,7 @@ class Placer:
             if best is None or r[0] < best[0]:
                 best = r
                 bestnode = n
-        if best is None:
+        if best is None or bestnode is None:
             return self._reject(d, None, filtered, live)
         return self._placement(bestnode, d, best[0][0], best[1], gpu_policy)
 
@@ -786,9 +788,10 @@ class Placer:
                 if n and not (exclude and why == "fits"):  # (fits but excluded: counted by the caller)
                     filtered[why] = filtered.get(why, 0) + n
         else:
-            for n in nodes:
-                cls = n.cls
-                why = self._explain(cls.devs, cls.cpu_free, cls.mem_free, d, self._mask(n, d))
+            for node in nodes:
+                cls = node.cls
+                assert cls is not None
+                why = self._explain(cls.devs, cls.cpu_free, cls.mem_free, d, self._mask(node, d))
                 filtered[why] = filtered.get(why, 0) + 1
         filtered.pop("fits", None)
         return Rejection(reason=self._reason(d, filtered), filtered=filtered)

@@ -13,6 +13,7 @@ so it must be rare: checked after 16 claims, then whenever the count grew by a q
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 from tessera.shared.events import ClaimSpec
 
@@ -61,7 +62,7 @@ class Demand:
         self.gshape = (gpus, memory_mib, memory_percent, cores, self.use_types, self.nouse_types)
         self._fit: dict[int, bool] = {}
         self._fail: dict[int, int] = {}  # device state id -> first failing constraint (engine)
-        self._ckey = None
+        self._ckey: tuple | None = None
 
     def mem_req(self, memory_mib: int) -> int:
         """MiB this claim takes on a card of `memory_mib` (HAMi: percent of total, floored)."""
@@ -203,12 +204,14 @@ class WorkloadMix:
         return self._kinds
 
     def _build(self, counts: Counter) -> list[tuple[Demand, float]]:
-        total = sum(counts.values())
+        # (weights are counts of claims seen, or the default mix's fractions)
+        total: Any = sum(counts.values())
         if not total:
             return []
         top: list[tuple[tuple, float]] = []
         acc = 0.0
-        for kind, n in counts.most_common(self.max_kinds):
+        ranked: list[tuple[tuple, Any]] = counts.most_common(self.max_kinds)
+        for kind, n in ranked:
             top.append((kind, n))
             acc += n
             if acc >= self.coverage * total:
