@@ -10,6 +10,7 @@ the reliability tests need.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -48,10 +49,39 @@ def find_binary() -> str:
     )
 
 
+_handed_out: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port to listen on that is free now and stays likely free until its process binds it.
+
+    Not one the kernel would pick for bind(0) or for an outgoing connection: those come from the
+    ephemeral range, where any client socket (a service's own NATS connection) may take it between
+    this check and the bind. So: a random port below that range that binds now and that this
+    process has not handed out before (a local cluster asks for one per service up front)."""
+    low, _ = _ephemeral_range()
+    top = low - 1 if low > 11000 else 65535
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randint(10000, top)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise OSError("no free local port found in 200 tries")
 
 
 def wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
