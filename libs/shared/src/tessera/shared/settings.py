@@ -41,6 +41,31 @@ def env_float(env: Mapping[str, str], name: str, default: float) -> float:
         raise ConfigError(f"{name}={raw!r} is not a number; set it to e.g. 2.5") from None
 
 
+def env_choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices`` (case-insensitive); anything else stops the service naming them."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value not in choices:
+        raise ConfigError(f"{name}={raw!r}: use one of {', '.join(choices)}")
+    return value
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value not in _TRUE + _FALSE:
+        raise ConfigError(f"{name}={raw!r}: use true or false (or 1 / 0)")
+    return value in _TRUE
+
+
 @dataclass(frozen=True)
 class BusSettings:
     """How to reach NATS and how to shape the streams (production values are the defaults)."""
@@ -52,7 +77,6 @@ class BusSettings:
     reconnect_time_wait: float = 0.5
     replicas: int = 1
     file_storage: bool = True
-    sync_always: bool = False
     duplicate_window: float = 120.0
     max_deliver: int = 5
     ack_wait: float = 30.0
@@ -64,8 +88,7 @@ class BusSettings:
             url=env_str(env, "TESSERA_NATS_URL", cls.url),
             creds_file=env.get("TESSERA_NATS_CREDS") or None,
             replicas=env_int(env, "TESSERA_STREAM_REPLICAS", 1, minimum=1),
-            file_storage=env_str(env, "TESSERA_STREAM_STORAGE", "file") != "memory",
-            sync_always=env_str(env, "TESSERA_STREAM_SYNC", "default") == "always",
+            file_storage=env_choice(env, "TESSERA_STREAM_STORAGE", "file", ("file", "memory")) == "file",
             max_deliver=env_int(env, "TESSERA_MAX_DELIVER", 5, minimum=1),
             ack_wait=env_float(env, "TESSERA_ACK_WAIT", 30.0),
         )
@@ -92,6 +115,6 @@ class ServiceSettings:
             http_host=env_str(env, "TESSERA_HTTP_HOST", "127.0.0.1"),
             http_port=env_int(env, "TESSERA_HTTP_PORT", 0, minimum=0),
             otlp_endpoint=env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None,
-            log_level=env_str(env, "TESSERA_LOG_LEVEL", "INFO").upper(),
+            log_level=env_choice(env, "TESSERA_LOG_LEVEL", "info", ("debug", "info", "warning", "error")).upper(),
             instance=env_str(env, "TESSERA_INSTANCE", ""),
         )

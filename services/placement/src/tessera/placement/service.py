@@ -29,7 +29,7 @@ import msgspec
 from tessera.shared import subjects
 from tessera.shared.bus import Bus, Delivery
 from tessera.shared.claimstore import ClaimStore
-from tessera.shared.errors import ConfigError, ConflictError
+from tessera.shared.errors import ConflictError
 from tessera.shared.events import (
     ClaimAllocated,
     ClaimRecord,
@@ -48,7 +48,7 @@ from tessera.shared.events import (
 from tessera.shared.ledger import Ledger, check_fit, claim_quota, decode_node_ledger, tenant_totals
 from tessera.shared.runner import ServiceContext
 from tessera.shared.telemetry import inject
-from tessera.shared.settings import env_int, env_str
+from tessera.shared.settings import env_bool, env_choice, env_int
 
 from tessera.placement.engine import Placement, Placer, Rejection
 from tessera.placement.fleet import Fleet
@@ -77,10 +77,10 @@ class PlacementSettings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> "PlacementSettings":
         env = os.environ if env is None else env
         return cls(
-            default_policy=env_str(env, "TESSERA_PLACEMENT_POLICY", cls.default_policy),
+            default_policy=env_choice(env, "TESSERA_PLACEMENT_POLICY", cls.default_policy, POLICIES),
             concurrency=env_int(env, "TESSERA_PLACEMENT_CONCURRENCY", cls.concurrency, minimum=1),
             batch=env_int(env, "TESSERA_PLACEMENT_BATCH", cls.batch, minimum=1),
-            fluid_memory=env_str(env, "TESSERA_PLACEMENT_FLUID_MEMORY", "true").lower() not in ("0", "false", "no"),
+            fluid_memory=env_bool(env, "TESSERA_PLACEMENT_FLUID_MEMORY", cls.fluid_memory),
         )
 
 
@@ -693,11 +693,7 @@ class PlacementService:
 
 
 def configure():
-    settings = PlacementSettings.from_env()
-    if settings.default_policy not in POLICIES:
-        raise ConfigError(
-            f"TESSERA_PLACEMENT_POLICY={settings.default_policy!r} is not a policy; use one of {', '.join(POLICIES)}"
-        )
+    settings = PlacementSettings.from_env()  # ConfigError (exit 2) names a bad variable
 
     async def build(ctx: ServiceContext) -> dict:
         return await PlacementService(ctx, settings).start()

@@ -33,7 +33,7 @@ from tessera.shared.events import (
     encode,
 )
 from tessera.shared.runner import ServiceContext
-from tessera.shared.settings import env_int, env_str
+from tessera.shared.settings import env_bool, env_int, env_str
 from tessera.shared.telemetry import inject
 
 from tessera.translator.hami import TranslationError, translate
@@ -69,7 +69,7 @@ class TranslatorSettings:
             webhook_host=env_str(env, "TESSERA_WEBHOOK_HOST", cls.webhook_host),
             webhook_cert=env_str(env, "TESSERA_WEBHOOK_CERT", ""),
             webhook_key=env_str(env, "TESSERA_WEBHOOK_KEY", ""),
-            create_templates=env_str(env, "TESSERA_KUBERNETES", "") in ("1", "true", "yes"),
+            create_templates=env_bool(env, "TESSERA_KUBERNETES", False),
         )
         if bool(settings.webhook_cert) != bool(settings.webhook_key):
             raise ConfigError("set both TESSERA_WEBHOOK_CERT and TESSERA_WEBHOOK_KEY (PEM files), or neither")
