@@ -35,3 +35,12 @@ def test_every_variable_read_is_documented():
     assert not missing, f"read by the code but not in docs/configuration.md: {missing}"
     stale = sorted(documented - read)
     assert not stale, f"in docs/configuration.md but read by nothing: {stale}"
+
+
+def test_every_variable_the_deployments_set_is_one_a_service_reads():
+    set_in_deploy = set()
+    for path in (ROOT / "deploy").rglob("*"):
+        if path.is_file() and path.suffix in (".yaml", ".yml", ".env"):
+            set_in_deploy |= set(re.findall(r"\b((?:TESSERA|OTEL)_[A-Z0-9_]+)\b", path.read_text()))
+    unknown = sorted(set_in_deploy - variables_read())
+    assert not unknown, f"deploy/ sets variables no service reads: {unknown}"
