@@ -11,13 +11,14 @@ PROJECTS := libs/shared services/controlplane services/capacity services/transla
             services/placement services/enforcer cli
 PYPROJECTS := pyproject.toml $(addsuffix /pyproject.toml,$(PROJECTS))
 
-.PHONY: up test bench lint native clean demo help
+.PHONY: up test bench lint native clean demo help gpu-wheels
 
 help:
 	@echo "make up     install what is missing, run Tessera on a simulated fleet with a live table (Ctrl-C stops)"
 	@echo "make test   install what is missing, build native/vgpu, check layering, run the test suite"
 	@echo "make bench  run the benchmarks and print their tables"
 	@echo "make demo   run the demo scenario to the end and print a summary"
+	@echo "make gpu-wheels  download to .whl/ what a GPU machine without network needs (tests/gpu/run.sh)"
 
 $(STAMP): $(PYPROJECTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,3 +49,7 @@ bench: $(STAMP) native
 
 clean:
 	rm -rf $(VENV) .run var native/vgpu/build
+
+# For a GPU machine that reaches nothing: the pinned runtime wheels, carried in .whl/ (git-ignored).
+gpu-wheels: $(STAMP)
+	$(PY) tests/gpu/wheels.py
