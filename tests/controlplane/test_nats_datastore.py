@@ -44,10 +44,12 @@ async def test_tenant_credentials_reach_only_their_own_bucket_and_subjects(manag
         await nc.subscribe("tessera.claims.beta.>")
         await nc.publish("tessera.claims.beta.c1.requested", b"{}")
         await nc.publish("tessera.tenants.alpha.created", b"{}")  # the manager's subject, not theirs
+        await nc.publish("tessera.claims.alpha.c1.release.gpu-0", b"{}")  # only the platform addresses nodes
+        await nc.publish("tessera.claims.alpha.c1.requested._", b"{}")  # allowed (placement checks it)
         await nc.subscribe("tessera.claims.alpha.>")  # allowed
         await nc.flush()
         expected = ('subscription to "tessera.claims.beta.>"', 'publish to "tessera.claims.beta.c1.requested"',
-                    'publish to "tessera.tenants.alpha.created"')
+                    'publish to "tessera.tenants.alpha.created"', 'publish to "tessera.claims.alpha.c1.release.gpu-0"')
         for _ in range(100):  # the server reports violations asynchronously, one -ERR each
             if all(e in "\n".join(errors).lower() for e in expected):
                 break
@@ -58,6 +60,8 @@ async def test_tenant_credentials_reach_only_their_own_bucket_and_subjects(manag
     assert "subscription to \"tessera.claims.beta.>\"" in joined
     assert "publish to \"tessera.claims.beta.c1.requested\"" in joined
     assert "publish to \"tessera.tenants.alpha.created\"" in joined
+    assert "publish to \"tessera.claims.alpha.c1.release.gpu-0\"" in joined
+    assert "requested._" not in joined
     assert "alpha.>" not in joined.replace("tenants.alpha", "")  # own claims subscription allowed
 
     # Beta's data is untouched by all of the above.

@@ -81,7 +81,7 @@ async def test_bad_input_everywhere_is_refused_clearly_and_nothing_crashes(start
         await js.publish(subjects.claim("alpha", "bad-1", "requested"), b"{not json")
         await js.publish(subjects.claim("alpha", "bad-2", "requested"),
                          b'{"kind": "requested", "claim": "bad-2", "tenant": "alpha", "spec": {"gpus": 0}}')
-        await js.publish(subjects.claim("alpha", "bad-3", "allocated"), b'{"kind": "allocated"}')
+        await js.publish(subjects.claim("alpha", "bad-3", "allocated", "gpu-0"), b'{"kind": "allocated"}')
         by_claim = await dead_letters(client, {"bad-1", "bad-2", "bad-3"})
         assert set(by_claim) == {"bad-1", "bad-2", "bad-3"}, by_claim
         assert "invalid payload" in by_claim["bad-1"][0][1].reason

@@ -184,7 +184,7 @@ class Run:
 
     async def prepared_event(self, record: ClaimRecord) -> ClaimPrepared:
         """The ``prepared`` event (with the environment); the record may be written just before it."""
-        subject = subjects.claim(record.tenant, self.claim, "prepared")
+        subject = subjects.claim(record.tenant, self.claim, "prepared", subjects.ANY_NODE)
         for _ in range(100):
             try:
                 msg = await self.client.bus.js.get_last_msg(subjects.STREAM_CLAIMS, subject)
@@ -229,7 +229,7 @@ class Run:
             self._forward(self.signalled)
         try:
             await self.client.bus.publish(
-                subjects.claim(prepared.tenant, self.claim, "running"),
+                subjects.claim(prepared.tenant, self.claim, "running", prepared.node),
                 ClaimRunning(claim=self.claim, tenant=prepared.tenant, node=prepared.node, pids=[self.proc.pid]),
                 msg_id=f"{self.claim}:running",
             )

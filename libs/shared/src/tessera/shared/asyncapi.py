@@ -17,8 +17,10 @@ FAMILIES = [
     # (channel id, address, stream, union, description)
     ("inventory", "tessera.inventory.{node}", subjects.STREAM_INVENTORY, events.InventoryEvent,
      "Node GPU inventory snapshots, heartbeats and lost-node notices (capacity publisher)."),
-    ("claims", "tessera.claims.{tenant}.{claim}.{event}", subjects.STREAM_CLAIMS, events.ClaimEvent,
-     "Claim lifecycle: requested, allocated, unschedulable, prepared, running, release, released, failed."),
+    ("claims", "tessera.claims.{tenant}.{claim}.{event}.{node}", subjects.STREAM_CLAIMS, events.ClaimEvent,
+     "Claim lifecycle: requested, allocated, unschedulable, prepared, running, release, released, failed. "
+     "The last token is the node the event concerns ('_' while none: requested, unschedulable, a release "
+     "before allocation), so a node's enforcer consumes only its own node's events."),
     ("usage", "tessera.usage.{node}", subjects.STREAM_USAGE, events.UsageEvent,
      "Observed per-claim and per-node GPU usage (node enforcer)."),
     ("tenants", "tessera.tenants.{tenant}.{event}", subjects.STREAM_TENANTS, events.TenantEvent,

@@ -301,7 +301,7 @@ class Bus:
             delivered = 1
         delivery = Delivery(msg.subject, headers, msg.data, delivered)
         with self.telemetry.span(
-            f"{self.service} handle {msg.subject.rsplit('.', 1)[-1]}",
+            f"{self.service} handle {subjects.event_name(msg.subject)}",
             parent_headers=headers,
             kind=SpanKind.CONSUMER,
             attributes={"messaging.system": "nats", "messaging.destination": msg.subject},

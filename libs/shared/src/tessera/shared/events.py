@@ -82,7 +82,7 @@ class NodeLost(Event, tag="lost"):
 InventoryEvent = NodeInventory | NodeHeartbeat | NodeLost
 
 
-# --- claims: tessera.claims.<tenant>.<claim>.<event> ---------------------------------------------
+# --- claims: tessera.claims.<tenant>.<claim>.<event>.<node> --------------------------------------
 
 
 class ClaimSpec(Struct, frozen=True, kw_only=True):

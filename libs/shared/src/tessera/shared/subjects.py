@@ -59,12 +59,36 @@ def inventory(node: str) -> str:
     return f"{INVENTORY}.{token(node.replace('.', '_'))}"
 
 
-def claim(tenant: str, claim_id: str, event: str) -> str:
-    return f"{CLAIMS}.{token(tenant)}.{token(claim_id)}.{event}"
+# A claim event's last token is the node it concerns, so that a node enforcer's consumer is filtered
+# by the server to its own node's events (one delivery per event, not one per node of the fleet).
+NO_NODE = "_"  # a claim event that concerns no node (yet): requested, unschedulable, an early release
+ANY_NODE = "*"  # for subscriptions and consumer filters
 
 
-def claims_of_kind(event: str) -> str:
-    return f"{CLAIMS}.*.*.{event}"
+def node_token(node: str | None) -> str:
+    if not node:
+        return NO_NODE
+    if node == ANY_NODE:
+        return ANY_NODE
+    return token(node.replace(".", "_"))
+
+
+def claim(tenant: str, claim_id: str, event: str, node: str | None = None) -> str:
+    """``tessera.claims.<tenant>.<claim>.<event>.<node>``; ``node`` None: `NO_NODE`."""
+    return f"{CLAIMS}.{token(tenant)}.{token(claim_id)}.{event}.{node_token(node)}"
+
+
+def claims_of_kind(event: str, node: str | None = ANY_NODE) -> str:
+    """Every claim event of one kind, of every node (default) or of one node."""
+    return f"{CLAIMS}.*.*.{event}.{node_token(node)}"
+
+
+def claim_subject_parts(subject: str) -> tuple[str, str, str, str]:
+    """(tenant, claim, event, node token) of a claim event's subject; ValueError if it is not one."""
+    parts = subject.split(".")
+    if len(parts) != 6 or ".".join(parts[:2]) != CLAIMS:
+        raise ValueError(f"{subject!r} is not a claim event subject ({CLAIMS}.<tenant>.<claim>.<event>.<node>)")
+    return parts[2], parts[3], parts[4], parts[5]
 
 
 def usage(node: str) -> str:
@@ -85,3 +109,11 @@ def ledger_node_key(node: str) -> str:
 
 def ledger_tenant_key(tenant_name: str) -> str:
     return f"tenant.{tenant_name}"
+
+
+def event_name(subject: str) -> str:
+    """What happened, for span names and logs: a claim event's kind, else the subject's last token."""
+    parts = subject.split(".")
+    if len(parts) == 6 and parts[1] == "claims":
+        return parts[4]
+    return parts[-1]

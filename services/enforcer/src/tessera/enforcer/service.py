@@ -103,10 +103,11 @@ class EnforcerService:
         await self.bus.consume(
             stream=subjects.STREAM_CLAIMS,
             durable=f"enforcer-{subjects.token(self.node.replace('.', '_'))}",
+            # Only this node's events: the server filters on the subject's node token.
             filter_subjects=[
-                subjects.claims_of_kind("allocated"),
-                subjects.claims_of_kind("release"),
-                subjects.claims_of_kind("running"),
+                subjects.claims_of_kind("allocated", self.node),
+                subjects.claims_of_kind("release", self.node),
+                subjects.claims_of_kind("running", self.node),
             ],
             decoder=claim_decoder,
             handler=self.handle,
@@ -137,13 +138,11 @@ class EnforcerService:
                     if await self.claims.transition(event.claim, "running") is not None:
                         log.info("running %s (pids %s)", event.claim, event.pids)
             case ClaimReleaseRequested():
-                # A release names no node, so every enforcer hears every one: only a claim that has
-                # a directory here can be ours (events come in order: its ``allocated`` came first,
-                # and one prepared late finds the request on its record, see `prepare`).
-                if not self.dirs.of(event.claim).exists():
-                    return
+                # Addressed to this node (by the translator, or passed on by placement); a claim
+                # prepared after its release was requested finds the request on its record instead.
                 record, _ = await self.claims.get(event.claim)
-                if record is not None and record.node == self.node and record.state not in TERMINAL:
+                if record is not None and record.node == self.node and record.state not in TERMINAL \
+                        and record.tenant == event.tenant:
                     await self.release(record, event.reason)
             case _:
                 return
@@ -172,7 +171,7 @@ class EnforcerService:
         if done is None:
             return  # released meanwhile: the observe loop cleans up
         await self.bus.publish(
-            subjects.claim(record.tenant, record.claim, "prepared"),
+            subjects.claim(record.tenant, record.claim, "prepared", self.node),
             ClaimPrepared(
                 claim=record.claim, tenant=record.tenant, node=self.node, env=env, cache_path=str(directory.cache),
                 cdi_device=f"{CDI_KIND}={record.claim}",
@@ -194,7 +193,7 @@ class EnforcerService:
         if done is None:
             return False
         await self.bus.publish(
-            subjects.claim(record.tenant, record.claim, "released"),
+            subjects.claim(record.tenant, record.claim, "released", node),
             ClaimReleased(claim=record.claim, tenant=record.tenant, node=node, reason=reason),
             msg_id=f"{record.claim}:released",
         )

@@ -135,8 +135,7 @@ class Decisions:
         self.changed = asyncio.Event()
 
     async def on_msg(self, msg) -> None:
-        kind = msg.subject.rsplit(".", 1)[-1]
-        claim = msg.subject.split(".")[3]
+        _, claim, kind, _ = subjects.claim_subject_parts(msg.subject)
         if claim not in self.at:
             self.at[claim] = time.perf_counter()
             if kind == "allocated":

@@ -29,7 +29,7 @@ import msgspec
 from tessera.shared import subjects
 from tessera.shared.bus import Bus, Delivery
 from tessera.shared.claimstore import ClaimStore
-from tessera.shared.errors import ConflictError
+from tessera.shared.errors import ConflictError, PermanentError
 from tessera.shared.events import (
     ClaimAllocated,
     ClaimRecord,
@@ -271,21 +271,26 @@ class PlacementService:
     # --- handling --------------------------------------------------------------------------
 
     async def handle(self, event, delivery: Delivery) -> None:
+        tenant = subjects.claim_subject_parts(delivery.subject)[0]
+        if getattr(event, "tenant", tenant) != tenant:  # a tenant may publish only under its own name
+            raise PermanentError(f"{type(event).__name__} for tenant {event.tenant!r} published under {tenant!r}")
         match event:
             case ClaimRequested():
                 if "traceparent" in delivery.headers:
                     self.traces[event.claim] = delivery.headers["traceparent"]
                 await self.place(event)
             case ClaimReleaseRequested():
-                await self.cancel(event)
+                addressed = subjects.claim_subject_parts(delivery.subject)[3] != subjects.NO_NODE
+                await self.cancel(event, addressed)
             case _:
                 return
 
-    def _fast(self, event, seen: set[str]) -> bool:
+    def _fast(self, event, seen: set[str], subject: str) -> bool:
         """A fresh claim that needs nothing but a decision and three pipelined writes."""
         return (
             isinstance(event, ClaimRequested)
             and event.record_revision > 0
+            and subject.split(".", 3)[2] == event.tenant  # else the careful path refuses it
             and event.claim not in self.pending
             and event.claim not in self.claim_nodes
             and event.claim not in seen
@@ -300,8 +305,8 @@ class PlacementService:
         outcomes: list[BaseException | None] = [None] * len(items)
         seen: set[str] = set()
         fast, slow = [], []
-        for i, (event, _) in enumerate(items):
-            (fast if self._fast(event, seen) else slow).append(i)
+        for i, (event, delivery) in enumerate(items):
+            (fast if self._fast(event, seen, delivery.subject) else slow).append(i)
             seen.add(getattr(event, "claim", ""))
 
         booked: list[tuple[int, ClaimRequested, LedgerEntry, dict[str, str]]] = []
@@ -350,7 +355,7 @@ class PlacementService:
                 continue
             self._forget(event.claim)
             self.counts["allocated"] += 1
-            announce.append((subjects.claim(event.tenant, event.claim, "allocated"),
+            announce.append((subjects.claim(event.tenant, event.claim, "allocated", node),
                              ClaimAllocated(claim=event.claim, tenant=event.tenant, node=node,
                                             devices=list(entry.shares), spec=event.spec),
                              f"{event.claim}:allocated", headers))
@@ -360,7 +365,7 @@ class PlacementService:
         async def one(i: int, raise_conflict: bool = False) -> None:
             event, delivery = items[i]
             try:
-                with self.ctx.telemetry.span(f"placement handle {delivery.subject.rsplit('.', 1)[-1]}",
+                with self.ctx.telemetry.span(f"placement handle {subjects.event_name(delivery.subject)}",
                                              parent_headers=delivery.headers,
                                              attributes={"tessera.claim": getattr(event, "claim", "")}):
                     await self.handle(event, delivery)
@@ -622,7 +627,7 @@ class PlacementService:
         self._forget(event.claim)
         self.counts["allocated"] += 1
         await self.bus.publish(
-            subjects.claim(event.tenant, event.claim, "allocated"),
+            subjects.claim(event.tenant, event.claim, "allocated", node),
             ClaimAllocated(
                 claim=event.claim, tenant=event.tenant, node=node, devices=list(entry.shares), spec=event.spec
             ),
@@ -655,11 +660,18 @@ class PlacementService:
             ClaimUnschedulable(claim=event.claim, tenant=event.tenant, reason=reason, filtered=filtered),
         )
 
-    async def cancel(self, event: ClaimReleaseRequested) -> None:
-        """Release of a claim that never reached a node is placement's to finish."""
+    async def cancel(self, event: ClaimReleaseRequested, addressed: bool = False) -> None:
+        """Release of a claim that never reached a node is placement's to finish; a release that
+        names no node for a claim that is on one is passed on to that node's enforcer."""
         record, _ = await self.claims.get(event.claim)
         self._forget(event.claim)
+        if record is not None and record.tenant != event.tenant:
+            raise PermanentError(f"release of {event.claim} by tenant {event.tenant!r}: the claim is not theirs")
         if record is None or record.state not in ("requested", "unschedulable"):
+            if record is not None and record.node and record.state in ("allocated", "prepared", "running") \
+                    and not addressed:
+                await self.bus.publish(subjects.claim(record.tenant, record.claim, "release", record.node), event,
+                                       msg_id=f"{record.claim}:release:{record.node}")
             return  # on a node: the enforcer releases it
         done = await self.claims.transition(event.claim, "released")
         if done is not None:

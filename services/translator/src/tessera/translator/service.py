@@ -217,13 +217,17 @@ class TranslatorService:
             )
         if record.state in TERMINAL:
             return api.ok({"claim": record.claim, "state": record.state})
-        await self.claims.mark_release_requested(record.claim, request.reason)
+        marked = await self.claims.mark_release_requested(record.claim, request.reason) or record
+        # Addressed to the node that holds the claim, if one does by now: its enforcer releases it.
+        # Before allocation it concerns no node: placement ends it, and a placement that allocates
+        # it meanwhile finds the request on the record (which is marked first).
+        node = marked.node if marked.state in ("allocated", "prepared", "running") else None
         # The release continues the claim's own trace: one claim, one trace, request to release.
         parent = {"traceparent": record.traceparent} if record.traceparent else None
         with self.ctx.telemetry.span("translator release", parent_headers=parent,
                                      attributes={"tessera.claim": record.claim}):
             await self.bus.publish(
-                subjects.claim(record.tenant, record.claim, "release"),
+                subjects.claim(record.tenant, record.claim, "release", node),
                 ClaimReleaseRequested(claim=record.claim, tenant=record.tenant, reason=request.reason),
                 msg_id=f"{record.claim}:release",
             )

@@ -74,8 +74,9 @@ def tenant_permissions(tenant: str) -> dict:
                 f"{js}.CONSUMER.MSG.NEXT.{stream}.>",
                 f"$JS.ACK.{stream}.>",
                 f"$JS.FC.{stream}.>",
-                f"{claims}.*.requested",
-                f"{claims}.*.release",
+                # (claims it publishes name no node: placement decides one and passes releases on)
+                f"{claims}.*.requested.{subjects.NO_NODE}",
+                f"{claims}.*.release.{subjects.NO_NODE}",
             ]
         },
         "subscribe": {
