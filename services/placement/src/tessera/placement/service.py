@@ -426,8 +426,8 @@ class PlacementService:
             done = loop.create_future()
             self.commit_queues.setdefault(node, []).append((entry, done))
             futures.append(done)
-        mine = [n for n in dict.fromkeys(node for node, _ in booked) if n not in self.flushing]  # others' flushers take our entries too
-        await self._drain(mine)
+        # Nodes another coroutine is flushing: its flusher takes our entries too.
+        await self._drain([n for n in dict.fromkeys(node for node, _ in booked) if n not in self.flushing])
         results = await asyncio.gather(*futures, return_exceptions=True)
         touched = set()
         out: list[BaseException | None] = []
@@ -596,11 +596,15 @@ class PlacementService:
                         retry[node] = retry.get(node, []) + queued
                 work = retry
         except BaseException as exc:
-            for batch in work.values():
-                for _, done in batch:
+            # Everything still waiting on these nodes fails with it, also what others queued since
+            # (no flusher is left to take it); an ordinary error is the claims' outcome, not ours.
+            error = exc if isinstance(exc, Exception) else ConflictError(str(exc))
+            for node in nodes:
+                for _, done in work.get(node, []) + self.commit_queues.pop(node, []):
                     if not done.done():
-                        done.set_exception(exc if isinstance(exc, Exception) else ConflictError(str(exc)))
-            raise
+                        done.set_exception(error)
+            if not isinstance(exc, Exception):
+                raise
         finally:
             self.flushing.difference_update(nodes)
 
