@@ -29,6 +29,15 @@ FAMILIES = [
      "Messages a service gave up on, with the reason."),
 ]
 
+PARAMETERS = {
+    "tenant": "tenant name",
+    "claim": "claim id",
+    "event": "what happened (the payload's kind)",
+    "node": "node name ('.' written as '_'); in claim subjects the node the event concerns, "
+            f"'{subjects.NO_NODE}' while none does",
+    "service": "the service that gave up on the message",
+}
+
 REQUESTS = [
     ("submit", subjects.API_SUBMIT, api.SubmitRequest, "Submit a GPU request (translator); reply: Reply."),
     ("release", subjects.API_RELEASE, api.ReleaseRequest, "Release a claim (translator); reply: Reply."),
@@ -59,7 +68,8 @@ def render() -> str:
     messages: dict = {}
     operations: dict = {}
     for cid, address, stream, union, description in FAMILIES:
-        params = {p.strip("{}"): {"description": p.strip("{}")} for p in address.split(".") if p.startswith("{")}
+        params = {p.strip("{}"): {"description": PARAMETERS.get(p.strip("{}"), p.strip("{}"))}
+                  for p in address.split(".") if p.startswith("{")}
         refs = {}
         for member in _members(union):
             name = member.__name__
