@@ -149,9 +149,12 @@ class CapacityService:
         while True:
             await asyncio.sleep(self.settings.heartbeat_seconds)
             seq += 1
-            await self.bus.publish_many(
-                (subjects.inventory(inv.node), NodeHeartbeat(node=inv.node, seq=seq), None) for inv in self.nodes
-            )
+            try:
+                await self.bus.publish_many(
+                    (subjects.inventory(inv.node), NodeHeartbeat(node=inv.node, seq=seq), None) for inv in self.nodes
+                )
+            except Exception as exc:  # NATS restarting: the next beat goes out once it is back
+                log.warning("heartbeat %d not published: %r", seq, exc)
 
     async def _watch_heartbeats(self) -> None:
         """Every publisher tracks every node's last sign of life (core subscription, no storage)."""
