@@ -12,6 +12,8 @@ fresh nats-server and fresh placement process(es); the figures of one run are me
               than claims/s where other work shares the machine)
 
 Run: python -m tessera.placement.natsbench [--fleet openb|5000|both] [--claims 4000] [--replicas 1]
+     [--repeat 3]  (each fleet is measured --repeat times; the table shows medians: one run moves
+     ±20-30% on a shared 2-core box)
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from statistics import median
 
 import msgspec
 
@@ -243,8 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-seconds", type=float, default=4.0)
     p.add_argument("--replicas", type=int, default=1, help="placement processes")
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="runs per fleet (default 3): the table shows each figure's median, claims/s with its range")
+    p.add_argument("--json", type=Path, help="also write the results (every run) here")
     args = p.parse_args(argv)
+    if args.repeat < 1:
+        print("error: --repeat must be at least 1", file=sys.stderr)
+        return 2
     for f in (args.nodes, args.pods):
         if not f.exists():
             print(f"error: {f} not found; pass --nodes/--pods (the openb trace is in shared/data/openb)",
@@ -255,14 +263,25 @@ def main(argv: list[str] | None = None) -> int:
     def progress(msg: str) -> None:
         print(f"• {msg}", file=sys.stderr, flush=True)
 
-    results = [asyncio.run(run_fleet(k, args, progress)) for k in kinds]
-    print(f"\nplacement through NATS (default policy, {args.replicas} process(es), JetStream file storage)")
-    print(f"{'fleet':>8} {'nodes':>6} {'GPUs':>6} {'claims/s':>9} {'allocated':>10} "
+    runs: dict[str, list[dict]] = {}
+    for k in kinds:
+        for i in range(args.repeat):
+            progress(f"{k}: run {i + 1} of {args.repeat}")
+            runs.setdefault(k, []).append(asyncio.run(run_fleet(k, args, progress)))
+    print(f"\nplacement through NATS (default policy, {args.replicas} process(es), JetStream file storage; "
+          f"median of {args.repeat} run(s))")
+    print(f"{'fleet':>8} {'nodes':>6} {'GPUs':>6} {'claims/s':>9} {'(range)':>13} {'allocated':>10} "
           f"{'CPU µs/claim':>12} {'p50 ms':>8} {'p99 ms':>8} {'at rate':>8} {'RSS MiB':>8}")
-    for r in results:
-        print(f"{r['fleet']:>8} {r['nodes']:>6} {r['gpus']:>6} {r['claims_per_s']:>9.0f} "
-              f"{r['allocated']:>5}/{r['claims']:<4} {r['placement_cpu_us_per_claim']:>12.0f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} "
-              f"{r['latency_rate']:>8.0f} {max(r['rss_mib']):>8.1f}")
+    for k, rs in runs.items():
+        r = rs[0]
+        rate = [x["claims_per_s"] for x in rs]
+        span = f"{min(rate):.0f}-{max(rate):.0f}"
+        print(f"{k:>8} {r['nodes']:>6} {r['gpus']:>6} {median(rate):>9.0f} {span:>13} "
+              f"{min(x['allocated'] for x in rs):>5}/{r['claims']:<4} "
+              f"{median([x['placement_cpu_us_per_claim'] for x in rs]):>12.0f} "
+              f"{median([x['p50_ms'] for x in rs]):>8.1f} {median([x['p99_ms'] for x in rs]):>8.1f} "
+              f"{median([x['latency_rate'] for x in rs]):>8.0f} {max(max(x['rss_mib']) for x in rs):>8.1f}")
+    results = [x for rs in runs.values() for x in rs]
     print("Kubernetes DRA allocator, published: ~51-122 pods/s at 500 nodes, ~8-17 at 5,000.")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
