@@ -45,6 +45,25 @@ async def new_run_claim(client: Client, known: set[str]) -> str:
     return await wait_until(find, what="a new running claim")
 
 
+async def released_as_orphan(client: Client, claim: str, what: str) -> None:
+    """Wait until ``claim`` is released and out of the ledger; its reason says its owner is gone."""
+    async def reclaimed():
+        return (await client.claim(claim)).state == "released" and claim not in await live_entries(client)
+
+    await wait_until(reclaimed, what=what)
+    assert "owner gone" in (await client.claim(claim)).reason
+
+
+async def live_claim_kept_then_released(client: Client, live, claim: str, hold_file) -> None:
+    """The live workload's claim survived the reclaim; letting the workload finish releases it."""
+    assert (await client.claim(claim)).state == "running"
+    assert claim in await live_entries(client)
+    hold_file.touch()
+    done = await finish(live)
+    assert done.code == 0, done.stderr
+    assert (await client.claim(claim)).state == "released"
+
+
 async def test_killed_tessera_run_is_reclaimed_and_its_leftovers_killed_while_a_live_claim_stays(cluster, tmp_path):
     client = await Client.connect(cluster.url)
     try:
@@ -62,19 +81,9 @@ async def test_killed_tessera_run_is_reclaimed_and_its_leftovers_killed_while_a_
         doomed.kill()  # SIGKILL: `tessera run` gets no chance to release
         await doomed.wait()
 
-        async def reclaimed():
-            return (await client.claim(doomed_claim)).state == "released" and doomed_claim not in await live_entries(client)
-
-        await wait_until(reclaimed, what="the orphaned claim to be released")
-        assert "owner gone" in (await client.claim(doomed_claim)).reason
+        await released_as_orphan(client, doomed_claim, "the orphaned claim to be released")
         await wait_until(lambda: not alive(leftover), what="the leftover workload process to be killed")
-
-        assert (await client.claim(live_claim)).state == "running"
-        assert live_claim in await live_entries(client)
-        (tmp_path / "live").touch()
-        done = await finish(live)
-        assert done.code == 0, done.stderr
-        assert (await client.claim(live_claim)).state == "released"
+        await live_claim_kept_then_released(client, live, live_claim, tmp_path / "live")
     finally:
         await client.close()
 
@@ -118,18 +127,8 @@ async def test_restarted_enforcer_adopts_live_workloads_and_releases_orphans(fre
 
         cluster.spawn("enforcer", instance="enforcer-gpu-0", env={"TESSERA_NODE": "gpu-0"})
 
-        async def reclaimed():
-            return (await client.claim(orphan_claim)).state == "released" and orphan_claim not in await live_entries(client)
-
-        await wait_until(reclaimed, what="the orphan to be released by the restarted enforcer")
-        assert "owner gone" in (await client.claim(orphan_claim)).reason
-        assert (await client.claim(live_claim)).state == "running"
-        assert live_claim in await live_entries(client)
-
-        (tmp_path / "live").touch()
-        done = await finish(live)
-        assert done.code == 0, done.stderr
-        assert (await client.claim(live_claim)).state == "released"
+        await released_as_orphan(client, orphan_claim, "the orphan to be released by the restarted enforcer")
+        await live_claim_kept_then_released(client, live, live_claim, tmp_path / "live")
         assert await live_entries(client) == {}
     finally:
         await client.close()

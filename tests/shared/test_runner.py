@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tessera.shared.natsserver import free_port
-from tessera.shared.runner import RootTaskEnded, run_tasks
+from tessera.shared.runner import RootTaskEnded, is_ready, run_tasks
 
 
 async def test_a_failing_root_task_cancels_the_others_and_reraises():
@@ -63,13 +63,7 @@ def test_sigterm_drains_and_exits_zero_with_probes_up_until_then(nats_url, tmp_p
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=0.5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
+        while not is_ready(port):
             assert time.monotonic() < deadline, "translator never became ready"
             time.sleep(0.1)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tessera.shared import profile as profiles
 from tessera.shared.natsserver import NatsServer, die_with_parent, free_port
+from tessera.shared.runner import is_ready
 
 SERVICES = ("controlplane", "capacity", "translator", "placement")
 
@@ -158,20 +159,14 @@ class LocalCluster:
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Wait until every service answers 200 on /readyz (or fail naming those that don't)."""
-        import urllib.request
-
         deadline = time.monotonic() + timeout
         waiting = {sp.name: sp for sp in self.processes}
         while waiting and time.monotonic() < deadline:
             for name, sp in list(waiting.items()):
                 if not sp.alive():
                     raise RuntimeError(f"{name} exited with {sp.proc.returncode}; see {sp.log_path}")
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{sp.http_port}/readyz", timeout=0.5) as r:
-                        if r.status == 200:
-                            del waiting[name]
-                except OSError:
-                    pass
+                if is_ready(sp.http_port):
+                    del waiting[name]
             time.sleep(0.1)
         if waiting:
             raise RuntimeError(f"not ready after {timeout:.0f}s: {', '.join(sorted(waiting))}")

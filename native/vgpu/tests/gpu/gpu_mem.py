@@ -26,6 +26,26 @@ def ledger_peak(cache, stop, out):
     out.append(peak)
 
 
+def fill(alloc, oom, r, step=CHUNK, held=None):
+    """Allocate `step` bytes at a time until the framework raises its own out-of-memory error `oom`;
+    counts into r["allocated"], notes the first such error, returns the blocks held."""
+    held = [] if held is None else held
+    try:
+        while True:
+            held.append(alloc(step))
+            r["allocated"] += step
+    except oom as e:
+        if not r["oom"]:
+            r["oom"], r["oom_type"] = True, type(e).__name__
+    return held
+
+
+def torch_bytes(n):
+    import torch
+
+    return torch.empty(n, dtype=torch.uint8, device="cuda")
+
+
 def limit(kind, cache):
     stop, peak = threading.Event(), []
     watcher = threading.Thread(target=ledger_peak, args=(cache, stop, peak))
@@ -39,33 +59,15 @@ def limit(kind, cache):
         free, total = torch.cuda.mem_get_info()
         r["total"], r["free"] = total, free
         watcher.start()
-        xs = []
-        try:
-            while True:
-                xs.append(torch.empty(CHUNK, dtype=torch.uint8, device="cuda"))
-                r["allocated"] += CHUNK
-        except torch.OutOfMemoryError as e:
-            r["oom"], r["oom_type"] = True, type(e).__name__
-        # the last bytes: one-MiB steps up to the limit
-        try:
-            while True:
-                xs.append(torch.empty(1 << 20, dtype=torch.uint8, device="cuda"))
-                r["allocated"] += 1 << 20
-        except torch.OutOfMemoryError:
-            pass
+        xs = fill(torch_bytes, torch.OutOfMemoryError, r)
+        fill(torch_bytes, torch.OutOfMemoryError, r, step=1 << 20, held=xs)  # the last bytes, a MiB at a time
     else:
         import cupy
 
         free, total = cupy.cuda.runtime.memGetInfo()
         r["total"], r["free"] = total, free
         watcher.start()
-        xs = []
-        try:
-            while True:
-                xs.append(cupy.empty(CHUNK, dtype=cupy.uint8))
-                r["allocated"] += CHUNK
-        except cupy.cuda.memory.OutOfMemoryError as e:
-            r["oom"], r["oom_type"] = True, type(e).__name__
+        xs = fill(lambda n: cupy.empty(n, dtype=cupy.uint8), cupy.cuda.memory.OutOfMemoryError, r)
     stop.set()
     watcher.join()
     r["ledger_used_max"] = peak[0] if peak else -1
@@ -88,14 +90,9 @@ def second():
 
     free, total = torch.cuda.mem_get_info()
     r = {"free_seen": free, "total": total, "allocated": 0, "oom": False, "oom_type": None}
-    xs = []
-    try:
-        while True:
-            xs.append(torch.empty(CHUNK, dtype=torch.uint8, device="cuda"))
-            r["allocated"] += CHUNK
-    except torch.OutOfMemoryError as e:
-        r["oom"], r["oom_type"] = True, type(e).__name__
+    xs = fill(torch_bytes, torch.OutOfMemoryError, r)
     print(json.dumps(r))
+    del xs
 
 
 def matmul():

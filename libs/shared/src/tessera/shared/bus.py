@@ -201,6 +201,24 @@ class Bus:
                 raise ack
         return acks
 
+    async def follow(self, subject: str, decoder: msgspec.json.Decoder,
+                     on_event: Callable[[Any, Mapping[str, str]], Awaitable[None] | None]) -> None:
+        """Watch ``subject`` on core NATS (no storage, no acks) and hand each event and its headers
+        to ``on_event``; runs until cancelled. For signs of life and hints that every replica
+        follows: what does not decode is skipped here (the streams' consumers dead-letter it)."""
+        sub = await self.nc.subscribe(subject)
+        try:
+            async for msg in sub.messages:
+                try:
+                    event = decoder.decode(msg.data)
+                except (msgspec.ValidationError, msgspec.DecodeError):
+                    continue
+                done = on_event(event, msg.headers or {})
+                if done is not None:
+                    await done
+        finally:
+            await sub.unsubscribe()
+
     async def dead_letter(self, subject: str, data: bytes, reason: str, deliveries: int = 1) -> None:
         letter = DeadLetter(
             service=self.service,

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import signal
 import sys
+import urllib.request
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Coroutine, Mapping
 
@@ -78,6 +79,16 @@ async def _probe_server(ctx: ServiceContext) -> None:
         await asyncio.Event().wait()
     finally:
         await runner.cleanup()
+
+
+def is_ready(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool:
+    """Whether the service whose probe server listens on ``port`` answers 200 on /readyz now
+    (for whatever starts services and waits for them: `tessera up`, benchmarks, tests)."""
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/readyz", timeout=timeout) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
 
 
 async def connect_with_retry(settings: ServiceSettings, telemetry: Telemetry, attempts: int = 60) -> Bus:

@@ -121,19 +121,17 @@ class CapacityService:
 
     async def _watch_enforcers(self) -> None:
         """Node usage reports are the enforcers' sign of life."""
-        sub = await self.bus.nc.subscribe(f"{subjects.USAGE}.>")
-        try:
-            async for msg in sub.messages:
-                try:
-                    event = usage_decoder.decode(msg.data)
-                except (msgspec.ValidationError, msgspec.DecodeError):
-                    continue
-                if isinstance(event, NodeUsage):
-                    self.enforcer_seen[event.node] = time.time()
-                    if event.node in self.lost and self.silent(event.node, time.time()) is None:
-                        await self._restore(event.node)
-        finally:
-            await sub.unsubscribe()
+        async def reported(event, _headers) -> None:
+            if isinstance(event, NodeUsage):
+                await self._sign_of_life(self.enforcer_seen, event.node)
+
+        await self.bus.follow(f"{subjects.USAGE}.>", usage_decoder, reported)
+
+    async def _sign_of_life(self, seen: dict[str, float], node: str) -> None:
+        """Note it, and give a node that was lost back to placement once nothing of it is silent."""
+        seen[node] = time.time()
+        if node in self.lost and self.silent(node, time.time()) is None:
+            await self._restore(node)
 
     async def announce(self, inv: NodeInventory) -> None:
         await self.kv.put(inv.node, encode(inv))
@@ -161,19 +159,11 @@ class CapacityService:
         now = time.time()
         for key in await live_keys(self.kv):
             self.last_seen.setdefault(key, now)  # grace period for nodes known before we started
-        sub = await self.bus.nc.subscribe(f"{subjects.INVENTORY}.>")
-        try:
-            async for msg in sub.messages:
-                try:
-                    event = inventory_decoder.decode(msg.data)
-                except (msgspec.ValidationError, msgspec.DecodeError):
-                    continue  # the stream's own consumers dead-letter it; here it is just not a heartbeat
-                if isinstance(event, (NodeHeartbeat, NodeInventory)):
-                    self.last_seen[event.node] = time.time()
-                    if event.node in self.lost and self.silent(event.node, time.time()) is None:
-                        await self._restore(event.node)
-        finally:
-            await sub.unsubscribe()
+        async def beat(event, _headers) -> None:
+            if isinstance(event, (NodeHeartbeat, NodeInventory)):
+                await self._sign_of_life(self.last_seen, event.node)
+
+        await self.bus.follow(f"{subjects.INVENTORY}.>", inventory_decoder, beat)
 
     async def _detect_lost(self) -> None:
         while True:

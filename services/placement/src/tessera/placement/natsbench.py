@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from statistics import median
 
@@ -38,6 +37,7 @@ from tessera.shared.bus import Bus
 from tessera.shared.claimstore import ClaimStore
 from tessera.shared.events import ClaimRecord, ClaimRequested, ClaimSpec, NodeInventory, TenantRecord, encode
 from tessera.shared.natsserver import NatsServer, die_with_parent, free_port
+from tessera.shared.runner import is_ready
 from tessera.shared.settings import BusSettings
 
 from tessera.placement.trace import load_nodes, load_pods, node_inventory
@@ -104,12 +104,8 @@ def start_placers(url: str, replicas: int, workdir: Path) -> list[tuple[subproce
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"placement exited with {proc.returncode}; see {workdir}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
+            if is_ready(port, timeout=1):
+                break
             if time.monotonic() > deadline:
                 raise RuntimeError("placement not ready after 120 s")
             time.sleep(0.1)

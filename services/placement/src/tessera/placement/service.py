@@ -177,19 +177,13 @@ class PlacementService:
         """Every replica retries every waiting claim, not only those it decided itself, so a claim
         does not wait for the replica that first saw it (which may be gone). Duplicated retries are
         harmless: the claim record's compare-and-set lets one win."""
-        sub = await self.bus.nc.subscribe(subjects.claims_of_kind("unschedulable"))
-        try:
-            async for msg in sub.messages:
-                try:
-                    event = claim_decoder.decode(msg.data)
-                except (msgspec.ValidationError, msgspec.DecodeError):
-                    continue  # the stream's consumers dead-letter it
-                if isinstance(event, ClaimUnschedulable) and event.claim not in self.pending:
-                    self.pending[event.claim] = ClaimRequested(claim=event.claim, tenant=event.tenant, spec=ClaimSpec())
-                    if msg.headers and "traceparent" in msg.headers:
-                        self.traces[event.claim] = msg.headers["traceparent"]
-        finally:
-            await sub.unsubscribe()
+        def waiting(event, headers) -> None:
+            if isinstance(event, ClaimUnschedulable) and event.claim not in self.pending:
+                self.pending[event.claim] = ClaimRequested(claim=event.claim, tenant=event.tenant, spec=ClaimSpec())
+                if "traceparent" in headers:
+                    self.traces[event.claim] = headers["traceparent"]
+
+        await self.bus.follow(subjects.claims_of_kind("unschedulable"), claim_decoder, waiting)
 
     async def _load_pending(self) -> None:
         """Reconcile: unschedulable claims recorded in the bucket are ours to retry."""
