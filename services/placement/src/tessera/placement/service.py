@@ -265,7 +265,7 @@ class PlacementService:
     # --- handling --------------------------------------------------------------------------
 
     async def handle(self, event, delivery: Delivery) -> None:
-        tenant = subjects.claim_subject_parts(delivery.subject)[0]
+        tenant, _, _, node = subjects.claim_subject_parts(delivery.subject)
         if getattr(event, "tenant", tenant) != tenant:  # a tenant may publish only under its own name
             raise PermanentError(f"{type(event).__name__} for tenant {event.tenant!r} published under {tenant!r}")
         match event:
@@ -274,8 +274,7 @@ class PlacementService:
                     self.traces[event.claim] = delivery.headers["traceparent"]
                 await self.place(event)
             case ClaimReleaseRequested():
-                addressed = subjects.claim_subject_parts(delivery.subject)[3] != subjects.NO_NODE
-                await self.cancel(event, addressed)
+                await self.cancel(event, addressed=node != subjects.NO_NODE)
             case _:
                 return
 
