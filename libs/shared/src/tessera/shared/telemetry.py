@@ -3,8 +3,9 @@
 One claim is one trace: every publish carries a ``traceparent`` header taken from the current span,
 and every handler runs in a span whose parent is extracted from the incoming message. Spans are
 exported over OTLP/HTTP when an endpoint is configured (``OTEL_EXPORTER_OTLP_ENDPOINT``, e.g. Jaeger's
-collector on :4318). Without one nothing is exported and no span is built for a message that already
-carries a trace context: its ``traceparent`` is passed on unchanged, so the trace stays whole.
+collector on :4318). Without one nothing is exported and no span is built: a message that already
+carries a trace context passes its ``traceparent`` on unchanged, so the trace stays whole, and one that
+carries none starts a trace with fresh ids (for the services downstream that do export).
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 _PROPAGATOR = TraceContextTextMapPropagator()
+_IDS = RandomIdGenerator()
 
 
 class Telemetry:
@@ -61,15 +64,21 @@ class Telemetry:
     ) -> Iterator[Span]:
         """A span; when ``parent_headers`` carry a traceparent, the span continues that trace."""
         ctx = extract(parent_headers) if parent_headers is not None else None
-        if not self.exporting and ctx is not None:
+        if not self.exporting:
             parent = trace.get_current_span(ctx)
-            if parent.get_span_context().is_valid:
-                token = otel_context.attach(ctx)
-                try:
-                    yield parent
-                finally:
+            if not parent.get_span_context().is_valid:
+                # A trace starts here, but its first span would never be seen: only its ids are made.
+                parent = NonRecordingSpan(SpanContext(
+                    trace_id=_IDS.generate_trace_id(), span_id=_IDS.generate_span_id(), is_remote=False,
+                    trace_flags=TraceFlags(TraceFlags.SAMPLED)))
+                ctx = trace.set_span_in_context(parent, ctx)
+            token = otel_context.attach(ctx) if ctx is not None else None
+            try:
+                yield parent
+            finally:
+                if token is not None:
                     otel_context.detach(token)
-                return
+            return
         with self.tracer.start_as_current_span(
             name, context=ctx, kind=kind, attributes=dict(attributes or {})
         ) as sp:

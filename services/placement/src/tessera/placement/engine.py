@@ -31,8 +31,10 @@ from collections import OrderedDict, deque
 from bisect import bisect_right
 from heapq import heapify, heappop, heappush
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import count
-from operator import attrgetter, mul
+from math import floor
+from operator import attrgetter
 from typing import Any
 
 from tessera.shared.events import ClaimSpec, DeviceShare, LedgerEntry
@@ -40,7 +42,7 @@ from tessera.shared.events import ClaimSpec, DeviceShare, LedgerEntry
 from .fleet import Fleet, Node, NodeClass
 from .mix import POLICIES, Demand, WorkloadMix, demand_of
 
-__all__ = ["Placement", "Rejection", "Placer", "CONSTRAINTS", "ledger_entry"]
+__all__ = ["Placement", "Rejection", "Placer", "CONSTRAINTS", "ledger_entry", "COMPILED_CORE"]
 
 # Order in which a node's failure is attributed to one constraint.
 CONSTRAINTS = ("lost", "node-pin", "excluded", "cpu", "host-memory", "gpu-count", "gpu-type",
@@ -55,6 +57,16 @@ _FCACHE_CAP = 120_000
 _class_id = attrgetter("id")
 _HEAPS_CAP = 256  # claim shapes with a live index
 _WHYS_CAP = 256  # claim shapes with live rejection counts
+
+# The fragmentation-aware index entries compiled (_fgdcore.c: same arithmetic, same memo tables,
+# bit-identical entries); None where it was not built, and the Python below runs instead.
+try:
+    from . import _fgdcore as _core
+except ImportError:  # pragma: no cover - depends on the build machine
+    _core = None
+else:
+    _core.configure(_BY_BUCKET, _NO_FIT, _FCACHE_CAP)
+COMPILED_CORE = _core is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +112,12 @@ def ledger_entry(claim_id: str, tenant: str, spec: ClaimSpec, placement: Placeme
                        cpu_millis=spec.cpu_millis, host_memory_mib=spec.host_memory_mib)
 
 
+def _q9(x: float) -> float:
+    """`x` to the nearest 1e-9, so that deltas equal up to float noise tie (plain IEEE arithmetic,
+    which the compiled core repeats exactly; round() would cost a decimal conversion)."""
+    return floor(x * 1e9 + 0.5) / 1e9
+
+
 def _n(x: int) -> str:
     return f"{x:,}"
 
@@ -114,7 +132,7 @@ class Placer:
     def __init__(
         self, fleet: Fleet, default_node_policy: str = "fragmentation-aware",
         default_gpu_policy: str | None = None, mix: WorkloadMix | None = None, *,
-        learn: bool = True, seed: int = 0, fluid_memory: bool = False,
+        learn: bool = True, seed: int = 0, fluid_memory: bool = False, compiled: bool | None = None,
     ) -> None:
         for p in (default_node_policy, default_gpu_policy):
             if p is not None and p not in POLICIES:
@@ -128,6 +146,12 @@ class Placer:
         # on openb (4.33% vs 4.64% unallocated, seeds 42-51) but place() is ~2.5x slower; off until
         # that is bought back (bench/placement_sim.md).
         self.fluid_memory = fluid_memory
+        # The compiled fragmentation-aware core where built (None: if built; False: the Python one).
+        if compiled and _core is None:
+            raise RuntimeError("the compiled placement core (tessera.placement._fgdcore) is not built here")
+        self._core = _core if compiled is not False else None
+        if self._core is not None:
+            self._gvec = partial(self._core.gvec, self)  # (what _fragb and _fluid call, compiled)
         self.rng = _random.Random(seed)
         self._token = next(_tokens)
         self._epoch = -1
@@ -291,39 +315,55 @@ class Placer:
             return None
         devs = cls.devs
         # What depends on the class alone is kept on it: its buckets and its own host-memory term.
-        cache = cls.cache
-        own = cache.get(self._own_key)
+        own = cls.cache.get(self._own_key)
         if own is None:
-            if len(cache) >= _CACHE_CAP:
-                cache.clear()
-            bc, bm = bisect_right(self._kc, c), bisect_right(self._km, m)
-            own = cache[self._own_key] = (bc, bm, self._fluid(devs, bc, bm, m))
+            own = self._fgd_own(cls)
         bc, bm, before = own
         bc2 = bisect_right(self._kc, c - cpu)
         bm2 = bisect_right(self._km, m - hm)
         key = (d.gshape, gpu_policy, devs, bc, bc2, bm, bm2)
         r: Any = self._fmemo.get(key, _MISS)
         if r is _MISS:
-            if len(self._fmemo) >= _FCACHE_CAP:
-                self._fmemo.clear()
-            r = self._fmemo[key] = self._fgd_eval(devs, bc, bc2, bm, bm2, d, gpu_policy)
+            r = self._fgd_memo(key, devs, bc, bc2, bm, bm2, d, gpu_policy)
         if r is None:
             return None
         # The host-memory part of the change is exact in the node's memory, not bucketed: added here.
         delta = r[0]
         if self._mfl:
-            delta = round(delta + self._fluid(r[3], bc2, bm2, m - hm) - before, 9)
+            delta = _q9(delta + self._fluid(r[3], bc2, bm2, m - hm) - before)
         return (delta, r[1], (c - cpu) / (cls.cpu_total or 1), cls.id, cls, r[2])
+
+    def _fgd_own(self, cls: NodeClass) -> tuple:
+        """(CPU bucket, memory bucket, own host-memory term) of a class, kept in its cache."""
+        cache = cls.cache
+        if len(cache) >= _CACHE_CAP:
+            cache.clear()
+        bc, bm = bisect_right(self._kc, cls.cpu_free), bisect_right(self._km, cls.mem_free)
+        own = cache[self._own_key] = (bc, bm, self._fluid(cls.devs, bc, bm, cls.mem_free))
+        return own
+
+    def _fgd_memo(self, key: tuple, devs: tuple, bc: int, bc2: int, bm: int, bm2: int, d: Demand,
+                  gpu_policy: str):
+        """`_fgd_eval`, remembered under `key` (the compiled core calls this on a miss too)."""
+        if len(self._fmemo) >= _FCACHE_CAP:
+            self._fmemo.clear()
+        r = self._fmemo[key] = self._fgd_eval(devs, bc, bc2, bm, bm2, d, gpu_policy)
+        return r
+
+    def _gpu_probe(self, gk: tuple, devs: tuple, bc2: int, bm2: int, d: Demand, gpu_policy: str):
+        """`_gpu_choice` probed, remembered under `gk` (the compiled core calls this on a miss too)."""
+        g = self._gpu_choice(devs, bc2, bm2, d, gpu_policy, True)
+        if len(self._gmemo) >= _FCACHE_CAP:
+            self._gmemo.clear()
+        self._gmemo[gk] = g
+        return g
 
     def _fgd_eval(self, devs: tuple, bc: int, bc2: int, bm: int, bm2: int, d: Demand, gpu_policy: str):
         """(increase in fragmentation, GPU capacity left, positions) or None when it does not fit."""
         gk = (d.gshape, gpu_policy, devs)
         g: Any = self._gmemo.get(gk)
         if g is None:
-            g = self._gpu_choice(devs, bc2, bm2, d, gpu_policy, True)
-            if len(self._gmemo) >= _FCACHE_CAP:
-                self._gmemo.clear()
-            self._gmemo[gk] = g
+            g = self._gpu_probe(gk, devs, bc2, bm2, d, gpu_policy)
         if g is _BY_BUCKET:
             g = self._gpu_choice(devs, bc2, bm2, d, gpu_policy, False)
         if g is _NO_FIT:
@@ -332,7 +372,7 @@ class Placer:
         delta = self._fragb(after, bc2, bm2) - self._fragb(devs, bc, bm)
         # Ties (common: many nodes where the claim changes nothing a typical task could use) go to
         # the tighter fit: less GPU left, then (added per class) less CPU left.
-        return (round(delta, 9), left, positions, after)
+        return (_q9(delta), left, positions, after)
 
     def _gpu_choice(self, devs: tuple, bc2: int, bm2: int, d: Demand, gpu_policy: str, probe: bool):
         """(positions, GPU states after, GPU capacity left), `_NO_FIT`, or with `probe`
@@ -373,13 +413,17 @@ class Placer:
         log = fleet.log
         last = fleet._next_class - 1
         idx = self._heaps.get(ck)
+        core = self._core if node_policy == "fragmentation-aware" and gpu_policy != "random" else None
         if idx is None:
             heap = []
-            entry = self._entry
-            for cls in fleet.classes.values():
-                e = entry(cls, ck, d, node_policy, gpu_policy)
-                if e is not None:
-                    heap.append(e)
+            if core is not None:
+                core.entries(self, fleet.classes.values(), d, gpu_policy, heap)
+            else:
+                entry = self._entry
+                for cls in fleet.classes.values():
+                    e = entry(cls, ck, d, node_policy, gpu_policy)
+                    if e is not None:
+                        heap.append(e)
             heapify(heap)
             idx = [heap, last]
             self._heaps[ck] = idx
@@ -389,12 +433,16 @@ class Placer:
             self._heaps.move_to_end(ck)
             heap = idx[0]
             if idx[1] < last:
-                entry = self._entry
-                for cls in log[bisect_right(log, idx[1], key=_class_id):]:
-                    if cls.alive:
-                        e = entry(cls, ck, d, node_policy, gpu_policy)
-                        if e is not None:
-                            heappush(heap, e)
+                fresh = [cls for cls in log[bisect_right(log, idx[1], key=_class_id):] if cls.alive]
+                if core is not None:
+                    found: list = []
+                    core.entries(self, fresh, d, gpu_policy, found)
+                else:
+                    entry = self._entry
+                    found = [e for e in (entry(cls, ck, d, node_policy, gpu_policy) for cls in fresh)
+                             if e is not None]
+                for e in found:
+                    heappush(heap, e)
                 idx[1] = last
         while heap and not heap[0][-2].alive:
             heappop(heap)
@@ -468,8 +516,7 @@ class Placer:
         if fsv is not None:
             mf = self._mfit.get((bc, bm))
             if mf is None:
-                mf = self._mfit[(bc, bm)] = [(beta, j, p, p / beta) for beta, j, ic, im, p in self._mfl
-                                              if bc > ic and bm > im]
+                mf = self._mf(bc, bm)
             lim = m / gi[0]
             for beta, j, p, pb in mf:
                 if beta <= lim:
@@ -494,9 +541,24 @@ class Placer:
             return gi[0]
         sv = self._svec.get((bc, bm))
         if sv is None:
-            sv = self._svec[(bc, bm)] = tuple(
-                sum(p for ic, im, p in members if bc > ic and bm > im) for _, members in self._parts)
-        return gi[0] - sum(map(mul, fsv, sv))
+            sv = self._sv(bc, bm)
+        dot = 0.0  # (a plain loop: the compiled core adds in this order too, whatever sum() does)
+        for f, w in zip(fsv, sv):
+            dot += f * w
+        return gi[0] - dot
+
+    def _mf(self, bc: int, bm: int) -> list:
+        """The kinds `_fluid` counts at buckets (bc, bm): (beta, group, weight, weight / beta),
+        hungriest first."""
+        mf = self._mfit[(bc, bm)] = [(beta, j, p, p / beta) for beta, j, ic, im, p in self._mfl
+                                      if bc > ic and bm > im]
+        return mf
+
+    def _sv(self, bc: int, bm: int) -> tuple:
+        """Per kind group, the weight of its members whose CPU and memory fit at buckets (bc, bm)."""
+        sv = self._svec[(bc, bm)] = tuple(
+            float(sum(p for ic, im, p in members if bc > ic and bm > im)) for _, members in self._parts)
+        return sv
 
     def _gvec(self, G: tuple) -> tuple:
         """(free GPU capacity U, per kind group the capacity it can use, or None if none can)."""
@@ -507,15 +569,14 @@ class Placer:
             if v is None:
                 v = self._state_vec(s)
             vs.append(v)
-        if len(vs) == 1:
+        if vs:
+            # Sums in the order of G, GPU by GPU (plain additions, as the compiled core does them:
+            # sum() of floats rounds differently from Python 3.12 on).
             U, fs, ns = vs[0]
-        elif vs:
-            U = 0.0
-            for v in vs:
+            for v in vs[1:]:
                 U += v[0]
-            # column sums in the order of G: the same floats as adding GPU by GPU
-            fs = map(sum, zip(*[v[1] for v in vs]))
-            ns = map(sum, zip(*[v[2] for v in vs]))
+                fs = [a + b for a, b in zip(fs, v[1])]
+                ns = [a + b for a, b in zip(ns, v[2])]
         else:
             U, fs, ns = 0.0, self._pzero, self._pzero
         # A group needs as many fitting GPUs as the kind asks for (a CPU-only kind needs none: where
@@ -576,7 +637,7 @@ class Placer:
                 left += states[s].free
             # Ties (common: many nodes where the claim changes nothing a typical task could use)
             # go to the tighter fit: less GPU left, then less CPU left.
-            score: tuple = (round(delta, 9), left, cpu_after / (cpu_total or 1))
+            score: tuple = (_q9(delta), left, cpu_after / (cpu_total or 1))
         elif node_policy in ("binpack", "spread"):
             used = self._used(devs)
             score = (-used,) if node_policy == "binpack" else (used,)
