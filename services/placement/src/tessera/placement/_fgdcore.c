@@ -19,19 +19,26 @@
 #include <math.h>
 
 static PyObject *BY_BUCKET, *NO_FIT;
-static Py_ssize_t FCACHE_CAP = 120000;
+static Py_ssize_t FCACHE_CAP = 120000, CACHE_CAP = 64;
 static PyObject *s_cpu_free, *s_mem_free, *s_cpu_total, *s_devs, *s_cache, *s_id, *s_own_key, *s_kc,
     *s_km, *s_fmemo, *s_gmemo, *s_gcache, *s_svec, *s_mfit, *s_mfl, *s_cpu, *s_hostmem, *s_gshape,
-    *s_fgd_own, *s_gpu_probe, *s_gpu_choice, *s_sv, *s_mf, *s_stv, *s_pgpus, *s_state_vec;
+    *s_parts, *s_gpu_probe, *s_gpu_choice, *s_stv, *s_pgpus, *s_state_vec,
+    *s_fleet, *s_states, *s_after_map, *s_after, *s_fit, *s_fits, *s_gpus, *s_cores, *s_memory_mib,
+    *s_memory_percent, *s_free;
 
 /* Everything one call needs from the placer and the claim shape (borrowed unless noted). */
 typedef struct {
     PyObject *placer, *d, *gpol, *gshape;
-    PyObject *own_key, *fmemo, *gmemo, *gcache, *svec, *mfit; /* new references */
+    PyObject *own_key, *fmemo, *gmemo, *gcache, *svec, *mfit, *parts, *mfl; /* new references */
     long long *kc, *km;
     Py_ssize_t nkc, nkm;
     long long cpu, hostmem;
     int fluid;
+    /* the GPU choice (fragmentation-aware GPU policy only): */
+    int fgd_gpus;                          /* gpu_policy is "fragmentation-aware" */
+    PyObject *states, *after, *states_obj; /* DeviceStates.states, ._after, the DeviceStates (new refs) */
+    PyObject *fit;                         /* the demand's state id -> fits cache (new ref) */
+    long long k, mem_mib, mem_pct, cores;  /* gpus; memory MiB or -1; percent or -1; cores */
 } Ctx;
 
 static int as_ll(PyObject *o, long long *out) {
@@ -200,6 +207,60 @@ static PyObject *bucket_pair(Py_ssize_t a, Py_ssize_t b) {
     return int_tuple(2, v, NULL, 0);
 }
 
+/* engine.Placer._sv: per kind group, the weight of its members that fit at buckets (bc, bm). */
+static PyObject *sv_build(Ctx *c, PyObject *key, Py_ssize_t bc, Py_ssize_t bm) {
+    Py_ssize_t ng = PyList_GET_SIZE(c->parts);
+    PyObject *sv = PyTuple_New(ng);
+    if (!sv)
+        return NULL;
+    for (Py_ssize_t g = 0; g < ng; g++) {
+        PyObject *members = PyTuple_GET_ITEM(PyList_GET_ITEM(c->parts, g), 1), *x;
+        double acc = 0.0;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(members); i++) {
+            PyObject *t = PyList_GET_ITEM(members, i);
+            if (bc > PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 0)) && bm > PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 1)))
+                acc += PyFloat_AsDouble(PyTuple_GET_ITEM(t, 2));
+        }
+        if (PyErr_Occurred() || !(x = PyFloat_FromDouble(acc))) {
+            Py_DECREF(sv);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(sv, g, x);
+    }
+    if (PyDict_SetItem(c->svec, key, sv) < 0)
+        Py_CLEAR(sv);
+    return sv;
+}
+
+/* engine.Placer._mf: the kinds _fluid counts at (bc, bm), (beta, group, weight, weight / beta). */
+static PyObject *mf_build(Ctx *c, PyObject *key, Py_ssize_t bc, Py_ssize_t bm) {
+    PyObject *mf = PyList_New(0);
+    if (!mf)
+        return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(c->mfl); i++) {
+        PyObject *t = PyList_GET_ITEM(c->mfl, i); /* (beta, group, cpu bucket, memory bucket, weight) */
+        if (!(bc > PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 2)) && bm > PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 3))))
+            continue;
+        double beta = PyFloat_AsDouble(PyTuple_GET_ITEM(t, 0)), p = PyFloat_AsDouble(PyTuple_GET_ITEM(t, 4));
+        PyObject *pb = PyErr_Occurred() ? NULL : PyFloat_FromDouble(p / beta), *e;
+        if (!pb) {
+            Py_DECREF(mf);
+            return NULL;
+        }
+        e = PyTuple_Pack(4, PyTuple_GET_ITEM(t, 0), PyTuple_GET_ITEM(t, 1), PyTuple_GET_ITEM(t, 4), pb);
+        Py_DECREF(pb);
+        if (!e || PyList_Append(mf, e) < 0) {
+            Py_XDECREF(e);
+            Py_DECREF(mf);
+            return NULL;
+        }
+        Py_DECREF(e);
+    }
+    if (PyErr_Occurred() || PyDict_SetItem(c->mfit, key, mf) < 0)
+        Py_CLEAR(mf);
+    return mf;
+}
+
 /* engine.Placer._fragb */
 static int fragb(Ctx *c, PyObject *G, Py_ssize_t bc, Py_ssize_t bm, double *out) {
     PyObject *gi = gvec(c, G), *fsv, *key, *sv;
@@ -221,8 +282,7 @@ static int fragb(Ctx *c, PyObject *G, Py_ssize_t bc, Py_ssize_t bm, double *out)
     if (sv) {
         Py_INCREF(sv);
     } else if (!PyErr_Occurred()) {
-        sv = PyObject_CallMethodObjArgs(c->placer, s_sv, PyTuple_GET_ITEM(key, 0), PyTuple_GET_ITEM(key, 1),
-                                        NULL);
+        sv = sv_build(c, key, bc, bm);
     }
     Py_DECREF(key);
     if (!sv) {
@@ -262,8 +322,7 @@ static int fluid(Ctx *c, PyObject *G, Py_ssize_t bc, Py_ssize_t bm, long long m,
     if (mf) {
         Py_INCREF(mf);
     } else if (!PyErr_Occurred()) {
-        mf = PyObject_CallMethodObjArgs(c->placer, s_mf, PyTuple_GET_ITEM(key, 0), PyTuple_GET_ITEM(key, 1),
-                                        NULL);
+        mf = mf_build(c, key, bc, bm);
     }
     Py_DECREF(key);
     if (!mf) {
@@ -300,6 +359,217 @@ static PyObject *q9(double x) {
     return PyFloat_FromDouble(floor(x * 1e9 + 0.5) / 1e9);
 }
 
+/* --- the GPU choice: engine.Placer._gpu_choice / _choose_gpus, fragmentation-aware GPU policy --- */
+
+static PyObject *state_of(Ctx *c, PyObject *sid) { /* borrowed */
+    Py_ssize_t i = PyLong_AsSsize_t(sid);
+    if (i < 0 || i >= PyList_GET_SIZE(c->states)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_IndexError, "unknown GPU state");
+        return NULL;
+    }
+    return PyList_GET_ITEM(c->states, i);
+}
+
+static int state_double(Ctx *c, PyObject *sid, PyObject *name, double *out) {
+    PyObject *st = state_of(c, sid), *v;
+    if (!st || !(v = PyObject_GetAttr(st, name)))
+        return -1;
+    *out = PyFloat_AsDouble(v);
+    Py_DECREF(v);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* Demand.fits on a state id, through the demand's own cache: 1, 0 or -1. */
+static int fits(Ctx *c, PyObject *sid) {
+    PyObject *r = PyDict_GetItemWithError(c->fit, sid);
+    int v;
+    if (r)
+        return PyObject_IsTrue(r);
+    if (PyErr_Occurred())
+        return -1;
+    PyObject *st = state_of(c, sid);
+    if (!st || !(r = PyObject_CallMethodObjArgs(c->d, s_fits, st, NULL)))
+        return -1;
+    v = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return v;
+}
+
+/* DeviceStates.after(sid, Demand.mem_req(card memory), cores): a new reference to the state id. */
+static PyObject *after_of(Ctx *c, PyObject *sid) {
+    long long card, mem;
+    PyObject *st = state_of(c, sid), *key, *ns;
+    if (!st || attr_ll(st, s_memory_mib, &card) < 0)
+        return NULL;
+    mem = c->mem_mib >= 0 ? c->mem_mib : c->mem_pct >= 0 ? card * c->mem_pct / 100 : card;
+    /* (floor division as Python's //: operands are not negative here) */
+    if (!(key = Py_BuildValue("(OLL)", sid, mem, c->cores)))
+        return NULL;
+    ns = PyDict_GetItemWithError(c->after, key);
+    if (ns) {
+        Py_INCREF(ns);
+    } else if (!PyErr_Occurred()) {
+        ns = PyObject_CallMethodObjArgs(c->states_obj, s_after, PyTuple_GET_ITEM(key, 0), PyTuple_GET_ITEM(key, 1),
+                                        PyTuple_GET_ITEM(key, 2), NULL);
+    }
+    Py_DECREF(key);
+    return ns;
+}
+
+/* A sorted tuple of the state ids in `cur` (a list). */
+static PyObject *sorted_tuple(PyObject *cur) {
+    PyObject *copy = PyList_GetSlice(cur, 0, PyList_GET_SIZE(cur)), *t;
+    if (!copy)
+        return NULL;
+    if (PyList_Sort(copy) < 0) {
+        Py_DECREF(copy);
+        return NULL;
+    }
+    t = PyList_AsTuple(copy);
+    Py_DECREF(copy);
+    return t;
+}
+
+static int fragb(Ctx *c, PyObject *G, Py_ssize_t bc, Py_ssize_t bm, double *out);
+
+/* (positions, states after, GPU left), NO_FIT or, with `probe`, BY_BUCKET. New reference. */
+static PyObject *gpu_choice(Ctx *c, PyObject *devs, Py_ssize_t bc2, Py_ssize_t bm2, int probe) {
+    Py_ssize_t n = PyTuple_GET_SIZE(devs), nfit = 0, k = (Py_ssize_t)c->k;
+    Py_ssize_t *fitting = NULL;
+    PyObject *cur = NULL, *positions = NULL, *after = NULL, *result = NULL;
+    int distinct = 0;
+    if (k <= 0) {
+        positions = PyTuple_New(0);
+        after = devs;
+        Py_INCREF(after);
+        goto left;
+    }
+    if (!(fitting = PyMem_Malloc(sizeof(Py_ssize_t) * (n ? n : 1))))
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int f = fits(c, PyTuple_GET_ITEM(devs, i));
+        if (f < 0)
+            goto out;
+        if (f) {
+            if (nfit && PyObject_RichCompareBool(PyTuple_GET_ITEM(devs, i), PyTuple_GET_ITEM(devs, fitting[0]), Py_NE) == 1)
+                distinct = 1;
+            fitting[nfit++] = i;
+        }
+    }
+    if (nfit < k) {
+        Py_INCREF(NO_FIT);
+        result = NO_FIT;
+        goto out;
+    }
+    if (distinct && probe) {
+        Py_INCREF(BY_BUCKET);
+        result = BY_BUCKET;
+        goto out;
+    }
+    if (!(cur = PySequence_List(devs)) || !(positions = PyTuple_New(k)))
+        goto out;
+    if (!distinct) { /* identical candidates: the first k, in order */
+        for (Py_ssize_t j = 0; j < k; j++) {
+            Py_ssize_t i = fitting[j];
+            PyObject *ns = after_of(c, PyList_GET_ITEM(cur, i)), *pos;
+            if (!ns)
+                goto out;
+            PyList_SetItem(cur, i, ns);
+            if (!(pos = PyLong_FromSsize_t(i)))
+                goto out;
+            PyTuple_SET_ITEM(positions, j, pos);
+        }
+    } else { /* one GPU at a time, the one whose trial leaves the least fragmentation */
+        for (Py_ssize_t j = 0; j < k; j++) {
+            Py_ssize_t best = -1, bi = -1;
+            double bf = 0.0, bfree = 0.0;
+            PyObject *bns = NULL;
+            for (Py_ssize_t a = 0; a < nfit; a++) {
+                Py_ssize_t i = fitting[a];
+                if (i < 0)
+                    continue; /* taken */
+                PyObject *sid = PyList_GET_ITEM(cur, i);
+                int dup = 0;
+                for (Py_ssize_t b = 0; b < a && !dup; b++) { /* the same state tried already */
+                    if (fitting[b] >= 0) {
+                        int eq = PyObject_RichCompareBool(PyList_GET_ITEM(cur, fitting[b]), sid, Py_EQ);
+                        if (eq < 0)
+                            goto trial_fail;
+                        dup = eq;
+                    }
+                }
+                if (dup)
+                    continue;
+                PyObject *ns = after_of(c, sid), *trial, *G;
+                double fr, free;
+                if (!ns)
+                    goto trial_fail;
+                if (!(trial = PyList_GetSlice(cur, 0, n))) {
+                    Py_DECREF(ns);
+                    goto trial_fail;
+                }
+                Py_INCREF(ns);
+                PyList_SetItem(trial, i, ns);
+                G = sorted_tuple(trial);
+                Py_DECREF(trial);
+                if (!G || fragb(c, G, bc2, bm2, &fr) < 0 || state_double(c, ns, s_free, &free) < 0) {
+                    Py_XDECREF(G);
+                    Py_DECREF(ns);
+                    goto trial_fail;
+                }
+                Py_DECREF(G);
+                if (best < 0 || fr < bf || (fr == bf && (free < bfree || (free == bfree && i < bi)))) {
+                    best = a;
+                    bi = i;
+                    bf = fr;
+                    bfree = free;
+                    Py_XSETREF(bns, ns);
+                } else {
+                    Py_DECREF(ns);
+                }
+            }
+            if (best < 0) {
+                PyErr_SetString(PyExc_RuntimeError, "no GPU left to choose");
+                goto trial_fail;
+            }
+            PyList_SetItem(cur, bi, bns); /* steals bns */
+            fitting[best] = -1;
+            PyObject *pos = PyLong_FromSsize_t(bi);
+            if (!pos)
+                goto out;
+            PyTuple_SET_ITEM(positions, j, pos);
+            continue;
+        trial_fail:
+            Py_XDECREF(bns);
+            goto out;
+        }
+    }
+    if (!(after = sorted_tuple(cur)))
+        goto out;
+left: {
+    double left = 0.0, f;
+    if (!positions)
+        goto out;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(after); i++) {
+        if (state_double(c, PyTuple_GET_ITEM(after, i), s_free, &f) < 0)
+            goto out;
+        left += f;
+    }
+    PyObject *l = PyFloat_FromDouble(left);
+    if (l) {
+        result = PyTuple_Pack(3, positions, after, l);
+        Py_DECREF(l);
+    }
+}
+out:
+    PyMem_Free(fitting);
+    Py_XDECREF(cur);
+    Py_XDECREF(positions);
+    Py_XDECREF(after);
+    return result;
+}
+
 /* engine.Placer._fgd_eval: (delta, GPU left, positions, states after) or None. New reference. */
 static PyObject *fgd_eval(Ctx *c, PyObject *devs, Py_ssize_t bc, Py_ssize_t bc2, Py_ssize_t bm,
                           Py_ssize_t bm2) {
@@ -314,6 +584,15 @@ static PyObject *fgd_eval(Ctx *c, PyObject *devs, Py_ssize_t bc, Py_ssize_t bc2,
         Py_INCREF(g);
     } else if (PyErr_Occurred()) {
         goto out0;
+    } else if (c->fgd_gpus) {
+        if (!(g = gpu_choice(c, devs, bc2, bm2, 1)))
+            goto out0;
+        if (PyDict_GET_SIZE(c->gmemo) >= FCACHE_CAP)
+            PyDict_Clear(c->gmemo);
+        if (PyDict_SetItem(c->gmemo, gk, g) < 0) {
+            Py_DECREF(g);
+            goto out0;
+        }
     } else {
         g = PyObject_CallMethodObjArgs(c->placer, s_gpu_probe, gk, devs, b2, m2, c->d, c->gpol, NULL);
         if (!g)
@@ -321,7 +600,8 @@ static PyObject *fgd_eval(Ctx *c, PyObject *devs, Py_ssize_t bc, Py_ssize_t bc2,
     }
     if (g == BY_BUCKET) {
         Py_DECREF(g);
-        g = PyObject_CallMethodObjArgs(c->placer, s_gpu_choice, devs, b2, m2, c->d, c->gpol, Py_False, NULL);
+        g = c->fgd_gpus ? gpu_choice(c, devs, bc2, bm2, 0)
+                        : PyObject_CallMethodObjArgs(c->placer, s_gpu_choice, devs, b2, m2, c->d, c->gpol, Py_False, NULL);
         if (!g)
             goto out0;
     }
@@ -349,6 +629,29 @@ out0:
     return result;
 }
 
+/* engine.Placer._fgd_own: (CPU bucket, memory bucket, own host-memory term), kept in the class cache. */
+static PyObject *own_build(Ctx *c, PyObject *cls, PyObject *cache, PyObject *devs, long long cf, long long mf) {
+    Py_ssize_t v[2] = {bisect_right(c->kc, c->nkc, cf), bisect_right(c->km, c->nkm, mf)};
+    double fl = 0.0;
+    PyObject *own, *x;
+    (void)cls;
+    if (c->fluid && fluid(c, devs, v[0], v[1], mf, &fl) < 0)
+        return NULL;
+    if (!(own = int_tuple(2, v, NULL, 0)))
+        return NULL;
+    if (!(x = PyFloat_FromDouble(fl)) || _PyTuple_Resize(&own, 3) < 0) {
+        Py_XDECREF(x);
+        Py_XDECREF(own);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(own, 2, x);
+    if (PyDict_GET_SIZE(cache) >= CACHE_CAP)
+        PyDict_Clear(cache);
+    if (PyDict_SetItem(cache, c->own_key, own) < 0)
+        Py_CLEAR(own);
+    return own;
+}
+
 /* engine.Placer._fgd_entry for one class: 1 and *entry set, 0 (does not fit), -1 (error). */
 static int entry_of(Ctx *c, PyObject *cls, PyObject **entry) {
     long long cf, mf, ct;
@@ -366,7 +669,7 @@ static int entry_of(Ctx *c, PyObject *cls, PyObject **entry) {
     own = PyDict_GetItemWithError(cache, c->own_key);
     if (own) {
         Py_INCREF(own);
-    } else if (PyErr_Occurred() || !(own = PyObject_CallMethodObjArgs(c->placer, s_fgd_own, cls, NULL))) {
+    } else if (PyErr_Occurred() || !(own = own_build(c, cls, cache, devs, cf, mf))) {
         goto out;
     }
     Py_ssize_t bc = PyLong_AsSsize_t(PyTuple_GET_ITEM(own, 0)), bm = PyLong_AsSsize_t(PyTuple_GET_ITEM(own, 1));
@@ -433,18 +736,24 @@ out:
 }
 
 static void ctx_free(Ctx *c) {
+    Py_XDECREF(c->states);
+    Py_XDECREF(c->after);
+    Py_XDECREF(c->states_obj);
+    Py_XDECREF(c->fit);
     Py_XDECREF(c->own_key);
     Py_XDECREF(c->fmemo);
     Py_XDECREF(c->gmemo);
     Py_XDECREF(c->gcache);
     Py_XDECREF(c->svec);
     Py_XDECREF(c->mfit);
+    Py_XDECREF(c->parts);
+    Py_XDECREF(c->mfl);
     PyMem_Free(c->kc);
     PyMem_Free(c->km);
 }
 
 static PyObject *entries(PyObject *self, PyObject *args) {
-    PyObject *classes, *out, *it, *cls, *mfl;
+    PyObject *classes, *out, *it, *cls;
     Ctx c = {0};
     (void)self;
     if (!PyArg_ParseTuple(args, "OOOOO!:entries", &c.placer, &classes, &c.d, &c.gpol, &PyList_Type, &out))
@@ -465,11 +774,46 @@ static PyObject *entries(PyObject *self, PyObject *args) {
     if (!(c.gshape = PyObject_GetAttr(c.d, s_gshape)))
         goto fail;
     Py_DECREF(c.gshape); /* held by d for the call */
-    if (!(mfl = PyObject_GetAttr(c.placer, s_mfl)))
+    c.fgd_gpus = PyUnicode_Check(c.gpol) && PyUnicode_CompareWithASCIIString(c.gpol, "fragmentation-aware") == 0;
+    if (c.fgd_gpus) {
+        PyObject *fleet = PyObject_GetAttr(c.placer, s_fleet), *v;
+        if (!fleet)
+            goto fail;
+        c.states_obj = PyObject_GetAttr(fleet, s_states);
+        Py_DECREF(fleet);
+        if (!c.states_obj || !(c.states = PyObject_GetAttr(c.states_obj, s_states))
+            || !(c.after = PyObject_GetAttr(c.states_obj, s_after_map)) || !(c.fit = PyObject_GetAttr(c.d, s_fit)))
+            goto fail;
+        if (!PyList_Check(c.states) || !PyDict_Check(c.after) || !PyDict_Check(c.fit)) {
+            PyErr_SetString(PyExc_TypeError, "device states must be a list, their caches dicts");
+            goto fail;
+        }
+        if (attr_ll(c.d, s_gpus, &c.k) < 0 || attr_ll(c.d, s_cores, &c.cores) < 0)
+            goto fail;
+        c.mem_mib = c.mem_pct = -1;
+        if (!(v = PyObject_GetAttr(c.d, s_memory_mib)))
+            goto fail;
+        if (v != Py_None && as_ll(v, &c.mem_mib) < 0) {
+            Py_DECREF(v);
+            goto fail;
+        }
+        Py_DECREF(v);
+        if (!(v = PyObject_GetAttr(c.d, s_memory_percent)))
+            goto fail;
+        if (v != Py_None && as_ll(v, &c.mem_pct) < 0) {
+            Py_DECREF(v);
+            goto fail;
+        }
+        Py_DECREF(v);
+    }
+    if (!(c.mfl = PyObject_GetAttr(c.placer, s_mfl)) || !(c.parts = PyObject_GetAttr(c.placer, s_parts)))
         goto fail;
-    c.fluid = PyObject_IsTrue(mfl);
-    Py_DECREF(mfl);
-    if (c.fluid < 0 || !(it = PyObject_GetIter(classes)))
+    if (!PyList_Check(c.mfl) || !PyList_Check(c.parts)) {
+        PyErr_SetString(PyExc_TypeError, "the placer's kind groups must be lists");
+        goto fail;
+    }
+    c.fluid = PyList_GET_SIZE(c.mfl) > 0;
+    if (!(it = PyObject_GetIter(classes)))
         goto fail;
     while ((cls = PyIter_Next(it))) {
         PyObject *e;
@@ -494,10 +838,11 @@ fail:
 
 static PyObject *configure(PyObject *self, PyObject *args) {
     PyObject *by_bucket, *no_fit;
-    Py_ssize_t cap;
+    Py_ssize_t cap, class_cap;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOn:configure", &by_bucket, &no_fit, &cap))
+    if (!PyArg_ParseTuple(args, "OOnn:configure", &by_bucket, &no_fit, &cap, &class_cap))
         return NULL;
+    CACHE_CAP = class_cap;
     Py_INCREF(by_bucket);
     Py_INCREF(no_fit);
     Py_XSETREF(BY_BUCKET, by_bucket);
@@ -525,7 +870,7 @@ static PyMethodDef methods[] = {
     {"gvec", gvec_py, METH_VARARGS,
      "gvec(placer, G): engine.Placer._gvec compiled, (free capacity, per kind group usable or None)"},
     {"configure", configure, METH_VARARGS,
-     "configure(by_bucket, no_fit, cache_cap): the engine's sentinels and memo size limit"},
+     "configure(by_bucket, no_fit, memo_cap, class_cache_cap): the engine's sentinels and cache size limits"},
     {"entries", entries, METH_VARARGS,
      "entries(placer, classes, demand, gpu_policy, out): append to `out` the fragmentation-aware index "
      "entry of each class that can host `demand` (engine.Placer._fgd_entry, compiled)"},
@@ -544,8 +889,11 @@ PyMODINIT_FUNC PyInit__fgdcore(void) {
     INTERN(s_kc, "_kc") INTERN(s_km, "_km") INTERN(s_fmemo, "_fmemo") INTERN(s_gmemo, "_gmemo")
     INTERN(s_gcache, "_gcache") INTERN(s_svec, "_svec") INTERN(s_mfit, "_mfit") INTERN(s_mfl, "_mfl")
     INTERN(s_cpu, "cpu") INTERN(s_hostmem, "hostmem") INTERN(s_gshape, "gshape")
-    INTERN(s_fgd_own, "_fgd_own") INTERN(s_gpu_probe, "_gpu_probe")
-    INTERN(s_gpu_choice, "_gpu_choice") INTERN(s_stv, "_stv") INTERN(s_pgpus, "_pgpus") INTERN(s_state_vec, "_state_vec") INTERN(s_sv, "_sv") INTERN(s_mf, "_mf")
+    INTERN(s_parts, "_parts") INTERN(s_gpu_probe, "_gpu_probe")
+    INTERN(s_gpu_choice, "_gpu_choice") INTERN(s_stv, "_stv") INTERN(s_pgpus, "_pgpus") INTERN(s_state_vec, "_state_vec")
+    INTERN(s_fleet, "fleet") INTERN(s_states, "states") INTERN(s_after_map, "_after") INTERN(s_after, "after")
+    INTERN(s_fit, "_fit") INTERN(s_fits, "fits") INTERN(s_gpus, "gpus") INTERN(s_cores, "cores")
+    INTERN(s_memory_mib, "memory_mib") INTERN(s_memory_percent, "memory_percent") INTERN(s_free, "free")
 #undef INTERN
     Py_INCREF(Py_None);
     BY_BUCKET = Py_None;

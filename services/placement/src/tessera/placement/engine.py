@@ -65,7 +65,7 @@ try:
 except ImportError:  # pragma: no cover - depends on the build machine
     _core = None
 else:
-    _core.configure(_BY_BUCKET, _NO_FIT, _FCACHE_CAP)
+    _core.configure(_BY_BUCKET, _NO_FIT, _FCACHE_CAP, _CACHE_CAP)
 COMPILED_CORE = _core is not None
 
 
@@ -556,8 +556,14 @@ class Placer:
 
     def _sv(self, bc: int, bm: int) -> tuple:
         """Per kind group, the weight of its members whose CPU and memory fit at buckets (bc, bm)."""
-        sv = self._svec[(bc, bm)] = tuple(
-            float(sum(p for ic, im, p in members if bc > ic and bm > im)) for _, members in self._parts)
+        out = []
+        for _, members in self._parts:
+            acc = 0.0  # (plain additions in order: the compiled core's sums, on every Python)
+            for ic, im, p in members:
+                if bc > ic and bm > im:
+                    acc += p
+            out.append(acc)
+        sv = self._svec[(bc, bm)] = tuple(out)
         return sv
 
     def _gvec(self, G: tuple) -> tuple:

@@ -18,6 +18,7 @@ records and ``allocated`` events go out pipelined; anything unusual takes the on
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import time
@@ -161,6 +162,11 @@ class PlacementService:
         while not self.ctx.ready:  # the fleet view must be loaded before the first decision
             await asyncio.sleep(0.05)
         await self._load_pending()
+        # What is loaded now (the fleet, imports) lives as long as the process: keep the cyclic
+        # collector from walking it again and again, and let it run less often between batches (the
+        # engine's memo tables churn many small tuples; there are hardly any cycles to find).
+        gc.freeze()
+        gc.set_threshold(20_000, 20, 20)
         await self.bus.consume(
             stream=subjects.STREAM_CLAIMS,
             durable="placement",
@@ -260,6 +266,9 @@ class PlacementService:
             entries = dict(ledger.entries)
             entries.update(extra)
             ledger = NodeLedger(node=node, entries=entries)
+        held = self.fleet.nodes.get(node)
+        if held is not None and held.entries == ledger.entries:
+            return  # (our own write coming back: the view already holds it)
         self.fleet.apply_ledger(ledger)
 
     # --- handling --------------------------------------------------------------------------
