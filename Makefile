@@ -24,6 +24,12 @@ $(STAMP): $(PYPROJECTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade "pip==25.3" "setuptools==80.9.0" wheel
 	$(PIP) install -q $(addprefix -e ./,$(PROJECTS)) -e .
+	@touch $@ $(CORE)
+
+# Placement's compiled core (services/placement/setup.py builds it in place): rebuilt when its source changes.
+CORE := $(VENV)/.placement-core
+$(CORE): services/placement/src/tessera/placement/_fgdcore.c services/placement/setup.py $(STAMP)
+	$(PIP) install -q --no-deps --no-build-isolation -e ./services/placement
 	@touch $@
 
 native:
@@ -34,17 +40,17 @@ SRC_PATHS := $(subst $(eval) ,:,$(addsuffix /src,$(PROJECTS)))
 lint: $(STAMP)
 	PYTHONPATH=$(SRC_PATHS) $(VENV)/bin/lint-imports
 
-test: $(STAMP) native lint
+test: $(STAMP) $(CORE) native lint
 	$(MAKE) -C native/vgpu test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-up: $(STAMP) native
+up: $(STAMP) $(CORE) native
 	$(VENV)/bin/tessera up
 
-demo: $(STAMP) native
+demo: $(STAMP) $(CORE) native
 	$(VENV)/bin/tessera demo
 
-bench: $(STAMP) native
+bench: $(STAMP) $(CORE) native
 	$(VENV)/bin/tessera bench all
 
 clean:

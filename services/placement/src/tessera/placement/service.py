@@ -51,7 +51,7 @@ from tessera.shared.runner import ServiceContext
 from tessera.shared.telemetry import inject
 from tessera.shared.settings import env_bool, env_choice, env_int
 
-from tessera.placement.engine import Placement, Placer, Rejection
+from tessera.placement.engine import COMPILED_CORE, Placement, Placer, Rejection
 from tessera.placement.fleet import Fleet
 from tessera.placement.quota import has_limits, over_quota
 
@@ -714,6 +714,12 @@ def configure():
     settings = PlacementSettings.from_env()  # ConfigError (exit 2) names a bad variable
 
     async def build(ctx: ServiceContext) -> dict:
+        if COMPILED_CORE:
+            log.info("policy %s; fragmentation-aware scoring by the compiled core", settings.default_policy)
+        else:
+            log.warning("policy %s; the compiled core (tessera.placement._fgdcore) is not built here: the "
+                        "Python engine makes the same decisions, several times slower (reinstall "
+                        "services/placement where gcc and the Python headers are present)", settings.default_policy)
         return await PlacementService(ctx, settings).start()
 
     return build
