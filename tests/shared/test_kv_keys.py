@@ -1,4 +1,4 @@
-"""Listing a KV bucket's keys: exact, never a spurious "empty", deletes and purges left out."""
+"""Listing a KV bucket's keys (and values): exact, never a spurious "empty", deletes and purges left out."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import nats
 
-from tessera.shared.kvkeys import live_keys
+from tessera.shared.kvkeys import live_entries, live_keys
 
 
 async def bucket(nats_url, name):
@@ -49,5 +49,22 @@ async def test_a_full_bucket_is_never_read_as_empty_under_concurrent_readers(nat
         # and nothing is left behind on the server: every listing deletes its consumer
         info = await nc.jetstream().stream_info("KV_busy")
         assert info.state.consumer_count == 0
+    finally:
+        await nc.close()
+
+
+async def test_entries_are_the_latest_values_with_their_revisions(nats_url):
+    nc, kv = await bucket(nats_url, "values")
+    try:
+        for i in range(600):  # more than one fetch batch
+            await kv.put(f"c{i:04d}", b"old")
+        latest = {f"c{i:04d}": await kv.put(f"c{i:04d}", f"v{i}".encode()) for i in range(0, 600, 3)}
+        await kv.delete("c0001")
+        entries = await live_entries(kv)
+        assert len(entries) == 599 and "c0001" not in entries
+        for key, revision in latest.items():
+            assert entries[key] == (f"v{int(key[1:])}".encode(), revision)
+        assert entries["c0002"][0] == b"old"
+        assert (await kv.get("c0002")).revision == entries["c0002"][1]
     finally:
         await nc.close()
