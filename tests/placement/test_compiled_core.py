@@ -103,3 +103,19 @@ def test_same_decisions_as_the_python_engine(seed, fluid):
     for i, (a, b) in enumerate(zip(python, compiled)):
         assert a == b, f"step {i}: the Python engine decided {a}, the compiled core {b}"
     assert len(python) == len(compiled)
+
+
+def test_the_service_setting_chooses_the_core():
+    from tessera.placement.service import PlacementService, PlacementSettings, configure
+    from tessera.shared.settings import ConfigError
+    from types import SimpleNamespace
+
+    def core_of(value):
+        settings = PlacementSettings.from_env({"TESSERA_PLACEMENT_CORE": value})
+        return PlacementService(SimpleNamespace(bus=None), settings).placer._core
+
+    assert core_of("auto") is engine._core and core_of("compiled") is engine._core
+    assert core_of("python") is None
+    with pytest.raises(ConfigError, match="TESSERA_PLACEMENT_CORE"):
+        PlacementSettings.from_env({"TESSERA_PLACEMENT_CORE": "fast"})
+    assert callable(configure())  # (compiled is available here, so asking for it starts)

@@ -49,7 +49,7 @@ from tessera.shared.events import (
 from tessera.shared.ledger import Ledger, check_fit, claim_quota, decode_node_ledger, tenant_totals
 from tessera.shared.runner import ServiceContext
 from tessera.shared.telemetry import inject
-from tessera.shared.settings import env_bool, env_choice, env_int
+from tessera.shared.settings import ConfigError, env_bool, env_choice, env_int
 
 from tessera.placement.engine import COMPILED_CORE, Placement, Placer, Rejection
 from tessera.placement.fleet import Fleet
@@ -60,6 +60,7 @@ log = logging.getLogger("tessera.placement")
 CONFLICT_RETRIES = 20
 
 POLICIES = ("binpack", "spread", "fragmentation-aware", "best-fit")
+CORES = ("auto", "compiled", "python")
 
 _inventory_decoder = msgspec.json.Decoder(NodeInventory)
 _tenant_decoder = msgspec.json.Decoder(TenantRecord)
@@ -73,6 +74,9 @@ class PlacementSettings:
     # The host-memory term of the fragmentation model: better packing (openb: 4.33% unallocated
     # instead of 4.64%), about 2.5x the decision time.
     fluid_memory: bool = True
+    # Which fragmentation-aware scoring runs: the compiled core where it is built (auto), the compiled
+    # core or refuse to start (compiled), or the Python reference engine (python): same decisions.
+    core: str = "auto"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "PlacementSettings":
@@ -82,6 +86,7 @@ class PlacementSettings:
             concurrency=env_int(env, "TESSERA_PLACEMENT_CONCURRENCY", cls.concurrency, minimum=1),
             batch=env_int(env, "TESSERA_PLACEMENT_BATCH", cls.batch, minimum=1),
             fluid_memory=env_bool(env, "TESSERA_PLACEMENT_FLUID_MEMORY", cls.fluid_memory),
+            core=env_choice(env, "TESSERA_PLACEMENT_CORE", cls.core, CORES),
         )
 
 
@@ -96,6 +101,7 @@ class PlacementService:
             default_node_policy=settings.default_policy,
             default_gpu_policy=settings.default_policy,
             fluid_memory=settings.fluid_memory,
+            compiled={"auto": None, "compiled": True, "python": False}[settings.core],
         )
         self.ledger: Ledger
         self.claims: ClaimStore
@@ -713,9 +719,17 @@ class PlacementService:
 def configure():
     settings = PlacementSettings.from_env()  # ConfigError (exit 2) names a bad variable
 
+    if settings.core == "compiled" and not COMPILED_CORE:
+        raise ConfigError("TESSERA_PLACEMENT_CORE=compiled, but the compiled core (tessera.placement._fgdcore) "
+                          "is not built here: reinstall services/placement where gcc and the Python headers "
+                          "are present, or set TESSERA_PLACEMENT_CORE=auto")
+
     async def build(ctx: ServiceContext) -> dict:
-        if COMPILED_CORE:
+        if COMPILED_CORE and settings.core != "python":
             log.info("policy %s; fragmentation-aware scoring by the compiled core", settings.default_policy)
+        elif settings.core == "python":
+            log.info("policy %s; fragmentation-aware scoring by the Python engine (TESSERA_PLACEMENT_CORE=python)",
+                     settings.default_policy)
         else:
             log.warning("policy %s; the compiled core (tessera.placement._fgdcore) is not built here: the "
                         "Python engine makes the same decisions, several times slower (reinstall "
