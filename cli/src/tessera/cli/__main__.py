@@ -267,7 +267,9 @@ def cmd_bench(args) -> int:
         code = 0
         for name in ("placement", "placement-speed", "placement-nats", "tenants"):
             err.print(f"[bold]== bench {name}[/]")
-            code |= subprocess.call(command(name, []))
+            # (the service with its compiled core against the Python engine, side by side)
+            rest = ["--models", "default,python-core"] if name == "placement-nats" else []
+            code |= subprocess.call(command(name, rest))
         return code
     if args.what not in targets:
         raise CliError(f"unknown benchmark {args.what!r}; choose one of: all, {', '.join(targets)}")

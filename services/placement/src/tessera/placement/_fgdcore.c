@@ -261,9 +261,24 @@ static PyObject *mf_build(Ctx *c, PyObject *key, Py_ssize_t bc, Py_ssize_t bm) {
     return mf;
 }
 
+/* table[(bc, bm)], built by `build` (which stores it) on a miss. New reference. */
+static PyObject *per_buckets(Ctx *c, PyObject *table, Py_ssize_t bc, Py_ssize_t bm,
+                             PyObject *(*build)(Ctx *, PyObject *, Py_ssize_t, Py_ssize_t)) {
+    PyObject *key = bucket_pair(bc, bm), *v;
+    if (!key)
+        return NULL;
+    v = PyDict_GetItemWithError(table, key);
+    if (v)
+        Py_INCREF(v);
+    else if (!PyErr_Occurred())
+        v = build(c, key, bc, bm);
+    Py_DECREF(key);
+    return v;
+}
+
 /* engine.Placer._fragb */
 static int fragb(Ctx *c, PyObject *G, Py_ssize_t bc, Py_ssize_t bm, double *out) {
-    PyObject *gi = gvec(c, G), *fsv, *key, *sv;
+    PyObject *gi = gvec(c, G), *fsv, *sv;
     if (!gi)
         return -1;
     double U = PyFloat_AsDouble(PyTuple_GET_ITEM(gi, 0));
@@ -273,19 +288,7 @@ static int fragb(Ctx *c, PyObject *G, Py_ssize_t bc, Py_ssize_t bm, double *out)
         *out = U;
         return PyErr_Occurred() ? -1 : 0;
     }
-    key = bucket_pair(bc, bm);
-    if (!key) {
-        Py_DECREF(gi);
-        return -1;
-    }
-    sv = PyDict_GetItemWithError(c->svec, key);
-    if (sv) {
-        Py_INCREF(sv);
-    } else if (!PyErr_Occurred()) {
-        sv = sv_build(c, key, bc, bm);
-    }
-    Py_DECREF(key);
-    if (!sv) {
+    if (!(sv = per_buckets(c, c->svec, bc, bm, sv_build))) {
         Py_DECREF(gi);
         return -1;
     }
@@ -303,7 +306,7 @@ static int fragb(Ctx *c, PyObject *G, Py_ssize_t bc, Py_ssize_t bm, double *out)
 
 /* engine.Placer._fluid (only called with the host-memory term on) */
 static int fluid(Ctx *c, PyObject *G, Py_ssize_t bc, Py_ssize_t bm, long long m, double *out) {
-    PyObject *gi = gvec(c, G), *fsv, *key, *mf;
+    PyObject *gi = gvec(c, G), *fsv, *mf;
     *out = 0.0;
     if (!gi)
         return -1;
@@ -313,19 +316,7 @@ static int fluid(Ctx *c, PyObject *G, Py_ssize_t bc, Py_ssize_t bm, long long m,
         return 0;
     }
     double U = PyFloat_AsDouble(PyTuple_GET_ITEM(gi, 0));
-    key = bucket_pair(bc, bm);
-    if (!key) {
-        Py_DECREF(gi);
-        return -1;
-    }
-    mf = PyDict_GetItemWithError(c->mfit, key);
-    if (mf) {
-        Py_INCREF(mf);
-    } else if (!PyErr_Occurred()) {
-        mf = mf_build(c, key, bc, bm);
-    }
-    Py_DECREF(key);
-    if (!mf) {
+    if (!(mf = per_buckets(c, c->mfit, bc, bm, mf_build))) {
         Py_DECREF(gi);
         return -1;
     }

@@ -1,6 +1,6 @@
 """The placement service's in-memory view of the fleet: which GPUs exist and how much of each is taken.
 
-Placement has to answer in well under a millisecond on thousands of nodes, in pure Python, so the
+Placement has to answer in well under a millisecond on thousands of nodes, mostly in Python, so the
 view is organised for that rather than for readability of a single node:
 
 - every distinct per-GPU state (model, card memory, share limit, health, memory/cores/shares used,

@@ -12,8 +12,8 @@ fresh nats-server and fresh placement process(es); the figures of one run are me
               than claims/s where other work shares the machine)
 
 Run: python -m tessera.placement.natsbench [--fleet openb|5000|both] [--claims 4000] [--replicas 1]
-     [--repeat 3]  (each fleet is measured --repeat times; the table shows medians: one run moves
-     ±20-30% on a shared 2-core box)
+     [--repeat 3] [--models default,python-core]  (each fleet and model is measured --repeat times,
+     interleaved; the table shows medians: one run moves ±20-30% on a shared 2-core box)
 """
 
 from __future__ import annotations
@@ -88,12 +88,22 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_placers(url: str, replicas: int, workdir: Path) -> list[tuple[subprocess.Popen, int]]:
+# Placement models that can be measured side by side (--models): the service's environment for each.
+MODELS: dict[str, dict[str, str]] = {
+    "default": {},
+    "python-core": {"TESSERA_PLACEMENT_CORE": "python"},
+    "no-fluid": {"TESSERA_PLACEMENT_FLUID_MEMORY": "false"},
+    "binpack": {"TESSERA_PLACEMENT_POLICY": "binpack"},
+}
+
+
+def start_placers(url: str, replicas: int, workdir: Path,
+                  model_env: dict[str, str] | None = None) -> list[tuple[subprocess.Popen, int]]:
     out = []
     for i in range(replicas):
         port = free_port()
         env = dict(os.environ, TESSERA_NATS_URL=url, TESSERA_HTTP_PORT=str(port), TESSERA_INSTANCE=f"bench-{i}",
-                   TESSERA_LOG_LEVEL="WARNING")
+                   TESSERA_LOG_LEVEL="WARNING", **(model_env or {}))
         env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
         log = open(workdir / f"placement-{i}.log", "wb")
         proc = subprocess.Popen([str(Path(sys.executable).parent / "tessera-placement")], env=env,
@@ -157,7 +167,7 @@ async def wait_for(decisions: Decisions, claims: list[str], timeout: float) -> N
             pass
 
 
-async def run_fleet(kind: str, args, progress) -> dict:
+async def run_fleet(kind: str, args, progress, model: str = "default") -> dict:
     workdir = Path(tempfile.mkdtemp(prefix=f"tessera-natsbench-{kind}-"))
     nodes = fleet(kind, args.nodes)
     gpus = sum(len(n.devices) for n in nodes)
@@ -170,7 +180,7 @@ async def run_fleet(kind: str, args, progress) -> dict:
         await asyncio.gather(*(inv_kv.put(n.node, encode(n)) for n in nodes))
         await (await bus.kv(subjects.KV_TENANTS)).put("bench", encode(TenantRecord(tenant="bench")))
         progress(f"{kind}: starting {args.replicas} placement process(es)")
-        placers = await asyncio.to_thread(start_placers, server.url, args.replicas, workdir)
+        placers = await asyncio.to_thread(start_placers, server.url, args.replicas, workdir, MODELS[model])
         decisions = Decisions()
         subs = [await bus.nc.subscribe(subjects.claims_of_kind(k), cb=decisions.on_msg)
                 for k in ("allocated", "unschedulable")]
@@ -223,7 +233,7 @@ async def run_fleet(kind: str, args, progress) -> dict:
                     proc.kill()
             await bus.close()
     return {
-        "fleet": kind, "nodes": len(nodes), "gpus": gpus, "replicas": args.replicas,
+        "fleet": kind, "model": model, "nodes": len(nodes), "gpus": gpus, "replicas": args.replicas,
         "claims": args.claims, "claims_per_s": round(throughput, 1), "allocated": allocated,
         "placement_cpu_us_per_claim": round(cpu_us, 1),
         "latency_rate": round(achieved, 1), "p50_ms": round(p50, 2), "p99_ms": round(p99, 2),
@@ -244,10 +254,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--repeat", type=int, default=3,
                    help="runs per fleet (default 3): the table shows each figure's median, claims/s with its range")
+    p.add_argument("--models", default="default",
+                   help="comma list of placement models measured side by side, runs interleaved: "
+                        + ", ".join(MODELS) + " (python-core: the Python engine instead of the compiled "
+                        "core; no-fluid: without the host-memory term; binpack: HAMi's binpack)")
     p.add_argument("--json", type=Path, help="also write the results (every run) here")
     args = p.parse_args(argv)
     if args.repeat < 1:
         print("error: --repeat must be at least 1", file=sys.stderr)
+        return 2
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in models if m not in MODELS]
+    if unknown or not models:
+        print(f"error: unknown model(s) {', '.join(unknown) or '(none)'}; use a comma list of: {', '.join(MODELS)}",
+              file=sys.stderr)
         return 2
     for f in (args.nodes, args.pods):
         if not f.exists():
@@ -259,24 +279,32 @@ def main(argv: list[str] | None = None) -> int:
     def progress(msg: str) -> None:
         print(f"• {msg}", file=sys.stderr, flush=True)
 
-    runs: dict[str, list[dict]] = {}
-    for k in kinds:
-        for i in range(args.repeat):
-            progress(f"{k}: run {i + 1} of {args.repeat}")
-            runs.setdefault(k, []).append(asyncio.run(run_fleet(k, args, progress)))
-    print(f"\nplacement through NATS (default policy, {args.replicas} process(es), JetStream file storage; "
-          f"median of {args.repeat} run(s))")
-    print(f"{'fleet':>8} {'nodes':>6} {'GPUs':>6} {'claims/s':>9} {'(range)':>13} {'allocated':>10} "
-          f"{'CPU µs/claim':>12} {'p50 ms':>8} {'p99 ms':>8} {'at rate':>8} {'RSS MiB':>8}")
-    for k, rs in runs.items():
+    # Interleaved (run 1 of every fleet and model, then run 2, ...), so that a slow spell of a shared
+    # machine does not fall on one model alone.
+    runs: dict[tuple[str, str], list[dict]] = {}
+    for i in range(args.repeat):
+        for k in kinds:
+            for m in models:
+                label = k if len(models) == 1 else f"{k}, {m}"
+                progress(f"{label}: run {i + 1} of {args.repeat}")
+                runs.setdefault((k, m), []).append(asyncio.run(run_fleet(k, args, progress, m)))
+    print(f"\nplacement through NATS ({args.replicas} process(es), JetStream file storage; "
+          f"median of {args.repeat} run(s){'; models run interleaved' if len(models) > 1 else ''})")
+    print(f"{'fleet':>8} {'model':>12} {'nodes':>6} {'GPUs':>6} {'claims/s':>9} {'(range)':>13} {'ratio':>6} "
+          f"{'allocated':>10} {'CPU µs/claim':>12} {'p50 ms':>8} {'p99 ms':>8} {'at rate':>8} {'RSS MiB':>8}")
+    for (k, m), rs in runs.items():
         r = rs[0]
         rate = [x["claims_per_s"] for x in rs]
         span = f"{min(rate):.0f}-{max(rate):.0f}"
-        print(f"{k:>8} {r['nodes']:>6} {r['gpus']:>6} {median(rate):>9.0f} {span:>13} "
+        first = median(x["claims_per_s"] for x in runs[(k, models[0])])
+        print(f"{k:>8} {m:>12} {r['nodes']:>6} {r['gpus']:>6} {median(rate):>9.0f} {span:>13} "
+              f"{median(rate) / first:>5.2f}x "
               f"{min(x['allocated'] for x in rs):>5}/{r['claims']:<4} "
               f"{median([x['placement_cpu_us_per_claim'] for x in rs]):>12.0f} "
               f"{median([x['p50_ms'] for x in rs]):>8.1f} {median([x['p99_ms'] for x in rs]):>8.1f} "
               f"{median([x['latency_rate'] for x in rs]):>8.0f} {max(max(x['rss_mib']) for x in rs):>8.1f}")
+    if len(models) > 1:
+        print(f"(ratio: claims/s against {models[0]} on the same fleet)")
     results = [x for rs in runs.values() for x in rs]
     print("Kubernetes DRA allocator, published: ~51-122 pods/s at 500 nodes, ~8-17 at 5,000.")
     if args.json:
