@@ -105,9 +105,9 @@ def start_placers(url: str, replicas: int, workdir: Path,
         env = dict(os.environ, TESSERA_NATS_URL=url, TESSERA_HTTP_PORT=str(port), TESSERA_INSTANCE=f"bench-{i}",
                    TESSERA_LOG_LEVEL="WARNING", **(model_env or {}))
         env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
-        log = open(workdir / f"placement-{i}.log", "wb")
-        proc = subprocess.Popen([str(Path(sys.executable).parent / "tessera-placement")], env=env,
-                                stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+        with open(workdir / f"placement-{i}.log", "wb") as log:  # (the child keeps its own copy)
+            proc = subprocess.Popen([str(Path(sys.executable).parent / "tessera-placement")], env=env,
+                                    stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         out.append((proc, port))
     for proc, port in out:
         deadline = time.monotonic() + 120
