@@ -1,15 +1,17 @@
 /*
  * The fragmentation-aware policy's inner loop, compiled: the index entries of node classes for one
- * claim shape (engine.Placer._fgd_entry, _fgd_eval, _fragb and _fluid).
+ * claim shape (engine.Placer._fgd_entry with _fgd_own, _fgd_eval, _fragb, _fluid, _gvec, _sv, _mf
+ * and, under the fragmentation-aware GPU policy, _gpu_choice).
  *
  * Why: placement scores each node class that changed for every claim shape asked since, about 30
  * evaluations per claim on openb's mix. In Python one evaluation costs several microseconds of
  * interpreter work around a few multiplications; that, not the messaging, kept the placement
  * service below 2,000 claims/s with the default policy. This file does the same arithmetic in the
  * same order on the same Python memo tables, so its entries are bit for bit those of the Python
- * engine (tests/placement/test_compiled_core.py checks that on openb); whatever is not a plain
- * lookup or sum (a memo miss, the GPU choice, a state's vectors) is handed back to the Python
- * methods that define it. The Python engine stays the reference and runs where this did not build.
+ * engine (tests/placement/test_compiled_core.py compares them over thousands of mixed claims and
+ * releases). What defines the model rather than scoring it (whether a claim fits a GPU state, a GPU
+ * state's vectors, the state after a share, GPU choices under other GPU policies) is asked of the
+ * Python that defines it. The Python engine stays the reference and runs where this did not build.
  *
  * Floating point: compiled with -ffp-contract=off (no fused multiply-add), so every product and sum
  * is rounded as CPython rounds it.
@@ -52,6 +54,18 @@ static int attr_ll(PyObject *obj, PyObject *name, long long *out) {
     PyObject *v = PyObject_GetAttr(obj, name);
     int rc = as_ll(v, out);
     Py_XDECREF(v);
+    return rc;
+}
+
+/* An int attribute that may be None (then `none`). */
+static int attr_ll_or(PyObject *obj, PyObject *name, long long none, long long *out) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    int rc;
+    if (!v)
+        return -1;
+    *out = none;
+    rc = v == Py_None ? 0 : as_ll(v, out);
+    Py_DECREF(v);
     return rc;
 }
 
@@ -767,7 +781,7 @@ static PyObject *entries(PyObject *self, PyObject *args) {
     Py_DECREF(c.gshape); /* held by d for the call */
     c.fgd_gpus = PyUnicode_Check(c.gpol) && PyUnicode_CompareWithASCIIString(c.gpol, "fragmentation-aware") == 0;
     if (c.fgd_gpus) {
-        PyObject *fleet = PyObject_GetAttr(c.placer, s_fleet), *v;
+        PyObject *fleet = PyObject_GetAttr(c.placer, s_fleet);
         if (!fleet)
             goto fail;
         c.states_obj = PyObject_GetAttr(fleet, s_states);
@@ -781,21 +795,8 @@ static PyObject *entries(PyObject *self, PyObject *args) {
         }
         if (attr_ll(c.d, s_gpus, &c.k) < 0 || attr_ll(c.d, s_cores, &c.cores) < 0)
             goto fail;
-        c.mem_mib = c.mem_pct = -1;
-        if (!(v = PyObject_GetAttr(c.d, s_memory_mib)))
+        if (attr_ll_or(c.d, s_memory_mib, -1, &c.mem_mib) < 0 || attr_ll_or(c.d, s_memory_percent, -1, &c.mem_pct) < 0)
             goto fail;
-        if (v != Py_None && as_ll(v, &c.mem_mib) < 0) {
-            Py_DECREF(v);
-            goto fail;
-        }
-        Py_DECREF(v);
-        if (!(v = PyObject_GetAttr(c.d, s_memory_percent)))
-            goto fail;
-        if (v != Py_None && as_ll(v, &c.mem_pct) < 0) {
-            Py_DECREF(v);
-            goto fail;
-        }
-        Py_DECREF(v);
     }
     if (!(c.mfl = PyObject_GetAttr(c.placer, s_mfl)) || !(c.parts = PyObject_GetAttr(c.placer, s_parts)))
         goto fail;
