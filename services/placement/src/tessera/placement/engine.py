@@ -63,6 +63,7 @@ _FCACHE_CAP = 120_000
 _class_id = attrgetter("id")
 _HEAPS_CAP = 256  # claim shapes with a live index
 _WHYS_CAP = 256  # claim shapes with live rejection counts
+_SWEEP = 2048  # retired memo entries freed per decision
 
 # The fragmentation-aware index entries compiled (_fgdcore.c: same arithmetic, same memo tables,
 # bit-identical entries); None where it was not built, and the Python below runs instead.
@@ -183,6 +184,7 @@ class Placer:
         self._roster: tuple[int, list[Node]] = (-1, [])
         self._rejections: dict[tuple, tuple[int, Rejection]] = {}
         self._whys: OrderedDict[tuple, list] = OrderedDict()
+        self._trash: list = []  # retired memo tables, freed piecemeal (`_sweep`)
 
     # --- public ---------------------------------------------------------------------------------
 
@@ -216,6 +218,8 @@ class Placer:
         """
         if self._epoch != self.mix.version:
             self._new_epoch()
+        if self._trash:
+            self._sweep()
         node_policy = d.node_policy or self.default_node_policy
         gpu_policy = d.gpu_policy or self.default_gpu_policy
         if d.node is not None or d.use_uuids or d.nouse_uuids or exclude_nodes:
@@ -476,7 +480,6 @@ class Placer:
         self._parts = list(parts.values())
         self._pgpus = tuple(kd.gpus for kd, _ in self._parts)
         self._pzero = (0,) * len(self._parts)
-        self._stv.clear()
         # Kinds by host memory per GPU unit, hungriest first (see `_fluid`).
         gidx = {gk: j for j, gk in enumerate(parts)}
         mfl = []
@@ -489,13 +492,26 @@ class Placer:
                             self._kc.index(kd.cpu), self._km.index(kd.hostmem), p))
         mfl.sort(key=lambda t: -t[0])
         self._mfl = mfl if self.fluid_memory else []
-        self._memo.clear()
-        self._fmemo.clear()
-        self._gmemo.clear()
-        self._gcache.clear()
-        self._mfit.clear()
-        self._svec.clear()
-        self._heaps.clear()
+        # Every score of the old mix is void. Its tables can hold a few hundred thousand entries,
+        # whose freeing took ~30 ms on openb, all inside one claim's decision: they are swapped for
+        # empty ones here and freed a little at a time by the decisions that follow (`_sweep`).
+        self._trash += [(t, False) for t in (self._memo, self._fmemo, self._gmemo, self._gcache, self._mfit,
+                                             self._svec, self._stv)]
+        self._trash.append((self._heaps, True))
+        self._memo, self._fmemo, self._gmemo, self._gcache = {}, {}, {}, {}
+        self._mfit, self._svec, self._heaps, self._stv = {}, {}, OrderedDict(), {}
+
+    def _sweep(self, budget: int = _SWEEP) -> None:
+        """Free up to `budget` entries of retired tables (a shape's index counts as its length)."""
+        trash = self._trash
+        while trash and budget > 0:
+            table, indexes = trash[-1]
+            if not table:
+                trash.pop()
+                continue
+            while table and budget > 0:
+                _, v = table.popitem()
+                budget -= len(v[0]) if indexes else 1  # (an index is [heap, last class])
 
     def _frag(self, G: tuple, c: int, m: int) -> float:
         """Expected unusable free GPU capacity (GPU units) of a node with GPUs `G`, CPU/mem free c/m."""
