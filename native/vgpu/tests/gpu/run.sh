@@ -31,6 +31,8 @@ section() {
         tail -n 15 "$WORK/$fn.log" >&2
     fi
     echo "   $((SECONDS - start)) s" >&2
+    # (kept as it goes, so that a run cut short by a time limit still leaves what it measured)
+    if [[ -n ${OUT:-} ]]; then cp "$TABLE" "$OUT/vgpu_gpu_table.partial.md"; cp "$WORK/$fn.log" "$OUT/vgpu-$fn.log"; fi
 }
 export HERE VGPU ROOT PY WORK LIB GiB TABLE
 
