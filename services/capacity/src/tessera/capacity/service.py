@@ -8,7 +8,9 @@ heartbeats: a node silent for ``TESSERA_LOST_AFTER_SECONDS`` is marked lost (lab
 and the enforcers' leak reclaim can release what it held. A node whose enforcer reported usage
 before and then fell silent for ``TESSERA_ENFORCER_LOST_AFTER_SECONDS`` is lost as well (its GPUs are
 announced, but nothing there can prepare or release a claim). A node is restored when both speak
-again.
+again. On Kubernetes (``TESSERA_KUBERNETES=true``) it also keeps each node's DRA ResourceSlice
+current (`tessera.capacity.slices`, `tessera.capacity.kube`); an API server that cannot be reached
+is retried at every heartbeat, and NATS goes on meanwhile.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from tessera.shared.events import (
 from tessera.shared.errors import ConfigError
 from tessera.shared.kvkeys import live_keys
 from tessera.shared.runner import ServiceContext
-from tessera.shared.settings import env_float, env_str
+from tessera.shared.settings import env_bool, env_float, env_str
 
 from tessera.shared import profile as profiles
 
@@ -55,6 +57,8 @@ class CapacitySettings:
     # A node whose enforcer has reported before and then fell silent this long is lost too: its
     # GPUs may still be announced, but nobody there can prepare or release a claim.
     enforcer_lost_after_seconds: float = 90.0
+    # Publish each node's GPUs as a DRA ResourceSlice too (a Kubernetes cluster's scheduler reads them).
+    kubernetes: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "CapacitySettings":
@@ -69,6 +73,7 @@ class CapacitySettings:
             enforcer_lost_after_seconds=env_float(
                 env, "TESSERA_ENFORCER_LOST_AFTER_SECONDS", cls.enforcer_lost_after_seconds
             ),
+            kubernetes=env_bool(env, "TESSERA_KUBERNETES", cls.kubernetes),
         )
 
 
@@ -90,11 +95,19 @@ def discover(settings: CapacitySettings) -> list[NodeInventory]:
 
 
 class CapacityService:
-    def __init__(self, ctx: ServiceContext, settings: CapacitySettings, nodes: list[NodeInventory]) -> None:
+    def __init__(self, ctx: ServiceContext, settings: CapacitySettings, nodes: list[NodeInventory],
+                 slices=None) -> None:
         self.ctx = ctx
         self.bus = ctx.bus
         self.settings = settings
         self.nodes = nodes
+        # Kubernetes mode: the ResourceSlice writer, and the nodes whose slice is not current yet.
+        if slices is None and settings.kubernetes:
+            from tessera.capacity.kube import SliceWriter
+
+            slices = SliceWriter()
+        self.slices = slices
+        self.slices_due: set[str] = {n.node for n in nodes} if slices is not None else set()
         self.last_seen: dict[str, float] = {}
         self.enforcer_seen: dict[str, float] = {}
         self.lost: set[str] = set()
@@ -143,16 +156,29 @@ class CapacityService:
             await self.announce(msgspec.structs.replace(inv, generation=generation))
         announced()
         log.info("announced %d nodes, %d GPUs", len(self.nodes), sum(len(n.devices) for n in self.nodes))
+        await self._publish_slices()
         seq = 0
         while True:
             await asyncio.sleep(self.settings.heartbeat_seconds)
             seq += 1
+            await self._publish_slices()
             try:
                 await self.bus.publish_many(
                     (subjects.inventory(inv.node), NodeHeartbeat(node=inv.node, seq=seq), None) for inv in self.nodes
                 )
             except Exception as exc:  # NATS restarting: the next beat goes out once it is back
                 log.warning("heartbeat %d not published: %r", seq, exc)
+
+    async def _publish_slices(self) -> None:
+        """Bring the ResourceSlices not yet current up to date (Kubernetes mode; else nothing)."""
+        for inv in self.nodes:
+            if inv.node not in self.slices_due:
+                continue
+            try:
+                await self.slices.publish(inv)
+                self.slices_due.discard(inv.node)
+            except Exception as exc:  # API server away or refusing: said once per try, retried next beat
+                log.warning("ResourceSlice of %s not written (retried at the next heartbeat): %s", inv.node, exc)
 
     async def _watch_heartbeats(self) -> None:
         """Every publisher tracks every node's last sign of life (core subscription, no storage)."""

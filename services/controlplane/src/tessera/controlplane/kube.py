@@ -1,11 +1,10 @@
 """Kubernetes mode: server-side apply of tenant manifests and a watch on their readiness.
 
-The manager's only module that imports kubernetes_asyncio. Objects are applied with server-side
-apply (PATCH, application/apply-patch+yaml, fieldManager=tessera-controlplane, force) so repeated
-applies are no-ops and fields other managers own are left alone. An API server or emulator that
-answers 404 to an apply of a missing object (kmock does; real API servers create it) gets a create
-instead. Readiness is the control-plane Deployment's status (ready replicas = desired, rolled out);
-``watch`` streams Deployment changes and tells the reconciler which tenant to look at again.
+The manager's only module that talks to Kubernetes, through `tessera.shared.kubeapi` (server-side
+apply with fieldManager=tessera-controlplane, so repeated applies are no-ops and fields other
+managers own are left alone). Readiness is the control-plane Deployment's status (ready replicas =
+desired, rolled out); ``watch`` streams Deployment changes and tells the reconciler which tenant to
+look at again.
 """
 
 from __future__ import annotations
@@ -15,8 +14,8 @@ import json
 import logging
 from typing import Any, Awaitable, Callable
 
-from kubernetes_asyncio import client, config
-from kubernetes_asyncio.client.exceptions import ApiException
+from tessera.shared.kubeapi import ApiException, KubeApi
+from tessera.shared.kubeapi import object_path as _path
 
 from tessera.controlplane import manifests
 
@@ -30,63 +29,34 @@ _PLURALS = {
 
 
 def object_path(api_version: str, kind: str, name: str | None, namespace: str | None) -> str:
-    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
-    ns = f"/namespaces/{namespace}" if namespace else ""
-    return f"{base}{ns}/{_PLURALS[kind]}" + (f"/{name}" if name else "")
+    return _path(api_version, _PLURALS[kind], name, namespace)
 
 
 class KubeHost:
-    def __init__(self, api: client.ApiClient | None = None, *, manage_namespaces: bool = True) -> None:
-        self._api = api
+    def __init__(self, api: KubeApi | None = None, *, manage_namespaces: bool = True) -> None:
+        self.kube = api or KubeApi()
         # Whether to create and delete the tenant's Namespace (off when the platform pre-creates them).
         self.manage_namespaces = manage_namespaces
 
     @classmethod
     def for_url(cls, url: str, *, manage_namespaces: bool = True) -> "KubeHost":
-        configuration = client.Configuration(host=url)
-        return cls(client.ApiClient(configuration), manage_namespaces=manage_namespaces)
-
-    async def api(self) -> client.ApiClient:
-        if self._api is None:  # in-cluster first, then ~/.kube/config
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                await config.load_kube_config()
-            self._api = client.ApiClient()
-        return self._api
-
-    async def _call(self, method: str, path: str, body: Any = None, *, query=None, content_type="application/json"):
-        api = await self.api()
-        return await api.call_api(
-            path, method, query_params=query or [], body=body,
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
-            response_types_map={200: "object", 201: "object"}, auth_settings=["BearerToken"], _return_http_data_only=True,
-        )
+        return cls(KubeApi.for_url(url), manage_namespaces=manage_namespaces)
 
     async def apply(self, tenant: str, objects: list[dict[str, Any]]) -> None:
         for obj in objects:
             if obj["kind"] == "Namespace" and not self.manage_namespaces:
                 continue
             meta = obj["metadata"]
-            path = object_path(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace"))
-            query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
-            try:
-                await self._call("PATCH", path, obj, query=query, content_type="application/apply-patch+yaml")
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-                collection = object_path(obj["apiVersion"], obj["kind"], None, meta.get("namespace"))
-                await self._call("POST", collection, obj, query=[("fieldManager", FIELD_MANAGER)])
+            ns = meta.get("namespace")
+            await self.kube.apply(object_path(obj["apiVersion"], obj["kind"], meta["name"], ns),
+                                  object_path(obj["apiVersion"], obj["kind"], None, ns), obj, FIELD_MANAGER)
 
     async def ready(self, tenant: str) -> tuple[bool, str]:
         ns = manifests.namespace(tenant)
         path = object_path("apps/v1", "Deployment", f"{tenant}-control-plane", ns)
-        try:
-            deployment = await self._call("GET", path)
-        except ApiException as exc:
-            if exc.status == 404:
-                return False, "control-plane Deployment not found"
-            raise
+        deployment = await self.kube.get(path)
+        if deployment is None:
+            return False, "control-plane Deployment not found"
         return deployment_ready(deployment)
 
     async def remove(self, tenant: str) -> None:
@@ -94,7 +64,7 @@ class KubeHost:
             if kind == "Namespace" and not self.manage_namespaces:
                 continue
             try:
-                await self._call("DELETE", object_path(api_version, kind, name, ns))
+                await self.kube.call("DELETE", object_path(api_version, kind, name, ns))
             except ApiException as exc:
                 if exc.status != 404:
                     raise
@@ -102,7 +72,7 @@ class KubeHost:
     async def watch(self, on_change: Callable[[str], Awaitable[None]]) -> None:
         """Forever: stream control-plane Deployments and hand each changed tenant to ``on_change``."""
         selector = f"app.kubernetes.io/managed-by={manifests.MANAGER}"
-        api = await self.api()
+        api = await self.kube.api()
         while True:
             try:
                 response = await api.call_api(
@@ -127,9 +97,7 @@ class KubeHost:
                 await asyncio.sleep(1)
 
     async def close(self) -> None:
-        if self._api is not None:
-            await self._api.close()
-            self._api = None
+        await self.kube.close()
 
 
 def deployment_ready(deployment: dict[str, Any]) -> tuple[bool, str]:

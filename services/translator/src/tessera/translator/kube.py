@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from kubernetes_asyncio import client, config
-from kubernetes_asyncio.client.exceptions import ApiException
+from tessera.shared.kubeapi import ApiException, KubeApi, object_path
 
 from tessera.translator.webhook import ContainerClaim
 
@@ -19,38 +18,22 @@ log = logging.getLogger("tessera.translator.kube")
 
 
 class TemplateWriter:
-    def __init__(self, api: client.ApiClient | None = None) -> None:
-        self._api = api
+    def __init__(self, api: KubeApi | None = None) -> None:
+        self.kube = api or KubeApi()
 
     @classmethod
     def for_url(cls, url: str) -> "TemplateWriter":
-        return cls(client.ApiClient(client.Configuration(host=url)))
-
-    async def api(self) -> client.ApiClient:
-        if self._api is None:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                await config.load_kube_config()
-            self._api = client.ApiClient()
-        return self._api
+        return cls(KubeApi.for_url(url))
 
     async def __call__(self, namespace: str, claims: list[ContainerClaim]) -> None:
-        api = await self.api()
         for claim in claims:
-            path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
             try:
-                await api.call_api(
-                    path, "POST", body=claim.template,
-                    header_params={"Content-Type": "application/json", "Accept": "application/json"},
-                    response_types_map={200: "object", 201: "object"}, auth_settings=["BearerToken"],
-                    _return_http_data_only=True,
-                )
+                await self.kube.call("POST", object_path("resource.k8s.io/v1", "resourceclaimtemplates",
+                                                         namespace=namespace), claim.template)
                 log.info("created ResourceClaimTemplate %s/%s", namespace, claim.template_name)
             except ApiException as exc:
                 if exc.status != 409:
                     raise
 
     async def close(self) -> None:
-        if self._api is not None:
-            await self._api.close()
+        await self.kube.close()

@@ -1,0 +1,150 @@
+"""The capacity publisher's DRA ResourceSlices: the v1 shape the API server accepts, and the writer
+against kmock's emulated API server (server-side apply, pool generation, owner, retries)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import aiohttp
+import kubernetes_validate
+import pytest
+
+from tessera.capacity import slices
+from tessera.capacity.kube import SliceWriter
+from tessera.capacity.service import CapacityService, CapacitySettings
+from tessera.shared.errors import ConfigError
+from tessera.shared.events import GpuDevice, NodeInventory
+from tessera.shared.kubeapi import KubeApi
+
+K8S = "1.34"  # resource.k8s.io/v1 with consumable capacity (KEP-5075)
+
+
+def node(name: str = "gpu-node-1", healthy=(True, True)) -> NodeInventory:
+    return NodeInventory(node=name, cpu_millis=64000, devices=[
+        GpuDevice(uuid=f"GPU-{name}-{i}", index=i, model="NVIDIA H100 80GB HBM3", memory_mib=81559, max_shares=4,
+                  healthy=ok) for i, ok in enumerate(healthy)])
+
+
+def test_a_slice_has_the_v1_shape_the_translators_claims_ask_for():
+    doc = slices.resource_slice(node(), 1, "uid-1")
+    kubernetes_validate.validate(doc, K8S, strict=True)
+    spec = doc["spec"]
+    assert spec["driver"] == "gpu.tessera.dev" and spec["nodeName"] == "gpu-node-1"
+    assert spec["pool"] == {"name": "gpu-node-1", "generation": 1, "resourceSliceCount": 1}
+    gpu = spec["devices"][0]
+    assert gpu["name"] == "gpu-0" and gpu["allowMultipleAllocations"] is True
+    assert gpu["attributes"] == {"model": {"string": "NVIDIA H100 80GB HBM3"}, "uuid": {"string": "GPU-gpu-node-1-0"},
+                                 "index": {"int": 0}}
+    # memory without a request policy: a claim that asks for no memory takes the whole card
+    assert gpu["capacity"]["memory"] == {"value": "81559Mi"}
+    assert gpu["capacity"]["cores"] == {"value": "100"}
+    assert gpu["capacity"]["shares"] == {"value": "4", "requestPolicy": {"default": "1", "validValues": ["1"]}}
+    assert doc["metadata"]["ownerReferences"][0] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-node-1",
+                                                     "uid": "uid-1", "controller": True}
+
+
+def test_a_sick_gpu_is_not_published_and_names_are_dns_safe():
+    doc = slices.resource_slice(node("GPU_Node.7", healthy=(True, False)), 2)
+    kubernetes_validate.validate(doc, K8S, strict=True)
+    assert [d["name"] for d in doc["spec"]["devices"]] == ["gpu-0"]
+    assert doc["metadata"]["name"] == "gpu-node.7-gpu-tessera-dev"
+    assert "ownerReferences" not in doc["metadata"]  # no Node object known (a simulated node)
+
+
+@pytest.fixture
+def api(kmock):
+    kmock.resources["resource.k8s.io/v1/resourceslices"] = {}
+    kmock.resources["v1/nodes"] = {}
+    return kmock
+
+
+def stored_slices(kmock) -> dict[str, dict]:
+    return {obj.raw["metadata"]["name"]: obj.raw for _, obj in kmock.objects.items()
+            if not obj.deleted and obj.raw.get("kind") == "ResourceSlice"}
+
+
+async def test_the_writer_applies_once_and_raises_the_generation_only_on_change(api):
+    base = str(api.url).rstrip("/")
+    async with aiohttp.ClientSession() as http:  # the real node's Node object
+        body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node-1", "uid": "node-uid-7"}}
+        async with http.post(f"{base}/api/v1/nodes", json=body) as r:
+            assert r.status in (200, 201)
+    writer = SliceWriter(KubeApi.for_url(base))
+    try:
+        assert await writer.publish(node()) == 1
+        (doc,) = stored_slices(api).values()
+        kubernetes_validate.validate(doc, K8S, strict=True)
+        assert len(doc["spec"]["devices"]) == 2
+        assert doc["metadata"]["ownerReferences"][0]["uid"] == "node-uid-7"  # goes when the Node goes
+        assert await writer.publish(node()) is None  # nothing changed: nothing written
+        assert await writer.publish(node(healthy=(True, False))) == 2  # a GPU fell sick: generation 2
+        (doc,) = stored_slices(api).values()
+        assert doc["spec"]["pool"]["generation"] == 2 and len(doc["spec"]["devices"]) == 1
+        applies = [r for r in api if r.method == "PATCH"]
+        assert applies and all(r.params.get("fieldManager") == "tessera-capacity" and r.params.get("force") == "true"
+                               for r in applies)
+    finally:
+        await writer.close()
+
+
+class Flaky:
+    """A slice writer whose API server is away for the first `fails` calls."""
+
+    def __init__(self, fails: int) -> None:
+        self.fails = fails
+        self.written: list[str] = []
+
+    async def publish(self, inv: NodeInventory):
+        if self.fails:
+            self.fails -= 1
+            raise ConnectionError("API server unreachable")
+        self.written.append(inv.node)
+        return 1
+
+
+async def test_the_service_retries_a_slice_it_could_not_write_and_then_leaves_it(caplog):
+    settings = CapacitySettings(kubernetes=True)
+    writer = Flaky(fails=1)
+    svc = CapacityService(SimpleNamespace(bus=None), settings, [node("a"), node("b")], slices=writer)
+    await svc._publish_slices()  # "a" fails (logged), "b" is written
+    assert writer.written == ["b"] and svc.slices_due == {"a"}
+    assert "ResourceSlice of a not written" in caplog.text
+    await svc._publish_slices()  # the next heartbeat: "a" now
+    assert writer.written == ["b", "a"] and svc.slices_due == set()
+    await svc._publish_slices()  # nothing left to do
+    assert writer.written == ["b", "a"]
+
+
+def test_kubernetes_mode_is_off_unless_asked_and_refuses_nonsense():
+    assert CapacitySettings.from_env({}).kubernetes is False
+    assert CapacitySettings.from_env({"TESSERA_KUBERNETES": "true"}).kubernetes is True
+    with pytest.raises(ConfigError, match="TESSERA_KUBERNETES"):
+        CapacitySettings.from_env({"TESSERA_KUBERNETES": "sometimes"})
+
+
+async def test_a_publisher_in_kubernetes_mode_writes_every_nodes_slice(api, nats_server, tmp_path, profiles_dir):
+    """The service process itself, reaching the emulated API server through a kubeconfig."""
+    from tessera.cli.cluster import LocalCluster
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: kmock\n"
+        f"clusters:\n- name: kmock\n  cluster: {{server: '{str(api.url).rstrip('/')}'}}\n"
+        "users:\n- name: kmock\n  user: {token: test}\n"
+        "contexts:\n- name: kmock\n  context: {cluster: kmock, user: kmock}\n")
+    cluster = LocalCluster(workdir=tmp_path, profile=profiles_dir / "tiny.yaml", nats_url=nats_server.url)
+    cluster.spawn("capacity", instance="capacity-k8s", env={"TESSERA_KUBERNETES": "true", "KUBECONFIG": str(kubeconfig)})
+    try:
+        await asyncio.to_thread(cluster.wait_ready, 60)
+        for _ in range(200):
+            if len(stored_slices(api)) == 2:
+                break
+            await asyncio.sleep(0.05)
+        docs = stored_slices(api)
+        assert sorted(d["spec"]["nodeName"] for d in docs.values()) == ["gpu-0", "gpu-1"]
+        for doc in docs.values():
+            kubernetes_validate.validate(doc, K8S, strict=True)
+            assert [d["name"] for d in doc["spec"]["devices"]] == ["gpu-0", "gpu-1"]
+    finally:
+        cluster.stop()
