@@ -11,7 +11,9 @@ The contract with the capacity publisher's ResourceSlices (driver ``gpu.tessera.
 attributes ``model`` (string) and ``uuid`` (string); capacity ``memory`` (a quantity in bytes,
 e.g. ``81559Mi``) and ``cores`` (``100``), with ``allowMultipleAllocations: true``; and no
 ``requestPolicy.default`` for ``memory`` smaller than the card, so that a request without a memory
-entry consumes the whole card, as HAMi's "no gpumem" does.
+entry consumes the whole card, as HAMi's "no gpumem" does. (The slices also carry ``shares``, the
+GPU's share limit, which every allocation consumes one of by default: claims need not mention it.
+They are written by ``tessera.capacity.slices``.)
 
 Pure functions returning plain dicts: no Kubernetes client here.
 """
