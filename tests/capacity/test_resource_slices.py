@@ -148,3 +148,27 @@ async def test_a_publisher_in_kubernetes_mode_writes_every_nodes_slice(api, nats
             assert [d["name"] for d in doc["spec"]["devices"]] == ["gpu-0", "gpu-1"]
     finally:
         cluster.stop()
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.published: list[tuple[str, int]] = []
+
+    async def publish(self, inv: NodeInventory):
+        self.published.append((inv.node, len(inv.devices)))
+        return 1
+
+
+async def test_a_lost_node_shows_no_devices_until_it_is_back():
+    # (its enforcer fell silent: the publisher on the node is alive and says so in the slice)
+    writer = Recorder()
+    svc = CapacityService(SimpleNamespace(bus=None), CapacitySettings(kubernetes=True), [node("a"), node("b")],
+                          slices=writer)
+    await svc._publish_slices()
+    assert sorted(writer.published) == [("a", 2), ("b", 2)]
+    await svc._mark_lost("a", 0.0, "its enforcer has been silent for 95s")  # (no NATS here: the label part gives up)
+    assert writer.published[-1] == ("a", 0)
+    await svc._mark_lost("zz", 0.0, "not ours")  # a node another publisher serves: its slice is not ours
+    assert writer.published[-1] == ("a", 0)
+    await svc._restore("a")
+    assert writer.published[-1] == ("a", 2) and svc.slices_due == set()

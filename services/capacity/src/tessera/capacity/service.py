@@ -10,7 +10,8 @@ before and then fell silent for ``TESSERA_ENFORCER_LOST_AFTER_SECONDS`` is lost 
 announced, but nothing there can prepare or release a claim). A node is restored when both speak
 again. On Kubernetes (``TESSERA_KUBERNETES=true``) it also keeps each node's DRA ResourceSlice
 current (`tessera.capacity.slices`, `tessera.capacity.kube`); an API server that cannot be reached
-is retried at every heartbeat, and NATS goes on meanwhile.
+is retried at every heartbeat, and NATS goes on meanwhile. While a node it serves is lost (its
+enforcer silent) the slice shows no devices, so the DRA allocator hands out nothing there either.
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ class CapacityService:
             slices = SliceWriter()
         self.slices = slices
         self.slices_due: set[str] = {n.node for n in nodes} if slices is not None else set()
+        # What each served node's slice should say now: its GPUs, or none while the node is lost.
+        self.slice_view: dict[str, NodeInventory] = {n.node: n for n in nodes}
         self.last_seen: dict[str, float] = {}
         self.enforcer_seen: dict[str, float] = {}
         self.lost: set[str] = set()
@@ -171,8 +174,10 @@ class CapacityService:
 
     async def _publish_slices(self) -> None:
         """Bring the ResourceSlices not yet current up to date (Kubernetes mode; else nothing)."""
-        for inv in self.nodes:
-            if inv.node not in self.slices_due:
+        for node in list(self.slices_due):
+            inv = self.slice_view.get(node)
+            if inv is None:
+                self.slices_due.discard(node)
                 continue
             try:
                 await self.slices.publish(inv)
@@ -200,9 +205,20 @@ class CapacityService:
                 if why is not None and node not in self.lost:
                     await self._mark_lost(node, self.last_seen[node], why)
 
+    async def _slice_shows(self, node: str, lost: bool) -> None:
+        """Kubernetes mode: a lost node we serve shows no devices in its ResourceSlice (the DRA
+        allocator must not hand out GPUs that nothing on the node can prepare); back, all of them."""
+        served = next((n for n in self.nodes if n.node == node), None)
+        if self.slices is None or served is None:
+            return
+        self.slice_view[node] = msgspec.structs.replace(served, devices=[]) if lost else served
+        self.slices_due.add(node)
+        await self._publish_slices()
+
     async def _mark_lost(self, node: str, seen: float, why: str) -> None:
         """Label the node lost in its inventory record (CAS, so two publishers agree) and say so."""
         self.lost.add(node)
+        await self._slice_shows(node, lost=True)
         try:
             entry = await self.kv.get(node)
         except Exception:
@@ -226,6 +242,7 @@ class CapacityService:
 
     async def _restore(self, node: str) -> None:
         self.lost.discard(node)
+        await self._slice_shows(node, lost=False)
         try:
             entry = await self.kv.get(node)
         except Exception:
