@@ -174,11 +174,11 @@ class CapacityService:
 
     async def _publish_slices(self) -> None:
         """Bring the ResourceSlices not yet current up to date (Kubernetes mode; else nothing)."""
-        for node in list(self.slices_due):
-            inv = self.slice_view.get(node)
-            if inv is None:
-                self.slices_due.discard(node)
+        for served in self.nodes:  # (in the profile's order)
+            node = served.node
+            if node not in self.slices_due:
                 continue
+            inv = self.slice_view[node]
             try:
                 await self.slices.publish(inv)
                 self.slices_due.discard(inv.node)
