@@ -18,23 +18,26 @@ METADATA = {
 
 ISSUER_KINDS = ("selfSigned", "ca", "acme", "vault", "venafi")
 
-ISSUER = {
+
+def resource(kind: str, spec: dict) -> dict:
+    """A cert-manager v1 object of ``kind``: apiVersion, kind, metadata and this spec, nothing else."""
+    return {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {"apiVersion": {"const": "cert-manager.io/v1"}, "kind": {"const": kind},
+                       "metadata": METADATA, "spec": spec},
+        "additionalProperties": False,
+    }
+
+
+ISSUER = resource("Issuer", {
     "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "cert-manager.io/v1"},
-        "kind": {"const": "Issuer"},
-        "metadata": METADATA,
-        "spec": {
-            "type": "object",
-            "properties": {k: {"type": "object"} for k in ISSUER_KINDS},
-            "additionalProperties": False,
-            "minProperties": 1,
-            "maxProperties": 1,
-        },
-    },
+    "properties": {k: {"type": "object"} for k in ISSUER_KINDS},
     "additionalProperties": False,
-}
+    "minProperties": 1,
+    "maxProperties": 1,
+})
+
 
 CERTIFICATE_SPEC_FIELDS = (
     "additionalOutputFormats", "commonName", "dnsNames", "duration", "emailAddresses",
@@ -44,42 +47,32 @@ CERTIFICATE_SPEC_FIELDS = (
 )
 DURATION = {"type": "string", "pattern": r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"}
 
-CERTIFICATE = {
+CERTIFICATE = resource("Certificate", {
     "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "required": ["secretName", "issuerRef"],
     "properties": {
-        "apiVersion": {"const": "cert-manager.io/v1"},
-        "kind": {"const": "Certificate"},
-        "metadata": METADATA,
-        "spec": {
+        **{f: {} for f in CERTIFICATE_SPEC_FIELDS},
+        "secretName": {"type": "string", "minLength": 1},
+        "duration": DURATION,
+        "renewBefore": DURATION,
+        "dnsNames": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        "issuerRef": {
             "type": "object",
-            "required": ["secretName", "issuerRef"],
-            "properties": {
-                **{f: {} for f in CERTIFICATE_SPEC_FIELDS},
-                "secretName": {"type": "string", "minLength": 1},
-                "duration": DURATION,
-                "renewBefore": DURATION,
-                "dnsNames": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-                "issuerRef": {
-                    "type": "object",
-                    "required": ["name"],
-                    "properties": {"name": {"type": "string"}, "kind": {"enum": ["Issuer", "ClusterIssuer"]},
-                                   "group": {"type": "string"}},
-                    "additionalProperties": False,
-                },
-                "privateKey": {
-                    "type": "object",
-                    "properties": {"algorithm": {"enum": ["RSA", "ECDSA", "Ed25519"]},
-                                   "size": {"type": "integer"},
-                                   "encoding": {"enum": ["PKCS1", "PKCS8"]},
-                                   "rotationPolicy": {"enum": ["Never", "Always"]}},
-                    "additionalProperties": False,
-                },
-            },
+            "required": ["name"],
+            "properties": {"name": {"type": "string"}, "kind": {"enum": ["Issuer", "ClusterIssuer"]},
+                           "group": {"type": "string"}},
+            "additionalProperties": False,
+        },
+        "privateKey": {
+            "type": "object",
+            "properties": {"algorithm": {"enum": ["RSA", "ECDSA", "Ed25519"]},
+                           "size": {"type": "integer"},
+                           "encoding": {"enum": ["PKCS1", "PKCS8"]},
+                           "rotationPolicy": {"enum": ["Never", "Always"]}},
             "additionalProperties": False,
         },
     },
     "additionalProperties": False,
-}
+})
 
 SCHEMAS = {("cert-manager.io/v1", "Issuer"): ISSUER, ("cert-manager.io/v1", "Certificate"): CERTIFICATE}

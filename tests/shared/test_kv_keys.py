@@ -3,29 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import nats
 
 from tessera.shared.kvkeys import live_entries, live_keys
 
 
+@contextlib.asynccontextmanager
 async def bucket(nats_url, name):
+    """A fresh KV bucket (history 5) and its connection, closed afterwards."""
     nc = await nats.connect(nats_url)
-    kv = await nc.jetstream().create_key_value(bucket=name, history=5)
-    return nc, kv
-
-
-async def test_empty_bucket_has_no_keys(nats_url):
-    nc, kv = await bucket(nats_url, "empty")
     try:
-        assert await live_keys(kv) == []
+        yield nc, await nc.jetstream().create_key_value(bucket=name, history=5)
     finally:
         await nc.close()
 
 
+async def test_empty_bucket_has_no_keys(nats_url):
+    async with bucket(nats_url, "empty") as (nc, kv):
+        assert await live_keys(kv) == []
+
+
 async def test_deleted_and_purged_keys_are_left_out_and_history_is_not_counted_twice(nats_url):
-    nc, kv = await bucket(nats_url, "mixed")
-    try:
+    async with bucket(nats_url, "mixed") as (nc, kv):
         for i in range(30):
             await kv.put(f"node.n{i}", b"x")
             await kv.put(f"node.n{i}", b"y")  # a second revision of the same key
@@ -34,14 +35,11 @@ async def test_deleted_and_purged_keys_are_left_out_and_history_is_not_counted_t
         await kv.put("node.n4", b"back")  # purged, then written again
         expected = sorted({f"node.n{i}" for i in range(30)} - {"node.n3"})
         assert await live_keys(kv) == expected
-    finally:
-        await nc.close()
 
 
 async def test_a_full_bucket_is_never_read_as_empty_under_concurrent_readers(nats_url):
     """nats-py's keys() could answer "no keys" when the consumer info overtook the pushed messages."""
-    nc, kv = await bucket(nats_url, "busy")
-    try:
+    async with bucket(nats_url, "busy") as (nc, kv):
         for i in range(700):  # more than one fetch batch
             await kv.put(f"c{i:04d}", b"v")
         results = await asyncio.gather(*(live_keys(kv) for _ in range(40)))
@@ -49,13 +47,10 @@ async def test_a_full_bucket_is_never_read_as_empty_under_concurrent_readers(nat
         # and nothing is left behind on the server: every listing deletes its consumer
         info = await nc.jetstream().stream_info("KV_busy")
         assert info.state.consumer_count == 0
-    finally:
-        await nc.close()
 
 
 async def test_entries_are_the_latest_values_with_their_revisions(nats_url):
-    nc, kv = await bucket(nats_url, "values")
-    try:
+    async with bucket(nats_url, "values") as (nc, kv):
         for i in range(600):  # more than one fetch batch
             await kv.put(f"c{i:04d}", b"old")
         latest = {f"c{i:04d}": await kv.put(f"c{i:04d}", f"v{i}".encode()) for i in range(0, 600, 3)}
@@ -66,5 +61,3 @@ async def test_entries_are_the_latest_values_with_their_revisions(nats_url):
             assert entries[key] == (f"v{int(key[1:])}".encode(), revision)
         assert entries["c0002"][0] == b"old"
         assert (await kv.get("c0002")).revision == entries["c0002"][1]
-    finally:
-        await nc.close()
