@@ -19,7 +19,7 @@ from tessera.shared.bus import Bus
 from tessera.shared.claimstore import ClaimStore
 from tessera.shared.errors import TemporaryError
 from tessera.shared.events import ClaimRecord, NodeInventory, NodeLedger
-from tessera.shared.kvkeys import live_keys
+from tessera.shared.kvkeys import live_values
 from tessera.shared.ledger import Ledger
 from tessera.shared.settings import BusSettings
 
@@ -90,12 +90,7 @@ class Client:
         return await self.call(subjects.API_RELEASE, api.ReleaseRequest(claim=claim, reason=reason))
 
     async def fleet(self) -> FleetState:
-        inv_kv = await self.bus.kv(subjects.KV_INVENTORY)
-        inventories: dict[str, NodeInventory] = {}
-        for key in await live_keys(inv_kv):
-            entry = await inv_kv.get(key)
-            if entry.value:
-                inventories[key] = _inventory.decode(entry.value)
+        inventories = await live_values(await self.bus.kv(subjects.KV_INVENTORY), _inventory)
         ledgers = await Ledger(await self.bus.kv(subjects.KV_LEDGER)).all_nodes()
         claims = {c.claim: c for c in await ClaimStore(await self.bus.kv(subjects.KV_CLAIMS)).all()}
         return FleetState(inventories, ledgers, claims)

@@ -13,8 +13,8 @@ import msgspec
 
 from tessera.shared.bus import KeyNotFoundError, KeyValue, KeyWrongLastSequenceError
 from tessera.shared.events import ClaimRecord, encode, now
-from tessera.shared.jspub import PublishError, publisher
-from tessera.shared.kvkeys import live_entries
+from tessera.shared.jspub import kv_update_many
+from tessera.shared.kvkeys import live_values
 
 _decoder = msgspec.json.Decoder(ClaimRecord)
 
@@ -70,19 +70,11 @@ class ClaimStore:
         The writes go out without waiting for each acknowledgement (a KV update is a publish on
         ``$KV.<bucket>.<key>`` with the expected last sequence), then the acks are gathered.
         """
-        prefix = self.kv._pre  # nats-py's KV is a thin layer over this publish
-        acks = await publisher(self.kv._js._nc).publish([
-            (prefix + record.claim, encode(record), {"Nats-Expected-Last-Subject-Sequence": str(revision)})
-            for record, revision in items
-        ])
         out: list[int | None] = []
-        for ack in acks:
-            if isinstance(ack, PublishError) and ack.wrong_last_sequence:
-                out.append(None)
-            elif isinstance(ack, Exception):
-                raise ack
-            else:
-                out.append(ack.seq)
+        for result in await kv_update_many(self.kv, [(r.claim, encode(r), revision) for r, revision in items]):
+            if isinstance(result, Exception):
+                raise result
+            out.append(result)
         return out
 
     async def transition(
@@ -118,5 +110,4 @@ class ClaimStore:
 
     async def all(self) -> list[ClaimRecord]:
         """Every stored claim, by id (read in batches, not one round trip per claim)."""
-        entries = await live_entries(self.kv)
-        return [_decoder.decode(entries[key][0]) for key in sorted(entries) if entries[key][0]]
+        return list((await live_values(self.kv, _decoder)).values())

@@ -133,3 +133,17 @@ def publisher(nc: Client) -> Publisher:
     if p is None:
         p = _publishers[nc] = Publisher(nc)
     return p
+
+
+async def kv_update_many(kv, items: Sequence[tuple[str, bytes, int]]) -> list[int | None | Exception]:
+    """Compare-and-set writes of many ``(key, value, revision)`` to a KV bucket, pipelined (revision 0:
+    the key must not exist yet). Per item: the new revision, None where the key is no longer at the
+    revision given, or the error that stopped the write. (A KV write is a publish on
+    ``$KV.<bucket>.<key>`` with the expected last sequence; nats-py's KeyValue keeps its context and
+    subject prefix private, and is pinned in libs/shared.)"""
+    acks = await publisher(kv._js._nc).publish([
+        (kv._pre + key, value, {"Nats-Expected-Last-Subject-Sequence": str(revision)})
+        for key, value, revision in items
+    ])
+    return [None if isinstance(ack, PublishError) and ack.wrong_last_sequence
+            else ack if isinstance(ack, Exception) else ack.seq for ack in acks]

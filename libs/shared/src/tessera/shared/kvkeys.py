@@ -15,6 +15,7 @@ batches of 512 per round trip, where a ``get`` per key would cost one round trip
 from __future__ import annotations
 
 import contextlib
+from typing import Any, Callable
 
 import nats.errors
 from nats.js import api
@@ -32,6 +33,25 @@ async def live_keys(kv: KeyValue, timeout: float = 10.0) -> list[str]:
 async def live_entries(kv: KeyValue, timeout: float = 10.0) -> dict[str, tuple[bytes, int]]:
     """Every live key of ``kv`` with its latest value and that value's revision."""
     return await _scan(kv, timeout, headers_only=False)
+
+
+async def live_values(kv: KeyValue, decoder, on_error: Callable[[str, Exception], None] | None = None,
+                      timeout: float = 10.0) -> dict[str, Any]:
+    """Every live, non-empty value of ``kv`` decoded with ``decoder``, by key (in key order). A value
+    that does not decode raises, or with ``on_error`` is reported to it and left out."""
+    out: dict[str, Any] = {}
+    entries = await live_entries(kv, timeout)
+    for key in sorted(entries):
+        data = entries[key][0]
+        if not data:
+            continue
+        try:
+            out[key] = decoder.decode(data)
+        except Exception as exc:
+            if on_error is None:
+                raise
+            on_error(key, exc)
+    return out
 
 
 async def _scan(kv: KeyValue, timeout: float, headers_only: bool) -> dict[str, tuple[bytes, int]]:

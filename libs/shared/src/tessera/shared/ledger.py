@@ -18,8 +18,8 @@ from tessera.shared import subjects
 from tessera.shared.bus import KeyNotFoundError, KeyValue, KeyWrongLastSequenceError
 from tessera.shared.errors import ConflictError
 from tessera.shared.events import GpuQuota, LedgerEntry, NodeLedger, TenantUsage, encode
-from tessera.shared.jspub import PublishError, publisher
-from tessera.shared.kvkeys import live_keys
+from tessera.shared.jspub import kv_update_many
+from tessera.shared.kvkeys import live_entries
 
 _node_decoder = msgspec.json.Decoder(NodeLedger)
 _tenant_decoder = msgspec.json.Decoder(TenantUsage)
@@ -108,21 +108,10 @@ class Ledger:
     async def write_nodes(self, items: list[tuple[NodeLedger, int | None]]) -> list[int | Exception]:
         """``write_node`` for many nodes at once, pipelined: per node its new revision, a
         ConflictError where the ledger moved since the revision given, or the error that stopped it."""
-        prefix = self.kv._pre  # a KV write is a publish on $KV.<bucket>.<key> with the expected revision
-        acks = await publisher(self.kv._js._nc).publish([
-            (prefix + subjects.ledger_node_key(ledger.node), encode(ledger),
-             {"Nats-Expected-Last-Subject-Sequence": str(revision or 0)})  # 0: the key must not exist
-            for ledger, revision in items
-        ])
-        out: list[int | Exception] = []
-        for (ledger, revision), ack in zip(items, acks):
-            if isinstance(ack, PublishError) and ack.wrong_last_sequence:
-                out.append(ConflictError(f"ledger of {ledger.node} changed since revision {revision}"))
-            elif isinstance(ack, Exception):
-                out.append(ack)
-            else:
-                out.append(ack.seq)
-        return out
+        results = await kv_update_many(self.kv, [(subjects.ledger_node_key(ledger.node), encode(ledger), revision or 0)
+                                                 for ledger, revision in items])  # 0: the key must not exist
+        return [ConflictError(f"ledger of {ledger.node} changed since revision {revision}") if result is None
+                else result for (ledger, revision), result in zip(items, results)]
 
     async def release(self, node: str, claim: str) -> LedgerEntry | None:
         """Remove a claim's allocation from a node; idempotent (None if it was not there)."""
@@ -141,12 +130,9 @@ class Ledger:
                 continue
 
     async def all_nodes(self) -> dict[str, NodeLedger]:
-        out: dict[str, NodeLedger] = {}
-        for key in await live_keys(self.kv):
-            if key.startswith("node."):
-                ledger, _ = await self.read_node(key[5:])
-                out[ledger.node] = ledger
-        return out
+        """Every node's ledger, by node (one batched read of the bucket)."""
+        nodes = {k: v for k, v in (await live_entries(self.kv)).items() if k.startswith("node.") and v[0]}
+        return {key[5:]: _node_decoder.decode(nodes[key][0]) for key in sorted(nodes)}
 
     # --- tenants (quota) -------------------------------------------------------------------
 

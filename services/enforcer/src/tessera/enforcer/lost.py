@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from tessera.shared.events import NodeInventory
-from tessera.shared.kvkeys import live_keys
+from tessera.shared.kvkeys import live_values
 
 log = logging.getLogger("tessera.enforcer.lost")
 
@@ -35,15 +35,9 @@ def designated(claim: str, nodes: list[str]) -> str | None:
 
 
 async def read_inventory(kv) -> dict[str, NodeInventory]:
-    out: dict[str, NodeInventory] = {}
-    for key in await live_keys(kv):
-        try:
-            entry = await kv.get(key)
-            if entry.value:
-                out[key] = _inventory.decode(entry.value)
-        except Exception as exc:  # one bad record must not stop the others from being checked
-            log.warning("inventory record %s unreadable: %s", key, exc)
-    return out
+    # (one bad record must not stop the others from being checked)
+    return await live_values(kv, _inventory,
+                             lambda key, exc: log.warning("inventory record %s unreadable: %s", key, exc))
 
 
 @dataclass
