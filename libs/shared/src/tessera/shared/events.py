@@ -14,6 +14,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta, Struct, field
 
+from tessera.shared.kubeclaims import KubeClaimRef
+
 # --- shared value types -------------------------------------------------------------------------
 
 NodeName = Annotated[str, Meta(pattern=r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$", max_length=63)]
@@ -114,6 +116,8 @@ class ClaimRequested(Event, tag="requested"):
     # Revision of the claim's record in the ``claims`` bucket when this was published (0: unknown).
     # Placement writes the outcome with compare-and-set against it, skipping a read.
     record_revision: int = 0
+    # Kubernetes mode: the ResourceClaim this claim stands for (placement writes its status).
+    kube: KubeClaimRef | None = None
     ts: float = field(default_factory=now)
 
 
@@ -289,6 +293,8 @@ class ClaimRecord(Struct, kw_only=True):
     # W3C traceparent of the request that created the claim: later steps that do not start from
     # one of the claim's own messages (a release request, a retry) continue this trace.
     traceparent: str = ""
+    # Kubernetes mode: the ResourceClaim this claim stands for.
+    kube: KubeClaimRef | None = None
     updated: float = field(default_factory=now)
 
 
