@@ -35,6 +35,7 @@ from aiohttp import web
 
 import kube_patches
 import kube_schemas
+from kube_admission import MutatingAdmission, Refused, compile_errors
 from kube_selectors import SelectorError, field_selector, label_selector
 
 NOT_MODELLED = """
@@ -238,7 +239,7 @@ class ApiServer:
         self._applied: dict[tuple[str, str], dict] = {}  # (uid, field manager) -> last applied config
         self._port = 0
         self._runner: web.AppRunner | None = None
-        self._admission = None  # the admission chain (set by kube_admission), run on create and update
+        self.admission = MutatingAdmission()  # the stored MutatingWebhookConfigurations, run on each write
         for ns in SYSTEM_NAMESPACES:
             self._create_now(self._res("v1", "namespaces"), "", {"apiVersion": "v1", "kind": "Namespace",
                                                                  "metadata": {"name": ns}})
@@ -292,6 +293,11 @@ class ApiServer:
                 headers = {"Retry-After": "1"} if fault.status == 429 else None
                 return web.json_response(error.status(), status=fault.status, headers=headers)
         return await handler(request)
+
+    def route_service(self, namespace: str, name: str, port: int, url: str) -> None:
+        """Make webhook ``clientConfig.service`` {namespace, name, port} reach ``url`` (https://host:port);
+        the TLS server name checked is still ``<name>.<namespace>.svc``, as in a cluster."""
+        self.admission.route_service(namespace, name, port, url)
 
     # ---- direct access for the parts the tests play ---------------------------------------------
 
@@ -412,11 +418,12 @@ class ApiServer:
 
     def _create_now(self, res: Resource, ns: str, obj: dict) -> dict:
         """Create without admission (system objects made at start)."""
-        obj = self._prepare_create(res, ns, obj)
+        obj = self._assign_identity(res, self._normalize_create(res, ns, obj))
         self._validate(res, obj, None)
         return self._commit(res, ns, obj, None, "ADDED")
 
-    def _prepare_create(self, res: Resource, ns: str, obj: dict) -> dict:
+    def _normalize_create(self, res: Resource, ns: str, obj: dict) -> dict:
+        """The object as admission sees it: kind and namespace checked, server-owned fields gone."""
         if not isinstance(obj, dict):
             raise ApiError(400, "the body of the request was not a JSON object")
         obj.setdefault("apiVersion", res.api_version)
@@ -434,20 +441,26 @@ class ApiServer:
             meta["namespace"] = ns
         else:
             meta.pop("namespace", None)
-        if not meta.get("name"):
-            if meta.get("generateName"):
-                meta["name"] = meta["generateName"] + "".join(random.choice(_NAME_CHARS) for _ in range(5))
-            else:
-                raise invalid(res, "", [("metadata.name", "Required value: name or generateName is required")])
+        if not meta.get("name") and not meta.get("generateName"):
+            raise invalid(res, "", [("metadata.name", "Required value: name or generateName is required")])
         for server_owned in ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "generation",
                              "deletionGracePeriodSeconds", "managedFields", "selfLink"):
             meta.pop(server_owned, None)
+        if res.status:
+            obj.pop("status", None)
+        if res.kind == "Namespace":  # the label every namespace carries, for namespaceSelectors
+            meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
+        return obj
+
+    def _assign_identity(self, res: Resource, obj: dict) -> dict:
+        """What the registry fills in after admission: name from generateName, uid, times, status."""
+        meta = obj["metadata"]
+        if not meta.get("name"):
+            meta["name"] = meta["generateName"] + "".join(random.choice(_NAME_CHARS) for _ in range(5))
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now()
         if res.kind not in NO_GENERATION:
             meta["generation"] = 1
-        if res.status:
-            obj.pop("status", None)
         if res.kind == "Pod":
             obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
         elif res.kind == "Namespace":
@@ -483,15 +496,15 @@ class ApiServer:
             raise ApiError(403, f"{res.kind.lower()}s \"{namespace['metadata']['name']}\" is forbidden: unable to "
                                 f"create new content in namespace {ns} because it is being terminated")
 
-    async def _create(self, res: Resource, ns: str, obj: dict, method: str, path: str,
-                      manager: str | None = None) -> dict:
-        obj = self._prepare_create(res, ns, obj)
+    async def _create(self, res: Resource, ns: str, obj: dict, method: str, path: str) -> dict:
+        obj = self._normalize_create(res, ns, obj)
         self._check_namespace(res, ns)
+        obj = await self._admit("CREATE", res, ns, obj, None, "")
+        obj = self._assign_identity(res, obj)
         if (*res.key, ns, obj["metadata"]["name"]) in self._store:
             name = obj["metadata"]["name"]
             raise ApiError(409, f'{res.qualified} "{name}" already exists', "AlreadyExists",
                            {"name": name, "group": res.group, "kind": res.plural})
-        obj = await self._admit("CREATE", res, obj, None)
         self._validate(res, obj, None)
         stored = self._commit(res, ns, obj, None, "ADDED")
         self.writes.append(Write(method, path, copy.deepcopy(stored)))
@@ -555,11 +568,15 @@ class ApiServer:
         if not isinstance(body, dict):
             raise ApiError(400, "the body of the request was not a JSON object")
         self._check_rv(res, old, (body.get("metadata") or {}).get("resourceVersion"))
-        return await self._write_update(res, ns, old, self._merge_update(res, old, body, subresource), method, path)
+        return await self._write_update(res, ns, old, self._merge_update(res, old, body, subresource), method, path,
+                                        subresource)
 
-    async def _write_update(self, res: Resource, ns: str, old: dict, new: dict, method: str, path: str) -> dict:
+    async def _write_update(self, res: Resource, ns: str, old: dict, new: dict, method: str, path: str,
+                            subresource: str) -> dict:
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         self._default(res, new)
+        if res.kind == "Namespace":
+            new["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = new["metadata"]["name"]
         if old["metadata"].get("deletionTimestamp"):
             added = set(new["metadata"].get("finalizers") or []) - set(old["metadata"].get("finalizers") or [])
             if added:
@@ -567,7 +584,7 @@ class ApiServer:
                     "metadata.finalizers", f"Forbidden: no new finalizers can be added if the object is being "
                                            f"deleted, found new finalizers {sorted(added)}")])
         if new != old:
-            new = await self._admit("UPDATE", res, new, old)
+            new = await self._admit("UPDATE", res, ns, new, old, subresource)
         self._validate(res, new, old)
         if new == old:  # a no-op write changes nothing, not even the resourceVersion
             self.writes.append(Write(method, path, copy.deepcopy(old)))
@@ -612,7 +629,7 @@ class ApiServer:
         if not isinstance(patched, dict):
             raise ApiError(400, "the patch does not leave an object")
         merged = self._merge_update(res, old, copy.deepcopy(patched), subresource)
-        return 200, await self._write_update(res, ns, old, merged, "PATCH", path)
+        return 200, await self._write_update(res, ns, old, merged, "PATCH", path, subresource)
 
     async def _apply(self, res: Resource, ns: str, name: str, raw: bytes, subresource: str, query,
                      path: str) -> tuple[int, dict]:
@@ -642,7 +659,7 @@ class ApiServer:
         key = (old["metadata"]["uid"], manager + "/" + subresource if subresource else manager)
         patched = kube_patches.server_side_apply(old, applied, self._applied.get(key))
         merged = self._merge_update(res, old, patched, subresource)
-        stored = await self._write_update(res, ns, old, merged, "PATCH", path)
+        stored = await self._write_update(res, ns, old, merged, "PATCH", path, subresource)
         self._applied[key] = applied
         return 200, stored
 
@@ -775,12 +792,26 @@ class ApiServer:
         self.writes.append(Write("POST", path, copy.deepcopy(binding)))
         return stored
 
-    # ---- admission (the chain is installed by kube_admission; none here by default) --------------
+    # ---- admission -------------------------------------------------------------------------------
 
-    async def _admit(self, operation: str, res: Resource, obj: dict, old: dict | None) -> dict:
-        if self._admission is None:
+    async def _admit(self, operation: str, res: Resource, ns: str, obj: dict, old: dict | None,
+                     subresource: str) -> dict:
+        if res.group == "admissionregistration.k8s.io":
+            return obj  # never sent to webhooks, so that a broken webhook can always be removed
+        configurations = [o for (_, _, _, _), o in self._items(self._res("admissionregistration.k8s.io/v1",
+                                                                          "mutatingwebhookconfigurations"))]
+        if not configurations:
             return obj
-        return await self._admission(self, operation, res, obj, old)
+        namespace = self._store.get(("v1", "namespaces", "", ns)) if ns else None
+        try:
+            return await self.admission.admit(
+                configurations=configurations, operation=operation, group=res.group, version=res.version,
+                kind=res.kind, resource=f"{res.plural}/{subresource}" if subresource else res.plural,
+                namespaced=res.namespaced, namespace=ns,
+                namespace_labels=((namespace or {}).get("metadata") or {}).get("labels") or {},
+                obj=copy.deepcopy(obj), old=copy.deepcopy(old) if old is not None else None)
+        except Refused as exc:
+            raise ApiError(exc.code, exc.message, exc.reason or None) from None
 
     # ---- custom resources -----------------------------------------------------------------------
 
@@ -1035,6 +1066,8 @@ def _semantic_errors(res: Resource, obj: dict, old: dict | None) -> list[tuple[s
         return _pod_errors(obj, old)
     if res.kind == "ResourceClaim":
         return _claim_errors(obj, old)
+    if res.kind == "MutatingWebhookConfiguration":
+        return compile_errors(obj.get("webhooks") or [])
     return []
 
 
