@@ -36,7 +36,7 @@ from aiohttp import web
 import kube_patches
 import kube_schemas
 from kube_admission import MutatingAdmission, Refused, compile_errors
-from kube_selectors import SelectorError, field_selector, label_selector
+from kube_selectors import SelectorError, dotted, field_selector, label_selector
 
 NOT_MODELLED = """
 - authentication, authorization (RBAC objects are stored, never enforced), API priority and fairness
@@ -56,6 +56,15 @@ CORE_FIELDS = frozenset({"metadata.name", "metadata.namespace"})
 
 
 @dataclasses.dataclass(frozen=True)
+class CustomKind:
+    """What a CRD version defines beyond the names: its schema and its ``kubectl get`` columns."""
+
+    validator: Any
+    schema: dict
+    columns: tuple[dict, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class Resource:
     api_version: str
     plural: str
@@ -64,8 +73,7 @@ class Resource:
     status: bool = False
     fields: frozenset[str] = CORE_FIELDS
     short_names: tuple[str, ...] = ()
-    # (validator, structural schema) of a custom resource
-    custom: Any = dataclasses.field(default=None, compare=False, hash=False)
+    custom: "CustomKind | None" = dataclasses.field(default=None, compare=False, hash=False)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -246,6 +254,7 @@ class ApiServer:
         self._port = 0
         self._runner: web.AppRunner | None = None
         self.admission = MutatingAdmission()  # the stored MutatingWebhookConfigurations, run on each write
+        self._changed = asyncio.Event()
         for ns in SYSTEM_NAMESPACES:
             self._create_now(self._res("v1", "namespaces"), "", {"apiVersion": "v1", "kind": "Namespace",
                                                                  "metadata": {"name": ns}})
@@ -315,6 +324,14 @@ class ApiServer:
         """Forget the watch history, as etcd compaction does: a watch from before now gets 410."""
         self._history.clear()
         self._compacted = self._rv
+
+    async def wait_for(self, check, timeout: float = 10.0):
+        """The first truthy value of ``check()`` (a function of the stored state, e.g. a lambda over
+        ``objects``), re-evaluated after each write; TimeoutError if it stays falsy."""
+        async with asyncio.timeout(timeout):
+            while not (value := check()):
+                await self._changed.wait()
+            return value
 
     def resource(self, api_version: str, plural: str) -> Resource:
         return self._res(api_version, plural)
@@ -399,6 +416,8 @@ class ApiServer:
         if len(self._history) == self._history.maxlen:
             self._compacted = self._history[0].rv
         self._history.append(change)
+        self._changed.set()
+        self._changed = asyncio.Event()
         for watcher in list(self._watchers):
             event = self._event_for(watcher, change)
             if event is not None:
@@ -479,12 +498,12 @@ class ApiServer:
 
     def _default(self, res: Resource, obj: dict) -> None:
         if res.custom is not None:
-            kube_schemas.apply_defaults(res.custom[1], obj)
+            kube_schemas.apply_defaults(res.custom.schema, obj)
 
     def _validate(self, res: Resource, obj: dict, old: dict | None) -> None:
         name = obj.get("metadata", {}).get("name", "")
         if res.custom is not None:
-            validator = res.custom[0]
+            validator = res.custom.validator
         else:
             validator = kube_schemas.builtin_validator(res.kind, res.api_version, self.schema_version)
         causes = kube_schemas.errors(validator, obj)
@@ -868,7 +887,8 @@ class ApiServer:
             res = Resource(api_version, names["plural"], names["kind"], spec["scope"] == "Namespaced",
                            "status" in (version.get("subresources") or {}), CORE_FIELDS,
                            tuple(names.get("shortNames") or ()),
-                           (kube_schemas.custom_validator(schema, self.schema_version), schema))
+                           CustomKind(kube_schemas.custom_validator(schema, self.schema_version), schema,
+                                      tuple(version.get("additionalPrinterColumns") or ())))
             self._resources[(api_version, names["plural"])] = res
 
     # ---- HTTP -----------------------------------------------------------------------------------
@@ -892,6 +912,8 @@ class ApiServer:
         parts = [p for p in request.path.split("/") if p]
         if request.path in ("/healthz", "/readyz", "/livez"):
             return web.Response(text="ok")
+        if parts[:2] == ["openapi", "v3"]:
+            return web.json_response(self._openapi_v3("/".join(parts[2:])))
         if request.path == "/version":
             major, minor = self.schema_version.split(".")[:2]
             return web.json_response({"major": major, "minor": minor, "gitVersion": f"v{self.schema_version}",
@@ -925,7 +947,10 @@ class ApiServer:
             if method == "GET":
                 if request.query.get("watch") in TRUE:
                     return await self._watch(request, res, ns if res.namespaced and ns else None)
-                return web.json_response(self._list(res, ns if ns else None, request.query))
+                listed = self._list(res, ns if ns else None, request.query)
+                if _wants_table(request) and res.custom is not None:
+                    return web.json_response(_table(res, listed["items"], self._rv))
+                return web.json_response(listed)
             if method == "POST":
                 body = await self._body(request)
                 return web.json_response(await self._create(res, ns, body, "POST", request.path), status=201)
@@ -941,6 +966,8 @@ class ApiServer:
             return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                                       "code": 201}, status=201)
         if method == "GET":
+            if _wants_table(request) and res.custom is not None:
+                return web.json_response(_table(res, [self._current(res, ns, name)], self._rv))
             return web.json_response(copy.deepcopy(self._current(res, ns, name)))
         if method == "PUT":
             return web.json_response(await self._update(res, ns, name, await self._body(request), sub, "PUT",
@@ -1059,6 +1086,33 @@ class ApiServer:
         return {"kind": "APIGroupList", "apiVersion": "v1",
                 "groups": [self._group(g) for g in sorted(self._groups())]}
 
+    def _openapi_v3(self, group_version: str) -> dict:
+        """Just enough OpenAPI v3 for kubectl: the group-version documents exist and their PATCH
+        operations take ``fieldValidation``, so kubectl leaves strict validation to this server
+        (which does it) instead of validating client-side against schemas served here (which are not)."""
+        versions = sorted({r.api_version for r in self._resources.values()})
+        if not group_version:
+            return {"paths": {(f"api/{v}" if "/" not in v else f"apis/{v}"): {
+                "serverRelativeURL": f"/openapi/v3/{'api' if '/' not in v else 'apis'}/{v}?hash={self._rv}"}
+                for v in versions}}
+        api_version = group_version.split("/", 1)[1] if "/" in group_version else group_version
+        paths = {}
+        for res in self._resources.values():
+            if res.api_version != api_version:
+                continue
+            gvk = {"group": res.group, "version": res.version, "kind": res.kind}
+            item = self._path(res, {"name": "{name}", "namespace": "{namespace}" if res.namespaced else ""},
+                              name=True)
+            paths[item] = {"patch": {
+                "x-kubernetes-group-version-kind": gvk, "x-kubernetes-action": "patch",
+                "parameters": [{"name": p, "in": "query", "schema": {"type": "string"}}
+                               for p in ("dryRun", "fieldManager", "fieldValidation", "force")],
+                "responses": {"200": {"description": "OK"}}}}
+        if not paths:
+            raise ApiError(404, f"the server could not find the requested resource (openapi {group_version})")
+        return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": f"v{self.schema_version}"},
+                "paths": paths, "components": {"schemas": {}}}
+
     def _resource_list(self, api_version: str) -> dict:
         out = []
         verbs = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
@@ -1079,6 +1133,26 @@ class ApiServer:
         if not out:
             raise ApiError(404, f"the server could not find the requested resource ({api_version})")
         return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": api_version, "resources": out}
+
+
+def _wants_table(request: web.Request) -> bool:
+    return "as=Table" in request.headers.get("Accept", "")
+
+
+def _table(res: Resource, objects: list[dict], rv: int) -> dict:
+    """The meta.k8s.io Table kubectl asks for: Name, then the CRD's additionalPrinterColumns (or Age)."""
+    columns = list(res.custom.columns) if res.custom and res.custom.columns else [
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}]
+    definitions = [{"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0}]
+    definitions += [{"name": c["name"], "type": c.get("type", "string"), "format": c.get("format", ""),
+                     "description": c.get("description", ""), "priority": c.get("priority", 0)} for c in columns]
+    rows = []
+    for obj in objects:
+        cells = [obj["metadata"]["name"]] + [dotted(obj, c["jsonPath"].lstrip(".")) for c in columns]
+        rows.append({"cells": cells, "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                                                "metadata": obj["metadata"]}})
+    return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": str(rv)},
+            "columnDefinitions": definitions, "rows": rows}
 
 
 def _crd_status(crd: dict) -> dict:

@@ -435,3 +435,13 @@ async def test_helpers_go_through_the_same_validation(apiserver):
     assert refused.value.code == 422
     written = [w for w in apiserver.writes if w.path.endswith("/resourceclaims")]
     assert [w.method for w in written] == ["POST"] and written[0].object["metadata"]["name"] == "c"
+
+
+async def test_wait_for_wakes_on_the_write_that_makes_it_true(apiserver):
+    waiting = asyncio.create_task(apiserver.wait_for(lambda: apiserver.object("v1", "pods", "p", "default")))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    await apiserver.create(pod("p"))
+    assert (await waiting)["metadata"]["name"] == "p"
+    with pytest.raises(TimeoutError):
+        await apiserver.wait_for(lambda: apiserver.object("v1", "pods", "q", "default"), timeout=0.05)
