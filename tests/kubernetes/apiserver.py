@@ -34,6 +34,7 @@ import yaml
 from aiohttp import web
 
 import kube_patches
+import kube_rules
 import kube_schemas
 from kube_admission import MutatingAdmission, Refused, compile_errors
 from kube_selectors import SelectorError, dotted, field_selector, label_selector
@@ -137,6 +138,7 @@ BUILTIN = [
     _r("apiextensions.k8s.io/v1", "customresourcedefinitions", "CustomResourceDefinition", False, True,
        short=("crd", "crds")),
     _r("coordination.k8s.io/v1", "leases", "Lease"),
+    _r("policy/v1", "poddisruptionbudgets", "PodDisruptionBudget", True, True, short=("pdb",)),
 ]
 # Kinds whose metadata.generation the real server leaves unset.
 NO_GENERATION = {"ConfigMap", "Secret", "Event", "ServiceAccount", "Namespace", "Node", "Service", "Lease",
@@ -147,7 +149,6 @@ REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFo
            429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # apimachinery's generateName alphabet
 TRUE = ("1", "t", "T", "true", "TRUE", "True")  # what Go's strconv.ParseBool reads as true
-POD_MUTABLE = ("activeDeadlineSeconds", "terminationGracePeriodSeconds", "tolerations", "schedulingGates")
 
 
 class _Raced(Exception):
@@ -507,7 +508,9 @@ class ApiServer:
         else:
             validator = kube_schemas.builtin_validator(res.kind, res.api_version, self.schema_version)
         causes = kube_schemas.errors(validator, obj)
-        causes += _semantic_errors(res, obj, old)
+        causes += kube_rules.errors(res.kind, obj, old)
+        if res.kind == "MutatingWebhookConfiguration":
+            causes += compile_errors(obj.get("webhooks") or [])
         if causes:
             raise invalid(res, name, causes)
 
@@ -1164,63 +1167,3 @@ def _crd_status(crd: dict) -> dict:
                            for t, r, m in (("NamesAccepted", "NoConflicts", "no conflicts found"),
                                            ("Established", "InitialNamesAccepted",
                                             "the initial names have been accepted"))]}
-
-
-def _semantic_errors(res: Resource, obj: dict, old: dict | None) -> list[tuple[str, str]]:
-    """The rules beyond the schema that the real server's validation enforces and our tests meet."""
-    if res.kind == "Pod":
-        return _pod_errors(obj, old)
-    if res.kind == "ResourceClaim":
-        return _claim_errors(obj, old)
-    if res.kind == "MutatingWebhookConfiguration":
-        return compile_errors(obj.get("webhooks") or [])
-    return []
-
-
-def _pod_errors(pod: dict, old: dict | None) -> list[tuple[str, str]]:
-    spec = pod.get("spec") or {}
-    gates = [g.get("name") for g in spec.get("schedulingGates") or []]
-    if old is None:
-        if gates and spec.get("nodeName"):
-            return [("spec.nodeName", "Forbidden: cannot be set until all schedulingGates have been cleared")]
-        return []
-    old_spec = old.get("spec") or {}
-    old_gates = {g.get("name") for g in old_spec.get("schedulingGates") or []}
-    new_gates = [g for g in gates if g not in old_gates]
-    if new_gates:
-        return [("spec.schedulingGates", f"Forbidden: only deletion is allowed, but found new scheduling gate "
-                                         f"'{new_gates[0]}'")]
-
-    def frozen(s: dict) -> dict:
-        s = {k: v for k, v in s.items() if k not in POD_MUTABLE}
-        for field in ("containers", "initContainers"):
-            if field in s:
-                s[field] = [{k: v for k, v in c.items() if k != "image"} for c in s[field]]
-        return s
-
-    if frozen(spec) != frozen(old_spec):
-        return [("spec", "Forbidden: pod updates may not change fields other than `spec.containers[*].image`, "
-                         "`spec.initContainers[*].image`, `spec.activeDeadlineSeconds`, `spec.tolerations` "
-                         "(only additions to existing tolerations), `spec.terminationGracePeriodSeconds` (allow it "
-                         "to be set to 1 if it was previously negative), `spec.schedulingGates` (only deletion)")]
-    return []
-
-
-def _claim_errors(claim: dict, old: dict | None) -> list[tuple[str, str]]:
-    out = []
-    if old is not None and claim.get("spec") != old.get("spec"):
-        out.append(("spec", "Invalid value: field is immutable"))
-    status = claim.get("status") or {}
-    allocation = status.get("allocation")
-    old_allocation = ((old or {}).get("status") or {}).get("allocation")
-    if allocation is not None and old_allocation is not None and allocation != old_allocation:
-        out.append(("status.allocation", "Invalid value: field is immutable"))
-    if status.get("reservedFor") and allocation is None:
-        out.append(("status.reservedFor", "Forbidden: may not be specified when `allocated` is not set"))
-    requests = {r.get("name") for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []}
-    for i, result in enumerate(((allocation or {}).get("devices") or {}).get("results") or []):
-        request = str(result.get("request", "")).split("/")[0]
-        if request not in requests:
-            out.append((f"status.allocation.devices.results[{i}].request",
-                        f"Invalid value: \"{result.get('request')}\": must be the name of a request in the claim"))
-    return out
