@@ -143,9 +143,11 @@ class Podman:
         return subprocess.Popen(self.command(*args), env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
 
-    def run_args(self, image: str, *devices: str, mounts: dict[str, str] | None = None) -> list[str]:
-        """``run`` arguments for a throw-away container with these CDI devices and read-only mounts."""
-        args = ["run", "--rm", "-i", "--network", "none", "--pull", "never"]
+    def run_args(self, image: str, *devices: str, mounts: dict[str, str] | None = None,
+                 options: tuple[str, ...] = ()) -> list[str]:
+        """``run`` arguments for a throw-away container with these CDI devices, read-only mounts and
+        further ``run`` options; the command to run follows."""
+        args = ["run", "--rm", "-i", "--network", "none", "--pull", "never", *options]
         for device in devices:
             args += ["--device", device]
         for host, target in (mounts or {}).items():
