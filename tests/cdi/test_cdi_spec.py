@@ -65,7 +65,11 @@ def test_simulated_claim_spec_mounts_enforcement_and_needs_only_0_3_0(prepared):
     # The accounting file's directory, writable, where the limits file says the cache is.
     shared = mounts[str(directory.shared)]
     assert shared["hostPath"] == str(directory.shared) and "rw" in shared["options"]
-    assert f"CUDA_DEVICE_MEMORY_SHARED_CACHE={directory.cache}" in directory.config.read_text().splitlines()
+    limits = directory.config.read_text().splitlines()
+    assert f"CUDA_DEVICE_MEMORY_SHARED_CACHE={directory.cache}" in limits
+    # ... and names the GPUs its limits' indices refer to, in that order, so libvgpu follows the UUID.
+    assert f"CUDA_VISIBLE_DEVICES={UUID0},{UUID1}" in limits
+    assert limits.index(f"CUDA_VISIBLE_DEVICES={UUID0},{UUID1}") < limits.index("CUDA_DEVICE_MEMORY_LIMIT_0=1024m")
     assert "deviceNodes" not in spec["devices"][0]["containerEdits"]  # simulated hardware has none
 
 

@@ -4,7 +4,8 @@
  * (0: no maximum), then tries one more byte, and prints one JSON line: what it got and the error
  * that stopped it. With "hold" it keeps its memory until its stdin closes, so a test can see two
  * processes draw on one budget. It also reports the limit variable and LD_PRELOAD as it sees them,
- * so a test that overrides them can check the override took effect.
+ * so a test that overrides them can check the override took effect. CUDA_PROBE_DEVICE picks the
+ * CUDA device (default 0).
  *   cuda_probe <step-MiB> <max-MiB> [hold] */
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,7 +46,8 @@ int main(int argc, char **argv)
     int count = 0;
     if ((rc = cuInit(0)) != CUDA_SUCCESS) fail("cuInit", rc);
     if ((rc = cuDeviceGetCount(&count)) != CUDA_SUCCESS) fail("cuDeviceGetCount", rc);
-    if ((rc = cuDevicePrimaryCtxRetain(&ctx, 0)) != CUDA_SUCCESS) fail("cuDevicePrimaryCtxRetain", rc);
+    const char *dev = getenv("CUDA_PROBE_DEVICE");
+    if ((rc = cuDevicePrimaryCtxRetain(&ctx, dev ? atoi(dev) : 0)) != CUDA_SUCCESS) fail("cuDevicePrimaryCtxRetain", rc);
     if ((rc = cuCtxSetCurrent(ctx)) != CUDA_SUCCESS) fail("cuCtxSetCurrent", rc);
     size_t free_b = 0, total_b = 0;
     if ((rc = cuMemGetInfo_v2(&free_b, &total_b)) != CUDA_SUCCESS) fail("cuMemGetInfo_v2", rc);

@@ -124,6 +124,25 @@ async def test_unset_or_raised_variables_in_the_container_lift_nothing(
         await release(client, cluster, claim_of(spec))
 
 
+async def test_a_gpu_outside_the_claim_gets_no_memory_whatever_order_the_container_sees(
+        client, cluster, podman, base_image, cuda_probe):
+    spec, device = await prepare(client, cluster, 1024)
+    try:
+        mine = env_of(spec)["CUDA_VISIBLE_DEVICES"]
+        other = "GPU-5e55e7a0-0000-4000-8000-0000000000ff"
+        # The simulated driver numbers its GPUs by TESSERA_SIM_GPU_UUIDS: here it stands in for a
+        # container that sees one more GPU and has reordered its CUDA_VISIBLE_DEVICES.
+        seen = (f"export TESSERA_SIM_GPU_COUNT=2 TESSERA_SIM_GPU_UUIDS={other},{mine} "
+                f"CUDA_VISIBLE_DEVICES={other},{mine}")
+        foreign, own = [report(await probe(podman, base_image, cuda_probe, device, command=(
+            "sh", "-c", f"{seen} CUDA_PROBE_DEVICE={ordinal}; exec {PROBE} 64 0"))) for ordinal in (0, 1)]
+        assert foreign["devices"] == 2 and foreign["allocated_mib"] == 0 and foreign["stopped_by"] == OUT_OF_MEMORY
+        assert foreign["one_more_byte"] == OUT_OF_MEMORY
+        assert own["allocated_mib"] == 1024 and own["stopped_by"] == OUT_OF_MEMORY  # its limit moved with it
+    finally:
+        await release(client, cluster, claim_of(spec))
+
+
 async def hold(podman: Podman, base_image, cuda_probe, device: str, mib: int):
     """A container whose probe takes ``mib`` and keeps it until its stdin is closed."""
     args = podman.run_args(base_image, device, mounts={str(cuda_probe): PROBE})

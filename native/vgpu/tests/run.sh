@@ -81,6 +81,19 @@ run_case config-node-file-wins "LD_PRELOAD=$TESTLIB" "TESSERA_VGPU_TEST_NODE_CON
 run_case config-node-file-sm "$SM" "LD_PRELOAD=$TESTLIB" "TESSERA_VGPU_TEST_NODE_CONFIG=$WORK/claim.conf" \
                              "TESSERA_VGPU_CONFIG=$WORK/workload-high.conf" CUDA_DEVICE_SM_LIMIT=100 \
                              CUDA_DEVICE_SM_LIMIT_0=0 -- "$T/t_sm" one 30 900
+# The claim's file names its GPUs: limits and budgets follow the UUID, not the ordinal.
+GA=GPU-5e55e7a0-0000-4000-8000-00000000000a GB=GPU-5e55e7a0-0000-4000-8000-00000000000b
+GC=GPU-5e55e7a0-0000-4000-8000-00000000000c
+printf 'CUDA_VISIBLE_DEVICES=%s,%s\nCUDA_DEVICE_MEMORY_LIMIT_0=32m\nCUDA_DEVICE_MEMORY_LIMIT_1=64m\nCUDA_DEVICE_MEMORY_SHARED_CACHE=%s\n' \
+    "$GA" "$GB" "$WORK/ordered.cache" > "$WORK/ordered.conf"
+ORDERED=("LD_PRELOAD=$TESTLIB" "TESSERA_VGPU_TEST_NODE_CONFIG=$WORK/ordered.conf" TESSERA_SIM_GPU_COUNT=2)
+run_case order-as-listed     "${ORDERED[@]}" "TESSERA_SIM_GPU_UUIDS=$GA,$GB" -- \
+    sh -c '"$1" limit 0 32 && "$1" limit 1 64' sh "$T/t_order"
+run_case order-reversed      "${ORDERED[@]}" "TESSERA_SIM_GPU_UUIDS=$GB,$GA" -- \
+    sh -c '"$1" limit 0 64 && "$1" limit 1 32' sh "$T/t_order"
+run_case order-foreign-gpu   "${ORDERED[@]}" "TESSERA_SIM_GPU_UUIDS=$GC,$GA" -- \
+    sh -c '"$1" limit 0 0 && "$1" limit 1 32' sh "$T/t_order"
+run_case order-one-budget    "${ORDERED[@]}" "TESSERA_SIM_GPU_UUIDS=$GA,$GB" -- "$T/t_order" pair "$GB,$GA"
 run_case config-cache-min    "$L64" "CUDA_DEVICE_MEMORY_SHARED_CACHE=$WORK/min.cache" -- \
     sh -c '"$1" 64 && CUDA_DEVICE_MEMORY_LIMIT_0=1g "$1" 64 && CUDA_DEVICE_MEMORY_LIMIT_0= "$1" 64' sh "$T/t_config"
 
