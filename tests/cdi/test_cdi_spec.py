@@ -62,9 +62,10 @@ def test_simulated_claim_spec_mounts_enforcement_and_needs_only_0_3_0(prepared):
     for target in (CONTAINER_LIBVGPU, "/etc/ld.so.preload", "/etc/tessera/vgpu.conf",
                    "/usr/lib/libcuda.so.1", "/usr/lib/libnvidia-ml.so.1"):
         assert "ro" in mounts[target]["options"] and "bind" in mounts[target]["options"], target
-    # The accounting file's directory, writable, where the limits file says the cache is.
-    shared = mounts[str(directory.shared)]
-    assert shared["hostPath"] == str(directory.shared) and "rw" in shared["options"]
+    # The accounting file itself, writable, where the limits file says the cache is.
+    cache = mounts[str(directory.cache)]
+    assert cache["hostPath"] == str(directory.cache) and "rw" in cache["options"]
+    assert [m for m in mounts.values() if "rw" in m["options"]] == [cache]  # nothing else is writable
     limits = directory.config.read_text().splitlines()
     assert f"CUDA_DEVICE_MEMORY_SHARED_CACHE={directory.cache}" in limits
     # ... and names the GPUs its limits' indices refer to, in that order, so libvgpu follows the UUID.
@@ -92,8 +93,7 @@ def test_claim_files_a_container_gets_cannot_be_written_by_others(prepared):
     for path in (directory.config, directory.preload):
         assert stat.S_IMODE(path.stat().st_mode) == 0o444, path
     assert directory.preload.read_text() == CONTAINER_LIBVGPU + "\n"
-    assert directory.cache.parent == directory.shared and directory.shared.is_dir()
-    assert sorted(p.name for p in directory.shared.iterdir()) == ["vgpu.cache"]  # nothing else is writable
+    assert stat.S_IMODE(directory.cache.stat().st_mode) == 0o666  # any user of the container sizes it
 
 
 def test_real_node_spec_names_the_gpus_and_drivers_device_nodes_with_the_hosts_numbers(tmp_path, prepared):

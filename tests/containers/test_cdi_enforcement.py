@@ -166,6 +166,12 @@ async def test_two_containers_of_one_claim_draw_on_one_budget(claims, podman, ba
         assert first["allocated_mib"] == 384
         second = report(await probe(podman, base_image, cuda_probe, device))
         assert second["allocated_mib"] == 1024 - 384 and second["stopped_by"] == OUT_OF_MEMORY
+        # A workload cannot start itself a fresh budget by swapping the accounting file: it is a
+        # mount point in the container, so removing or replacing it fails and the budget stays one.
+        swapped = report(await probe(podman, base_image, cuda_probe, device, command=(
+            "sh", "-c", 'c=$CUDA_DEVICE_MEMORY_SHARED_CACHE; rm -f "$c" 2>/dev/null; : > /tmp/new; '
+                        'mv -f /tmp/new "$c" 2>/dev/null; exec ' + PROBE + " 64 0")))
+        assert swapped["allocated_mib"] == 1024 - 384 and swapped["stopped_by"] == OUT_OF_MEMORY
     # The first container's memory went back to the claim when it ended.
     assert report(await probe(podman, base_image, cuda_probe, device))["allocated_mib"] == 1024
 

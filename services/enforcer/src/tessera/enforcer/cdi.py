@@ -13,8 +13,9 @@ unset them. So each claim's spec also carries
   ``/etc/ld.so.preload`` (the dynamic loader honours it whatever the environment says); the claim's
   limits file read-only at libvgpu's node config path ``/etc/tessera/vgpu.conf`` (libvgpu takes the
   lowest limit over its sources and the cache path from that file first, so raised or unset
-  variables lift nothing); the accounting file's directory, writable, at its host path (which the
-  limits file names); on simulated hardware the simulated ``libcuda.so.1``/``libnvidia-ml.so.1`` in
+  variables lift nothing); the accounting file itself, writable, at its host path (which the
+  limits file names; a mounted file cannot be deleted or replaced from inside, so a workload cannot
+  start itself a fresh budget); on simulated hardware the simulated ``libcuda.so.1``/``libnvidia-ml.so.1`` in
   ``/usr/lib``, where the loader looks without being told;
 - the environment: HAMi's limit variables, the cache path, the visible GPUs by UUID, ``LD_PRELOAD``
   (for tools that look at it), and on simulated hardware the simulated driver's own variables.
@@ -124,7 +125,7 @@ def claim_spec(
         _mount(node.libvgpu, CONTAINER_LIBVGPU, _READ_ONLY),
         _mount(directory.preload, CONTAINER_PRELOAD, _READ_ONLY),
         _mount(directory.config, CONTAINER_LIMITS, _READ_ONLY),
-        _mount(directory.shared, directory.shared, _WRITABLE),
+        _mount(directory.cache, directory.cache, _WRITABLE),
     ]
     nodes: list[dict[str, Any]] = []
     if node.simulated:

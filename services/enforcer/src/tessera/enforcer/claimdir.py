@@ -3,11 +3,10 @@
 The directory is what a restarted enforcer reads to adopt its workloads (reconcile, don't remember),
 and what `tessera run` and libvgpu meet in:
 
-  shared/vgpu.cache
-               the shared accounting file libvgpu.so maps (created empty, mode 0666, so a workload of
-               any user can size it); the enforcer reads usage and process slots from it. It has a
-               directory of its own because a container gets that directory writable and nothing else
-               of the claim's
+  vgpu.cache   the shared accounting file libvgpu.so maps (created empty, mode 0666, so a workload of
+               any user can size it); the enforcer reads usage and process slots from it. A container
+               gets this file alone, bind-mounted writable at the same path: a mount point cannot be
+               removed or renamed over, so a workload cannot swap in a fresh file (a fresh budget)
   vgpu.conf    the claim's limits and cache path as a libvgpu config file (TESSERA_VGPU_CONFIG; in a
                container, mounted read-only as the node config /etc/tessera/vgpu.conf): a source
                libvgpu only lets lower limits, so a workload that raises its own environment
@@ -43,12 +42,8 @@ class ClaimDir:
         return self.path.name
 
     @property
-    def shared(self) -> Path:
-        return self.path / "shared"
-
-    @property
     def cache(self) -> Path:
-        return self.shared / "vgpu.cache"
+        return self.path / "vgpu.cache"
 
     @property
     def config(self) -> Path:
@@ -70,9 +65,8 @@ class ClaimDir:
         return self.path.is_dir()
 
     def create(self, env: Mapping[str, str], config_text: str) -> None:
-        for directory in (self.path, self.shared):
-            directory.mkdir(parents=True, exist_ok=True)
-            os.chmod(directory, 0o755)
+        self.path.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.path, 0o755)
         for path, mode in ((self.cache, 0o666), (self.owner_lock, 0o666)):
             if not path.exists():
                 path.touch()
