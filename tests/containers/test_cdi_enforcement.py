@@ -140,7 +140,12 @@ async def test_unset_or_raised_variables_in_the_container_lift_nothing(claims, p
     assert raised["limit_env"] == "64g" and raised["preload_env"] == "" and raised["cache_env"] == "/tmp/own.cache"
     overridden = report(await probe(podman, base_image, cuda_probe, device, run_opts=(
         "--env", "CUDA_DEVICE_MEMORY_LIMIT_0=32g", "--env", "LD_PRELOAD=")))
-    for got in (unset, raised, overridden):
+    # Root in the container cannot take the read-only preload and limits files away either.
+    tampered = report(await probe(podman, base_image, cuda_probe, device, command=(
+        "sh", "-c", "rm -f /etc/ld.so.preload /etc/tessera/vgpu.conf; echo > /etc/ld.so.preload; "
+                    "echo CUDA_DEVICE_MEMORY_LIMIT_0=64g > /etc/tessera/vgpu.conf; mv /etc /etc.moved; "
+                    "unset LD_PRELOAD CUDA_DEVICE_MEMORY_LIMIT_0; exec " + PROBE + " 64 0")))
+    for got in (unset, raised, overridden, tampered):
         assert (got["allocated_mib"], got["stopped_by"], got["one_more_byte"]) == (1024, OUT_OF_MEMORY,
                                                                                    OUT_OF_MEMORY), got
 
