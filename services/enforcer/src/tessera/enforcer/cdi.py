@@ -15,8 +15,8 @@ unset them. So each claim's spec also carries
   lowest limit over its sources and the cache path from that file first, so raised or unset
   variables lift nothing); the accounting file itself, writable, at its host path (which the
   limits file names; a mounted file cannot be deleted or replaced from inside, so a workload cannot
-  start itself a fresh budget); on simulated hardware the simulated ``libcuda.so.1``/``libnvidia-ml.so.1`` in
-  ``/usr/lib``, where the loader looks without being told;
+  start itself a fresh budget); on simulated hardware the simulated ``libcuda.so.1`` and
+  ``libnvidia-ml.so.1`` in ``/usr/lib``, where the loader looks without being told;
 - the environment: HAMi's limit variables, the cache path, the visible GPUs by UUID, ``LD_PRELOAD``
   (for tools that look at it), and on simulated hardware the simulated driver's own variables.
 
