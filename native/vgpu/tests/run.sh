@@ -94,6 +94,9 @@ run_case order-reversed      "${ORDERED[@]}" "TESSERA_SIM_GPU_UUIDS=$GB,$GA" -- 
 run_case order-foreign-gpu   "${ORDERED[@]}" "TESSERA_SIM_GPU_UUIDS=$GC,$GA" -- \
     sh -c '"$1" limit 0 0 && "$1" limit 1 32' sh "$T/t_order"
 run_case order-one-budget    "${ORDERED[@]}" "TESSERA_SIM_GPU_UUIDS=$GA,$GB" -- "$T/t_order" pair "$GB,$GA"
+printf 'CUDA_VISIBLE_DEVICES=0,1\nCUDA_DEVICE_MEMORY_LIMIT=32m\n' > "$WORK/indices.conf"  # not UUIDs: fail closed
+run_case order-bad-list-denies "LD_PRELOAD=$TESTLIB" "TESSERA_VGPU_TEST_NODE_CONFIG=$WORK/indices.conf" -- \
+    "$T/t_order" limit 0 0
 run_case config-cache-min    "$L64" "CUDA_DEVICE_MEMORY_SHARED_CACHE=$WORK/min.cache" -- \
     sh -c '"$1" 64 && CUDA_DEVICE_MEMORY_LIMIT_0=1g "$1" 64 && CUDA_DEVICE_MEMORY_LIMIT_0= "$1" 64' sh "$T/t_config"
 
