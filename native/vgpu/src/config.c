@@ -4,7 +4,11 @@
  * lower a limit: the effective limit is the minimum over all sources that name one (the Ledger then
  * also takes the minimum with what the first process of the workload recorded). There is no switch
  * that turns enforcement off. The shared cache path is taken from the node's file when it names one,
- * so a workload cannot split its budget by pointing processes at different files. */
+ * so a workload cannot split its budget by pointing processes at different files. A config file may
+ * also name the workload's GPUs by UUID (CUDA_VISIBLE_DEVICES=<uuid>,...): the limits' indices then
+ * refer to those GPUs in that order, whatever order (or none) the process's own CUDA_VISIBLE_DEVICES
+ * gives the driver, and a GPU not in the list gets no memory at all. Only files can say so, the
+ * node's first: the environment is the workload's. */
 #define _GNU_SOURCE
 #include <ctype.h>
 #include <stdio.h>
@@ -53,7 +57,36 @@ typedef struct {
     uint64_t mem_all, mem[VGPU_MAX_DEVICES];
     uint32_t sm_all, sm[VGPU_MAX_DEVICES];
     char cache[4096];
+    char uuids[VGPU_MAX_DEVICES][48];
+    int n_uuids; /* -1: the file's list was unusable (the file then denies every GPU) */
 } source;
+
+static void source_set_uuids(source *src, const char *val, const char *origin)
+{
+    src->n_uuids = 0;
+    for (const char *p = val; *p;) {
+        size_t len = strcspn(p, ",");
+        while (len && isspace((unsigned char)p[len - 1]))
+            len--;
+        while (len && isspace((unsigned char)*p)) {
+            p++;
+            len--;
+        }
+        if (len) {
+            if (src->n_uuids == VGPU_MAX_DEVICES || len >= sizeof src->uuids[0] || strncmp(p, "GPU-", 4)) {
+                vgpu_log(VGPU_LOG_ERROR, "%s: CUDA_VISIBLE_DEVICES must list at most %d GPU-<uuid> values; "
+                         "no GPU is usable", origin, VGPU_MAX_DEVICES);
+                src->n_uuids = -1;
+                return;
+            }
+            memcpy(src->uuids[src->n_uuids], p, len);
+            src->uuids[src->n_uuids++][len] = 0;
+        }
+        p += strcspn(p, ",");
+        if (*p)
+            p++;
+    }
+}
 
 static void source_set(source *src, const char *key, const char *val, const char *origin)
 {
@@ -137,7 +170,10 @@ static int read_file(const char *path, source *src)
             val[--vl] = 0;
         while (isspace((unsigned char)*val))
             val++;
-        source_set(src, p, val, path);
+        if (!strcmp(p, "CUDA_VISIBLE_DEVICES"))
+            source_set_uuids(src, val, path);
+        else
+            source_set(src, p, val, path);
     }
     fclose(f);
     return 0;
@@ -173,6 +209,14 @@ void vgpu_config_load(vgpu_config *c)
     source_merge(c, &env);
     const char *cache = node.cache[0] ? node.cache : extra.cache[0] ? extra.cache : env.cache;
     snprintf(c->cache_path, sizeof c->cache_path, "%s", cache);
+    const source *listed = node.n_uuids ? &node : &extra;
+    if (listed->n_uuids) {
+        /* an unusable list keeps one impossible entry, so every GPU is foreign: fail closed */
+        c->n_uuids = listed->n_uuids < 0 ? 1 : listed->n_uuids;
+        memcpy(c->uuids, listed->uuids, sizeof c->uuids);
+        if (listed->n_uuids < 0)
+            snprintf(c->uuids[0], sizeof c->uuids[0], "none");
+    }
     if (have_node)
         vgpu_log(VGPU_LOG_INFO, "limits from %s apply as ceilings", node_path);
 #ifdef VGPU_TEST_HOOKS

@@ -6,6 +6,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "vgpu.h"
 
@@ -15,7 +16,7 @@ int vgpu_current_device(void)
     if (!vgpu_drv.cuCtxGetDevice || vgpu_drv.cuCtxGetDevice(&d) != CUDA_SUCCESS || d < 0 || d >= VGPU_MAX_DEVICES)
         return -1;
     vgpu_note_device(d);
-    return d;
+    return vgpu_device_slot(d);
 }
 
 void vgpu_uuid_string(const CUuuid *u, char out[48])
@@ -34,16 +35,42 @@ int vgpu_cuda_uuid(int dev, char out[48])
     return 0;
 }
 
+/* The ordinal itself, unless the config names the workload's GPUs by UUID: then the GPU's position
+ * in that list (so reordering or unsetting CUDA_VISIBLE_DEVICES moves no limit and splits no
+ * budget), or VGPU_FOREIGN_DEVICE. Resolved once per ordinal: the driver's numbering is fixed at
+ * cuInit. */
+int vgpu_device_slot(int ordinal)
+{
+    static int resolved[VGPU_MAX_DEVICES]; /* slot + 3: 0 = not yet, 1 = foreign */
+    if (!vgpu_cfg.n_uuids || ordinal < 0 || ordinal >= VGPU_MAX_DEVICES)
+        return ordinal;
+    int r = __atomic_load_n(&resolved[ordinal], __ATOMIC_RELAXED);
+    if (!r) {
+        char uuid[48] = "unknown";
+        r = 1;
+        if (vgpu_cuda_uuid(ordinal, uuid) == 0)
+            for (int i = 0; i < vgpu_cfg.n_uuids; i++)
+                if (!strcasecmp(uuid, vgpu_cfg.uuids[i]))
+                    r = i + 3;
+        if (r == 1)
+            vgpu_log(VGPU_LOG_WARN, "CUDA device %d (%s) is not one of this workload's GPUs: no memory there", ordinal,
+                     uuid);
+        __atomic_store_n(&resolved[ordinal], r, __ATOMIC_RELAXED);
+    }
+    return r == 1 ? VGPU_FOREIGN_DEVICE : r - 3;
+}
+
 /* Record each device's UUID in the Ledger once, so NVML queries and the enforcer can match it. */
-void vgpu_note_device(int dev)
+void vgpu_note_device(int ordinal)
 {
     static unsigned noted;
-    if (__atomic_load_n(&noted, __ATOMIC_RELAXED) & (1u << dev))
+    int slot = vgpu_device_slot(ordinal);
+    if (slot < 0 || (__atomic_load_n(&noted, __ATOMIC_RELAXED) & (1u << slot)))
         return;
     char uuid[48];
-    if (vgpu_cuda_uuid(dev, uuid) == 0)
-        ledger_note_device(dev, uuid);
-    __atomic_fetch_or(&noted, 1u << dev, __ATOMIC_RELAXED);
+    if (vgpu_cuda_uuid(ordinal, uuid) == 0)
+        ledger_note_device(slot, uuid);
+    __atomic_fetch_or(&noted, 1u << slot, __ATOMIC_RELAXED);
 }
 
 static void release_cb(int dev, uint64_t size) { ledger_release(dev, size); }
@@ -56,7 +83,7 @@ static void release_cb(int dev, uint64_t size) { ledger_release(dev, size); }
         VGPU_ENTER(sym);                                                                             \
         uint64_t bytes = (uint64_t)(size_expr);                                                      \
         int dev;                                                                                     \
-        if (!dptr || bytes == 0 || (dev = vgpu_current_device()) < 0)                                \
+        if (!dptr || bytes == 0 || (dev = vgpu_current_device()) == -1)                                \
             return REAL(sym) call_args;                                                              \
         if (ledger_reserve(dev, bytes))                                                              \
             return CUDA_ERROR_OUT_OF_MEMORY;                                                         \
@@ -136,7 +163,7 @@ VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
 {
     VGPU_ENTER(cuMemAllocPitch_v2);
     int dev;
-    if (!dptr || !pitch || !width || !height || (dev = vgpu_current_device()) < 0)
+    if (!dptr || !pitch || !width || !height || (dev = vgpu_current_device()) == -1)
         return REAL(cuMemAllocPitch_v2)(dptr, pitch, width, height, elementSize);
     uint64_t est = pitch_estimate(width, height);
     if (ledger_reserve(dev, est))
@@ -154,7 +181,7 @@ VGPU_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pitch, 
 {
     VGPU_ENTER(cuMemAllocPitch);
     int dev;
-    if (!dptr || !pitch || !width || !height || (dev = vgpu_current_device()) < 0)
+    if (!dptr || !pitch || !width || !height || (dev = vgpu_current_device()) == -1)
         return REAL(cuMemAllocPitch)(dptr, pitch, width, height, elementSize);
     uint64_t est = pitch_estimate(width, height);
     if (ledger_reserve(dev, est))
@@ -183,6 +210,7 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
     if (dev < 0)
         return REAL(cuMemCreate)(handle, size, prop, flags);
     vgpu_note_device(dev);
+    dev = vgpu_device_slot(dev);
     if (ledger_reserve(dev, size))
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = REAL(cuMemCreate)(handle, size, prop, flags);
@@ -244,7 +272,7 @@ static uint64_t array_bytes(uint64_t w, uint64_t h, uint64_t d, CUarray_format f
     {                                                                                                \
         VGPU_ENTER(sym);                                                                             \
         int dev;                                                                                     \
-        if (!arr || !desc || (dev = vgpu_current_device()) < 0)                                      \
+        if (!arr || !desc || (dev = vgpu_current_device()) == -1)                                      \
             return REAL(sym)(arr, desc);                                                             \
         uint64_t bytes = (size_expr);                                                                \
         if (ledger_reserve(dev, bytes))                                                              \
@@ -280,7 +308,7 @@ VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_AR
 {
     VGPU_ENTER(cuMipmappedArrayCreate);
     int dev;
-    if (!arr || !desc || !numLevels || (dev = vgpu_current_device()) < 0)
+    if (!arr || !desc || !numLevels || (dev = vgpu_current_device()) == -1)
         return REAL(cuMipmappedArrayCreate)(arr, desc, numLevels);
     uint64_t bytes = 0;
     for (unsigned int l = 0; l < numLevels && l < 64; l++) {
@@ -360,7 +388,7 @@ VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
     VGPU_ENTER(cuDeviceTotalMem_v2);
     CUresult r = REAL(cuDeviceTotalMem_v2)(bytes, dev);
-    if (r == CUDA_SUCCESS && bytes && dev >= 0 && dev < VGPU_MAX_DEVICES) {
+    if (r == CUDA_SUCCESS && bytes && (dev = vgpu_device_slot(dev)) >= 0 && dev < VGPU_MAX_DEVICES) {
         uint64_t t = *bytes;
         if (virtual_info(dev, NULL, &t))
             *bytes = (size_t)t;
@@ -372,7 +400,7 @@ VGPU_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
 {
     VGPU_ENTER(cuDeviceTotalMem);
     CUresult r = REAL(cuDeviceTotalMem)(bytes, dev);
-    if (r == CUDA_SUCCESS && bytes && dev >= 0 && dev < VGPU_MAX_DEVICES) {
+    if (r == CUDA_SUCCESS && bytes && (dev = vgpu_device_slot(dev)) >= 0 && dev < VGPU_MAX_DEVICES) {
         uint64_t t = *bytes;
         if (virtual_info(dev, NULL, &t))
             *bytes = (unsigned int)(t > UINT_MAX ? UINT_MAX : t);

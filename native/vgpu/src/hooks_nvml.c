@@ -26,9 +26,9 @@ static int cuda_index_of(nvmlDevice_t dev)
     for (int d = 0; d < n && d < VGPU_MAX_DEVICES; d++) {
         char cu[48];
         if (vgpu_cuda_uuid(d, cu) == 0) {
-            ledger_note_device(d, cu);
+            vgpu_note_device(d);
             if (!strcmp(cu, uuid))
-                return d;
+                return vgpu_device_slot(d);
         }
     }
     return -1;

@@ -303,6 +303,8 @@ static uint64_t limit_of(int dev) { return vgpu_min_limit(L->devices[dev].mem_li
 
 int ledger_reserve(int dev, uint64_t bytes)
 {
+    if (dev == VGPU_FOREIGN_DEVICE)
+        return -1;
     if (dev < 0 || dev >= LEDGER_MAX_DEVICES)
         return 0;
     int saved = errno, rc = 0;

@@ -81,6 +81,10 @@ typedef struct {
     uint64_t mem_limit[VGPU_MAX_DEVICES]; /* bytes, 0 = none */
     uint32_t sm_limit[VGPU_MAX_DEVICES];  /* percent 1..99, 0 = none */
     char cache_path[4096];                /* "" = process-private accounting */
+    /* The claim's GPUs by UUID, in the order the limits are numbered (CUDA_VISIBLE_DEVICES in a
+     * config file, never the environment's); n_uuids 0 = limits are numbered by CUDA ordinal. */
+    char uuids[VGPU_MAX_DEVICES][48];
+    int n_uuids;
     int test_hold_lock_ms;                /* only read in a VGPU_TEST_HOOKS build */
 } vgpu_config;
 extern vgpu_config vgpu_cfg;
@@ -116,8 +120,11 @@ void allocs_fork_parent(void);
 void allocs_fork_child(void);
 
 /* memory hooks helpers (hooks_mem.c) */
-int vgpu_current_device(void);
-void vgpu_note_device(int dev);
+/* A CUDA device that is not one of the config file's GPUs: nothing may be allocated on it. */
+#define VGPU_FOREIGN_DEVICE (-2)
+int vgpu_device_slot(int ordinal); /* the limits' and the Ledger's index of a CUDA ordinal */
+int vgpu_current_device(void);     /* that index for the current context; -1 none, or VGPU_FOREIGN_DEVICE */
+void vgpu_note_device(int ordinal);
 int vgpu_cuda_uuid(int dev, char out[48]);
 void vgpu_uuid_string(const CUuuid *u, char out[48]);
 

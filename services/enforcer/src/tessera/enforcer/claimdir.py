@@ -4,10 +4,16 @@ The directory is what a restarted enforcer reads to adopt its workloads (reconci
 and what `tessera run` and libvgpu meet in:
 
   vgpu.cache   the shared accounting file libvgpu.so maps (created empty, mode 0666, so a workload of
-               any user can size it); the enforcer reads usage and process slots from it
-  vgpu.conf    the claim's limits and cache path as a libvgpu config file (TESSERA_VGPU_CONFIG): a
-               source libvgpu only lets lower limits, so a workload that raises its own environment
+               any user can size it); the enforcer reads usage and process slots from it. A container
+               gets this file alone, bind-mounted writable at the same path: a mount point cannot be
+               removed or renamed over, so a workload cannot swap in a fresh file (a fresh budget)
+  vgpu.conf    the claim's limits and cache path as a libvgpu config file (TESSERA_VGPU_CONFIG; in a
+               container, mounted read-only as the node config /etc/tessera/vgpu.conf): a source
+               libvgpu only lets lower limits, so a workload that raises its own environment
                variables gains nothing, and cannot split its budget by pointing at another cache
+  ld.so.preload
+               one line, the path at which a container sees libvgpu.so (CONTAINER_LIBVGPU); the CDI
+               spec mounts it read-only at /etc/ld.so.preload, so unsetting LD_PRELOAD lifts nothing
   env.json     the environment published in ``prepared``
   owner.lock   held (flock, shared) by the `tessera run` that owns the claim for as long as it lives;
                the kernel drops it however that process ends, which is how the enforcer knows
@@ -21,6 +27,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
+
+# Where a container of the claim finds libvgpu.so: the CDI spec mounts it there, the preload file
+# names it. Fixed, because the host's path (a checkout, /usr/local/vgpu) means nothing in an image.
+CONTAINER_LIBVGPU = "/usr/local/lib/tessera/libvgpu.so"
 
 
 @dataclass(frozen=True)
@@ -44,6 +54,10 @@ class ClaimDir:
         return self.path / "env.json"
 
     @property
+    def preload(self) -> Path:
+        return self.path / "ld.so.preload"
+
+    @property
     def owner_lock(self) -> Path:
         return self.path / "owner.lock"
 
@@ -58,6 +72,7 @@ class ClaimDir:
                 path.touch()
             os.chmod(path, mode)
         _write(self.config, config_text, 0o444)
+        _write(self.preload, CONTAINER_LIBVGPU + "\n", 0o444)
         _write(self.env_file, json.dumps(dict(env), indent=1, sort_keys=True), 0o644)
 
     def remove(self) -> None:

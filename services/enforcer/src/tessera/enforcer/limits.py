@@ -49,8 +49,13 @@ def workload_env(
 
 
 def vgpu_config(shares: list[DeviceShare], cache_path: str | Path) -> str:
-    """The claim's limits as a libvgpu config file: ceilings a workload's own environment cannot lift."""
+    """The claim's limits as a libvgpu config file: ceilings a workload's own environment cannot lift.
+
+    It names the claim's GPUs by UUID in the order the limits are numbered, so libvgpu applies each
+    limit to its GPU (and gives a GPU outside the claim no memory) whatever order the workload's own
+    CUDA_VISIBLE_DEVICES puts them in, or if it unsets it."""
     lines = ["# written by the Tessera enforcer; libvgpu applies the lowest limit of all its sources"]
+    lines.append("CUDA_VISIBLE_DEVICES=" + ",".join(s.uuid for s in sorted(shares, key=lambda s: s.index)))
     lines += [f"{k}={v}" for k, v in limit_vars(shares).items()]
     lines.append(f"CUDA_DEVICE_MEMORY_SHARED_CACHE={cache_path}")
     return "\n".join(lines) + "\n"
