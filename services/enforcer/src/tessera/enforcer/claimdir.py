@@ -3,11 +3,18 @@
 The directory is what a restarted enforcer reads to adopt its workloads (reconcile, don't remember),
 and what `tessera run` and libvgpu meet in:
 
-  vgpu.cache   the shared accounting file libvgpu.so maps (created empty, mode 0666, so a workload of
-               any user can size it); the enforcer reads usage and process slots from it
-  vgpu.conf    the claim's limits and cache path as a libvgpu config file (TESSERA_VGPU_CONFIG): a
-               source libvgpu only lets lower limits, so a workload that raises its own environment
+  shared/vgpu.cache
+               the shared accounting file libvgpu.so maps (created empty, mode 0666, so a workload of
+               any user can size it); the enforcer reads usage and process slots from it. It has a
+               directory of its own because a container gets that directory writable and nothing else
+               of the claim's
+  vgpu.conf    the claim's limits and cache path as a libvgpu config file (TESSERA_VGPU_CONFIG; in a
+               container, mounted read-only as the node config /etc/tessera/vgpu.conf): a source
+               libvgpu only lets lower limits, so a workload that raises its own environment
                variables gains nothing, and cannot split its budget by pointing at another cache
+  ld.so.preload
+               one line, the path at which a container sees libvgpu.so (CONTAINER_LIBVGPU); the CDI
+               spec mounts it read-only at /etc/ld.so.preload, so unsetting LD_PRELOAD lifts nothing
   env.json     the environment published in ``prepared``
   owner.lock   held (flock, shared) by the `tessera run` that owns the claim for as long as it lives;
                the kernel drops it however that process ends, which is how the enforcer knows
@@ -22,6 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+# Where a container of the claim finds libvgpu.so: the CDI spec mounts it there, the preload file
+# names it. Fixed, because the host's path (a checkout, /usr/local/vgpu) means nothing in an image.
+CONTAINER_LIBVGPU = "/usr/local/lib/tessera/libvgpu.so"
+
 
 @dataclass(frozen=True)
 class ClaimDir:
@@ -32,8 +43,12 @@ class ClaimDir:
         return self.path.name
 
     @property
+    def shared(self) -> Path:
+        return self.path / "shared"
+
+    @property
     def cache(self) -> Path:
-        return self.path / "vgpu.cache"
+        return self.shared / "vgpu.cache"
 
     @property
     def config(self) -> Path:
@@ -44,6 +59,10 @@ class ClaimDir:
         return self.path / "env.json"
 
     @property
+    def preload(self) -> Path:
+        return self.path / "ld.so.preload"
+
+    @property
     def owner_lock(self) -> Path:
         return self.path / "owner.lock"
 
@@ -51,13 +70,15 @@ class ClaimDir:
         return self.path.is_dir()
 
     def create(self, env: Mapping[str, str], config_text: str) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.path, 0o755)
+        for directory in (self.path, self.shared):
+            directory.mkdir(parents=True, exist_ok=True)
+            os.chmod(directory, 0o755)
         for path, mode in ((self.cache, 0o666), (self.owner_lock, 0o666)):
             if not path.exists():
                 path.touch()
             os.chmod(path, mode)
         _write(self.config, config_text, 0o444)
+        _write(self.preload, CONTAINER_LIBVGPU + "\n", 0o444)
         _write(self.env_file, json.dumps(dict(env), indent=1, sort_keys=True), 0o644)
 
     def remove(self) -> None:

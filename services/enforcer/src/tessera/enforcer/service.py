@@ -3,9 +3,9 @@
 One enforcer runs per node (``TESSERA_NODE``). For every claim allocated here it prepares what the
 workload needs: a claim directory with the shared accounting file that libvgpu.so maps, the
 environment with HAMi's limit variables (plus, on a simulated fleet, the simulated driver's), a
-libvgpu config file holding the same limits as ceilings, and a CDI 1.1 spec naming that environment;
-then it publishes ``prepared``. ``running`` events (from `tessera run`) move the claim to running.
-On release it returns the capacity to the ledger (and the tenant's quota) and publishes
+libvgpu config file holding the same limits as ceilings, and a CDI spec (cdi.py) that puts all of
+it, with libvgpu.so and the GPUs' device nodes, into a container; then it publishes ``prepared``.
+``running`` events (from `tessera run`) move the claim to running. On release it returns the capacity to the ledger (and the tenant's quota) and publishes
 ``released``; the directory goes once no process of the claim is left.
 
 Root tasks: the claims consumer; the observe loop (reads accounting files, publishes usage, applies
@@ -17,11 +17,9 @@ rebuilds everything from its claim directories and the KV buckets.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
 import time
-from typing import Mapping
 
 import msgspec
 
@@ -41,6 +39,7 @@ from tessera.shared.events import (
 from tessera.shared.ledger import Ledger
 from tessera.shared.runner import ServiceContext
 
+from tessera.enforcer import cdi
 from tessera.enforcer import lost as lostmod
 from tessera.enforcer.claimdir import ClaimDirs
 from tessera.enforcer.gpustats import GpuStats
@@ -54,22 +53,6 @@ from tessera.enforcer.usage import UsageGate, claim_usage, node_usage
 
 log = logging.getLogger("tessera.enforcer")
 
-CDI_KIND = "tessera.dev/gpu"
-
-
-def cdi_spec(claim: str, env: Mapping[str, str]) -> dict:
-    """A CDI 1.1 spec with one device per claim; the runtime injects its environment."""
-    return {
-        "cdiVersion": "1.1.0",
-        "kind": CDI_KIND,
-        "devices": [
-            {
-                "name": claim,
-                "containerEdits": {"env": [f"{k}={v}" for k, v in sorted(env.items())]},
-            }
-        ],
-    }
-
 
 class EnforcerService:
     def __init__(self, ctx: ServiceContext, settings: EnforcerSettings) -> None:
@@ -78,6 +61,7 @@ class EnforcerService:
         self.settings = settings
         self.node = settings.node
         self.dirs = ClaimDirs(settings.state_dir)
+        self.node_files = cdi.NodeFiles(libvgpu=settings.libvgpu, sim_driver_dir=settings.sim_driver_dir)
         self.reclaimer = Reclaimer(grace=settings.reclaim_seconds)
         self.lost = lostmod.LostNodes(me=settings.node, delay=settings.lost_reclaim_seconds)
         self.gate = UsageGate(heartbeat=settings.usage_heartbeat_seconds)
@@ -162,8 +146,8 @@ class EnforcerService:
         if self.settings.simulated:
             env.update(simulated_driver_env(record.devices, self.observer.devices, self.settings.sim_driver_dir))
         directory.create(env, vgpu_config(record.devices, directory.cache))
-        cdi_path = self.settings.cdi_dir / f"tessera-{record.claim}.json"
-        cdi_path.write_text(json.dumps(cdi_spec(record.claim, env), indent=1))
+        spec = cdi.claim_spec(record.claim, record.devices, directory, self.node_files, self.observer.devices)
+        cdi.write_spec(self.settings.cdi_dir, spec)
         if record.state != "allocated":
             log.info("restored the directory of %s (%s)", record.claim, record.state)
             return
@@ -174,7 +158,7 @@ class EnforcerService:
             subjects.claim(record.tenant, record.claim, "prepared", self.node),
             ClaimPrepared(
                 claim=record.claim, tenant=record.tenant, node=self.node, env=env, cache_path=str(directory.cache),
-                cdi_device=f"{CDI_KIND}={record.claim}",
+                cdi_device=cdi.device_ids(spec)[0],
             ),
             msg_id=f"{record.claim}:prepared",
         )
@@ -255,7 +239,7 @@ class EnforcerService:
                                     cv.record.state if cv.record else "unknown", pids, signal.Signals(sig).name)
                 case Cleanup(claim=claim):
                     cv.directory.remove()
-                    (self.settings.cdi_dir / f"tessera-{claim}.json").unlink(missing_ok=True)
+                    cdi.remove_spec(self.settings.cdi_dir, claim)
                     log.info("removed the directory of %s", claim)
                 case DropLedger(claim=claim):
                     entry = await self.ledger.release(self.node, claim)

@@ -1,0 +1,265 @@
+"""The CDI spec of a prepared claim: what a container runtime must do so enforcement holds inside.
+
+A container runtime (Podman, containerd, CRI-O) given ``--device gpu.tessera.dev/gpu=<name>`` (or a
+kubelet plugin's answer naming that id) applies the spec's container edits. Environment variables
+alone enforce nothing in a container: the paths they name do not exist there and a workload can
+unset them. So each claim's spec also carries
+
+- the device nodes of its GPUs (``/dev/nvidia<i>``, and ``nvidiactl``/``nvidia-uvm``/
+  ``nvidia-uvm-tools`` where the host has them; none on simulated hardware);
+- mounts: ``libvgpu.so`` read-only at `CONTAINER_LIBVGPU`; the claim's preload file read-only at
+  ``/etc/ld.so.preload`` (the dynamic loader honours it whatever the environment says); the claim's
+  limits file read-only at libvgpu's node config path ``/etc/tessera/vgpu.conf`` (libvgpu takes the
+  lowest limit over its sources and the cache path from that file first, so raised or unset
+  variables lift nothing); the accounting file's directory, writable, at its host path (which the
+  limits file names); on simulated hardware the simulated ``libcuda.so.1``/``libnvidia-ml.so.1`` in
+  ``/usr/lib``, where the loader looks without being told;
+- the environment: HAMi's limit variables, the cache path, the visible GPUs by UUID, ``LD_PRELOAD``
+  (for tools that look at it), and on simulated hardware the simulated driver's own variables.
+
+``cdiVersion`` is the lowest version whose features the content uses, by the rules of the CDI
+specification's version table (the reference library's ``MinimumRequiredVersion``): runtimes with an
+older CDI library (Debian's Podman 4.3 reads up to 0.5.0) reject a spec that declares more than they
+know. Our content needs 0.3.0 unless a claim id starts with a digit (0.5.0).
+
+Public API (the kubelet plugin's prepare and the enforcer's NATS path both use it):
+
+- ``KIND`` = ``gpu.tessera.dev/gpu``;
+- ``device_name(claim) -> str``: the CDI device name of a claim (the claim id where valid);
+- ``NodeFiles(libvgpu, sim_driver_dir="", dev_root=Path("/dev"))``: what this node offers containers;
+- ``claim_spec(claim, shares, directory, node, gpus={}) -> dict``: the spec (``directory`` created);
+- ``min_version(spec) -> str``: the minimum ``cdiVersion`` of any spec dict;
+- ``device_ids(spec) -> list[str]``: the fully qualified ids (``gpu.tessera.dev/gpu=<name>``);
+- ``spec_path(cdi_dir, claim) -> Path``; ``write_spec(cdi_dir, spec) -> Path`` (atomic: a temporary
+  file in ``cdi_dir`` renamed over the spec, so a runtime never reads half a spec);
+  ``remove_spec(cdi_dir, claim) -> bool`` (idempotent: False when there was none).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import stat
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+from tessera.shared.events import DeviceShare, GpuDevice
+from tessera.shared.kubeclaims import DRIVER
+
+from tessera.enforcer.claimdir import CONTAINER_LIBVGPU, ClaimDir
+from tessera.enforcer.limits import simulated_driver_env, workload_env
+
+VENDOR = DRIVER
+CLASS = "gpu"
+KIND = f"{VENDOR}/{CLASS}"
+
+# libvgpu's node config path (native/vgpu/src/config.c): read first, its limits are ceilings.
+CONTAINER_LIMITS = "/etc/tessera/vgpu.conf"
+CONTAINER_PRELOAD = "/etc/ld.so.preload"
+# A default directory of the dynamic loader, so the simulated driver is found with no variable set.
+CONTAINER_SIM_DRIVER_DIR = "/usr/lib"
+SIM_DRIVER_LIBS = ("libcuda.so.1", "libnvidia-ml.so.1")
+# The driver's control nodes, shared by all GPUs: given to a container where the host has them.
+CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+
+_READ_ONLY = ["ro", "nosuid", "nodev", "bind"]
+_WRITABLE = ["rw", "nosuid", "nodev", "bind"]
+
+# The released spec versions, oldest first, and what first needs each (SPEC.md's version table).
+VERSIONS = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0")
+_DEVICE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class NodeFiles:
+    """What this node puts into every claim's container, as host paths."""
+
+    libvgpu: str | Path
+    # Directory with the simulated libcuda.so.1 and libnvidia-ml.so.1; "" = the real driver.
+    sim_driver_dir: str = ""
+    dev_root: Path = Path("/dev")
+
+    @property
+    def simulated(self) -> bool:
+        return bool(self.sim_driver_dir)
+
+
+def device_name(claim: str) -> str:
+    """The claim's CDI device name: the claim id itself where the spec allows it as a name.
+
+    Claim ids are subject tokens (letters, digits, '-', '_'), so only a leading or trailing '-'/'_'
+    can break the name rule; such an id gets the trimmed id plus a short hash of the whole id, so
+    two ids never share a name. Colons (valid in newer libraries) are never produced."""
+    if not claim:
+        raise ValueError("a claim id is needed to name its CDI device")
+    if re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?", claim):
+        return claim
+    trimmed = re.sub(r"[^A-Za-z0-9_.-]", "-", claim).strip("-_.")
+    digest = hashlib.sha256(claim.encode()).hexdigest()[:10]
+    return f"{trimmed}-{digest}" if trimmed else f"claim-{digest}"
+
+
+def claim_spec(
+    claim: str,
+    shares: Sequence[DeviceShare],
+    directory: ClaimDir,
+    node: NodeFiles,
+    gpus: Mapping[str, GpuDevice] | None = None,
+) -> dict[str, Any]:
+    """The CDI spec of one prepared claim: one device, named after the claim.
+
+    ``directory`` must have been created (its limits, preload and cache files are mounted);
+    ``gpus`` (the node's GPUs by UUID) tell the simulated driver what to show."""
+    if not shares:
+        raise ValueError(f"claim {claim} has no devices: there is nothing to put into a container")
+    env = workload_env(list(shares), directory.cache, libvgpu=CONTAINER_LIBVGPU)
+    mounts = [
+        _mount(node.libvgpu, CONTAINER_LIBVGPU, _READ_ONLY),
+        _mount(directory.preload, CONTAINER_PRELOAD, _READ_ONLY),
+        _mount(directory.config, CONTAINER_LIMITS, _READ_ONLY),
+        _mount(directory.shared, directory.shared, _WRITABLE),
+    ]
+    nodes: list[dict[str, Any]] = []
+    if node.simulated:
+        sim = simulated_driver_env(list(shares), gpus or {}, node.sim_driver_dir)
+        sim.pop("LD_LIBRARY_PATH")  # a host path; the libraries sit in a default loader directory
+        env.update(sim)
+        for lib in SIM_DRIVER_LIBS:
+            host = (Path(node.sim_driver_dir) / lib).resolve()
+            mounts.append(_mount(host, f"{CONTAINER_SIM_DRIVER_DIR}/{lib}", _READ_ONLY))
+    else:
+        nodes = gpu_device_nodes(shares, node.dev_root)
+    edits: dict[str, Any] = {"env": [f"{k}={v}" for k, v in sorted(env.items())]}
+    if nodes:
+        edits["deviceNodes"] = nodes
+    edits["mounts"] = mounts
+    spec: dict[str, Any] = {"cdiVersion": "", "kind": KIND,
+                            "devices": [{"name": device_name(claim), "containerEdits": edits}]}
+    spec["cdiVersion"] = min_version(spec)
+    return spec
+
+
+def gpu_device_nodes(shares: Sequence[DeviceShare], dev_root: Path = Path("/dev")) -> list[dict[str, Any]]:
+    """Device nodes of the claim's GPUs (always: a missing one must fail the container, not hide),
+    then the control nodes the host has. Type and numbers are read from the host so that runtimes
+    with an old CDI library need not look them up; ``path`` alone keeps the spec at 0.3.0."""
+    paths = [dev_root / f"nvidia{s.index}" for s in sorted(shares, key=lambda s: s.index)]
+    paths += [p for p in (dev_root / n for n in CONTROL_NODES) if p.exists()]
+    nodes = []
+    for path in paths:
+        entry: dict[str, Any] = {"path": f"/dev/{path.name}"}
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            st = None
+        if st is not None and (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)):
+            entry.update(type="c" if stat.S_ISCHR(st.st_mode) else "b",
+                         major=os.major(st.st_rdev), minor=os.minor(st.st_rdev))
+        nodes.append(entry)
+    return nodes
+
+
+def _mount(host: str | Path, container: str | Path, options: list[str]) -> dict[str, Any]:
+    # No "type": a bind is said by the options, and "type" alone would raise the spec to 0.4.0.
+    return {"hostPath": str(host), "containerPath": str(container), "options": list(options)}
+
+
+# --- the minimum cdiVersion ---------------------------------------------------------------------
+
+
+def _edits(spec: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    yield spec.get("containerEdits") or {}
+    for device in spec.get("devices") or []:
+        yield device.get("containerEdits") or {}
+
+
+def _needs(spec: Mapping[str, Any], version: str) -> bool:
+    devices = spec.get("devices") or []
+    edits = list(_edits(spec))
+    match version:
+        case "1.1.0":
+            return any(e.get("netDevices") for e in edits) or any(
+                isinstance(e.get("intelRdt"), Mapping)
+                and (e["intelRdt"].get("schemata") is not None or e["intelRdt"].get("enableMonitoring"))
+                for e in edits)
+        case "0.7.0":
+            return any(e.get("intelRdt") is not None or e.get("additionalGids") for e in edits)
+        case "0.6.0":
+            _, slash, cls = str(spec.get("kind", "")).partition("/")
+            return bool(spec.get("annotations")) or any(d.get("annotations") for d in devices) \
+                or (bool(slash) and "." in cls)
+        case "0.5.0":
+            return any(str(d.get("name", ""))[:1] in tuple("0123456789") for d in devices) or any(
+                n.get("hostPath") for e in edits for n in e.get("deviceNodes") or [])
+        case "0.4.0":
+            return any(m.get("type") for e in edits for m in e.get("mounts") or [])
+    return False  # 1.0.0 and 0.8.0 changed the library only; 0.3.0 is the earliest
+
+
+def min_version(spec: Mapping[str, Any]) -> str:
+    """The lowest ``cdiVersion`` a spec's content needs: the newest version one of whose features it
+    uses, 0.3.0 (the earliest the reference library supports) if none."""
+    for version in reversed(VERSIONS):
+        if _needs(spec, version):
+            return version
+    return VERSIONS[0]
+
+
+# --- files in the CDI directory -----------------------------------------------------------------
+
+
+def device_ids(spec: Mapping[str, Any]) -> list[str]:
+    """The fully qualified CDI device ids a spec defines, as a runtime's ``--device`` takes them."""
+    return [f"{spec['kind']}={d['name']}" for d in spec.get("devices") or []]
+
+
+def _file_name(name: str) -> str:
+    # The reference library's transient spec name: <vendor>-<class>_<id>, one file per claim.
+    return f"{VENDOR}-{CLASS}_{name}.json"
+
+
+def spec_path(cdi_dir: str | Path, claim: str) -> Path:
+    return Path(cdi_dir) / _file_name(device_name(claim))
+
+
+def write_spec(cdi_dir: str | Path, spec: Mapping[str, Any]) -> Path:
+    """Write a claim's spec into ``cdi_dir`` atomically and return its path.
+
+    The temporary file is in the same directory (so the rename is atomic) and ends in ``.tmp``,
+    which runtimes ignore (they read ``*.json`` and ``*.yaml`` only)."""
+    devices = spec.get("devices") or []
+    if spec.get("kind") != KIND or len(devices) != 1:
+        raise ValueError(f"not a claim's spec: kind {spec.get('kind')!r} with {len(devices)} devices "
+                         f"(want {KIND} with one device; build it with claim_spec)")
+    name = devices[0]["name"]
+    if not _DEVICE_NAME.match(name):
+        raise ValueError(f"CDI device name {name!r} is not valid: use device_name(claim)")
+    directory = Path(cdi_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / _file_name(name)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{target.stem}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(spec, out, indent=1)
+            out.write("\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def remove_spec(cdi_dir: str | Path, claim: str) -> bool:
+    """Remove a claim's spec; True if there was one. After this its device id no longer resolves."""
+    try:
+        spec_path(cdi_dir, claim).unlink()
+    except FileNotFoundError:
+        return False
+    return True
