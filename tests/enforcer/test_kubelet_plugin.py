@@ -1,0 +1,102 @@
+"""The enforcer as the kubelet's DRA plugin: registration, prepare and unprepare over the real gRPC
+sockets, per-claim errors for claims this node must not prepare, idempotence."""
+
+from __future__ import annotations
+
+import pytest
+
+from tessera.shared.kubeclaims import DRIVER, claim_id
+
+from kubeletkit import NODE, Kubelet, PluginNode
+
+
+@pytest.fixture
+async def node(nats_server, kmock, tmp_path):
+    kmock.resources["resource.k8s.io/v1/resourceclaims"] = {}
+    plugin = PluginNode(nats_url=nats_server.url, kube_url=str(kmock.url).rstrip("/"), workdir=tmp_path)
+    kubelet = None
+    try:
+        await plugin.start()
+        kubelet = Kubelet(plugin.registry_dir)
+        plugin.kubelet = kubelet
+        yield plugin
+    finally:
+        if kubelet is not None:
+            await kubelet.close()
+        await plugin.close()
+
+
+def ids(reply) -> list[str]:
+    return [cdi for d in reply.devices for cdi in d.cdi_device_ids]
+
+
+async def test_the_kubelet_registers_the_plugin_and_prepares_this_nodes_claims(node):
+    info = await node.kubelet.register()
+    assert info.type == "DRAPlugin" and info.name == DRIVER
+    assert info.endpoint == str(node.plugin_dir / "dra.sock")
+    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert "the kubelet registered DRA plugin" in node.log()
+
+    one = await node.allocate("one", devices=((0, 8000, 50),))
+    two = await node.allocate("two", devices=((0, 4000, 25), (1, 16000, 0)))
+    elsewhere = await node.allocate("elsewhere", node="gpu-1", devices=((1, 8000, 50),))
+    replies = await node.kubelet.prepare(one, two, elsewhere)
+    assert set(replies) == {one["uid"], two["uid"], elsewhere["uid"]}
+
+    assert replies[one["uid"]].error == ""
+    (device,) = replies[one["uid"]].devices
+    assert (list(device.request_names), device.pool_name, device.device_name) == (["gpu"], NODE, "gpu-0")
+    assert device.HasField("share_id")
+    assert list(device.cdi_device_ids) == [f"{DRIVER}/gpu={claim_id(one['uid'])}"]
+    assert replies[two["uid"]].error == ""
+    assert [d.device_name for d in replies[two["uid"]].devices] == ["gpu-0", "gpu-1"]
+    # the claim's one CDI device carries both GPUs, named once
+    assert ids(replies[two["uid"]]) == [f"{DRIVER}/gpu={claim_id(two['uid'])}"]
+
+    assert "gpu-1" in replies[elsewhere["uid"]].error and f"not for this node {NODE}" in replies[elsewhere["uid"]].error
+    assert not replies[elsewhere["uid"]].devices and node.leftovers(elsewhere) == []
+
+    # what the container runtime gets: one valid spec per claim, naming that claim's limits
+    for ref, limit in ((one, "8000m"), (two, "4000m")):
+        spec = node.spec(ref)
+        assert spec["kind"] == f"{DRIVER}/gpu" and spec["devices"][0]["name"] == claim_id(ref["uid"])
+        assert f"CUDA_DEVICE_MEMORY_LIMIT_0={limit}" in spec["devices"][0]["containerEdits"]["env"]
+        assert (node.claim_dir(ref) / "vgpu.conf").stat().st_mode & 0o222 == 0  # read-only limits file
+    record, _ = await node.claims.get(claim_id(one["uid"]))
+    assert record.state == "prepared"
+
+    again = await node.kubelet.prepare(one, two)
+    assert ids(again[one["uid"]]) == ids(replies[one["uid"]])
+    assert ids(again[two["uid"]]) == ids(replies[two["uid"]])
+    # an older kubelet's v1beta1 call is answered the same way, without the share id it cannot carry
+    beta = await node.kubelet.prepare(one, beta=True)
+    assert list(beta[one["uid"]].devices[0].cdi_device_ids) == ids(replies[one["uid"]])
+
+    unprepared = await node.kubelet.unprepare(one, two)
+    assert {uid: r.error for uid, r in unprepared.items()} == {one["uid"]: "", two["uid"]: ""}
+    assert node.leftovers(one) == [] and node.leftovers(two) == []
+    # the ledger is released by the claim's deletion, not by unprepare
+    ledger, _ = await node.ledger.read_node(NODE)
+    assert {claim_id(one["uid"]), claim_id(two["uid"])} <= set(ledger.entries)
+    assert {uid: r.error for uid, r in (await node.kubelet.unprepare(one, two)).items()} == \
+        {one["uid"]: "", two["uid"]: ""}
+
+
+async def test_claims_this_node_must_not_prepare_get_their_own_errors(node):
+    await node.kubelet.register()
+    good = await node.allocate("good")
+    unknown = await node.allocate("unknown", in_api=False)
+    other_driver = await node.allocate("other", driver="gpu.example.com")
+    unledgered = await node.allocate("unledgered", ledger=False)
+    mismatched = await node.allocate("mismatched", devices=((0, 8000, 50),), ledger_devices=((1, 8000, 50),))
+    replies = await node.kubelet.prepare(good, unknown, other_driver, unledgered, mismatched,
+                                         {"namespace": "team-a", "name": "bad", "uid": "not-a-uid"})
+    assert replies[good["uid"]].error == "" and ids(replies[good["uid"]])
+    assert "does not exist" in replies[unknown["uid"]].error
+    assert "no device of driver gpu.tessera.dev (allocated: gpu.example.com)" in replies[other_driver["uid"]].error
+    assert "no entry in the ledger of node gpu-0" in replies[unledgered["uid"]].error
+    assert "allocated gpu-0 but the ledger of node gpu-0 holds gpu-1" in replies[mismatched["uid"]].error
+    assert "not a UUID" in replies["not-a-uid"].error
+    for ref in (unknown, other_driver, unledgered, mismatched):
+        assert node.leftovers(ref) == []
+    assert node.leftovers(good) == [node.claim_dir(good), node.spec_file(good)]

@@ -1,0 +1,151 @@
+"""The kubelet plugin's checkpoint: a plugin killed between prepare and unprepare still unprepares
+and leaks nothing; a half-done prepare is rolled back; a corrupt checkpoint loses nothing already
+prepared; a reboot starts clean; a checkpoint that cannot be written fails only the claim at hand."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from tessera.enforcer.kubelet.checkpoint import Checkpoint, CheckpointClaim
+from tessera.shared.kubeclaims import claim_id
+
+from kubeletkit import Kubelet, PluginNode
+
+
+@pytest.fixture
+async def node(nats_server, kmock, tmp_path):
+    kmock.resources["resource.k8s.io/v1/resourceclaims"] = {}
+    plugin = PluginNode(nats_url=nats_server.url, kube_url=str(kmock.url).rstrip("/"), workdir=tmp_path)
+    kubelets: list[Kubelet] = []
+
+    async def kubelet() -> Kubelet:
+        """A kubelet that (re)discovers the plugin, as after the plugin's socket came back."""
+        k = Kubelet(plugin.registry_dir)
+        kubelets.append(k)
+        await k.register()
+        return k
+
+    plugin.connect = kubelet
+    try:
+        await plugin.start()
+        yield plugin
+    finally:
+        for k in kubelets:
+            await k.close()
+        await plugin.close()
+
+
+def ids(reply) -> list[str]:
+    assert reply.error == "", reply.error
+    return [cdi for d in reply.devices for cdi in d.cdi_device_ids]
+
+
+async def test_a_plugin_killed_between_prepare_and_unprepare_still_unprepares_and_leaks_nothing(node):
+    kubelet = await node.connect()
+    claim = await node.allocate("train")
+    before = ids((await kubelet.prepare(claim))[claim["uid"]])
+    node.kill()
+    await kubelet.close()
+    assert node.leftovers(claim) == [node.claim_dir(claim), node.spec_file(claim)]  # prepared stays prepared
+
+    await node.start()
+    kubelet = await node.connect()
+    assert "1 claim(s) prepared in this boot (team-a/train)" in node.log()
+    # the restarted plugin knows the claim: the same answer, from its checkpoint
+    assert ids((await kubelet.prepare(claim))[claim["uid"]]) == before
+    assert (await kubelet.unprepare(claim))[claim["uid"]].error == ""
+    assert node.leftovers(claim) == []
+
+
+async def test_a_prepare_cut_short_is_rolled_back_at_start(node):
+    kubelet = await node.connect()
+    done = await node.allocate("done")
+    ids((await kubelet.prepare(done))[done["uid"]])
+    node.stop()
+    # What a plugin killed mid-prepare leaves: a "preparing" entry, a directory, perhaps a spec.
+    cut = {"namespace": "team-a", "name": "cut", "uid": str(uuid.uuid4())}
+    checkpoint = Checkpoint(node.plugin_dir / "checkpoint.json")
+    body = checkpoint.read("")
+    body.claims[cut["uid"]] = CheckpointClaim(uid=cut["uid"], namespace="team-a", name="cut",
+                                              claim=claim_id(cut["uid"]), state="preparing")
+    checkpoint.write(body)
+    node.claim_dir(cut).mkdir(parents=True)
+    node.spec_file(cut).write_text("{}")
+
+    await node.start()
+    assert node.leftovers(cut) == []
+    assert "rolling back the unfinished prepare of ResourceClaim team-a/cut" in node.log()
+    assert set(checkpoint.read("").claims) == {done["uid"]}
+    assert node.leftovers(done) == [node.claim_dir(done), node.spec_file(done)]
+
+
+async def test_a_corrupt_checkpoint_is_kept_aside_and_nothing_prepared_is_lost(node):
+    kubelet = await node.connect()
+    claim = await node.allocate("keep")
+    before = ids((await kubelet.prepare(claim))[claim["uid"]])
+    usage = node.claim_dir(claim) / "shared" / "vgpu.cache"
+    usage.write_bytes(b"accounting of a running workload")
+    node.kill()
+    await kubelet.close()
+    path = node.plugin_dir / "checkpoint.json"
+    torn = path.read_bytes()[:-20]
+    path.write_bytes(torn)
+
+    await node.start()
+    kubelet = await node.connect()
+    log = node.log()
+    assert f"the checkpoint {path} is not a checkpoint" in log
+    assert f"rebuilt 1 prepared claim(s) from their directories ({claim_id(claim['uid'])})" in log
+    (aside,) = node.plugin_dir.glob("checkpoint.json.corrupt-*")
+    assert aside.read_bytes() == torn
+    assert usage.read_bytes() == b"accounting of a running workload"
+    assert ids((await kubelet.prepare(claim))[claim["uid"]]) == before
+    assert (await kubelet.unprepare(claim))[claim["uid"]].error == ""
+    assert node.leftovers(claim) == []
+
+
+async def test_an_edited_checkpoint_fails_its_checksum(node):
+    kubelet = await node.connect()
+    claim = await node.allocate("edited")
+    ids((await kubelet.prepare(claim))[claim["uid"]])
+    node.stop()
+    path = node.plugin_dir / "checkpoint.json"
+    path.write_bytes(path.read_bytes().replace(b'"prepared"', b'"preparing"'))
+
+    await node.start()
+    assert "fails its checksum (torn or edited)" in node.log()
+    # believed, the edit would have rolled the claim back; rebuilt from its directory, it stays
+    assert node.leftovers(claim) == [node.claim_dir(claim), node.spec_file(claim)]
+
+
+async def test_a_reboot_starts_clean(node):
+    kubelet = await node.connect()
+    claim = await node.allocate("before-reboot")
+    ids((await kubelet.prepare(claim))[claim["uid"]])
+    node.stop()
+    node.boot_file.write_text(str(uuid.uuid4()) + "\n")
+
+    await node.start()
+    kubelet = await node.connect()
+    assert "the node rebooted" in node.log()
+    assert node.leftovers(claim) == []
+    assert Checkpoint(node.plugin_dir / "checkpoint.json").read("").claims == {}
+    # the kubelet prepares the pod's claims again after a reboot: made afresh
+    assert ids((await kubelet.prepare(claim))[claim["uid"]])
+    assert node.leftovers(claim) == [node.claim_dir(claim), node.spec_file(claim)]
+
+
+async def test_a_checkpoint_that_cannot_be_written_fails_only_the_claim_being_prepared(node):
+    kubelet = await node.connect()
+    first = await node.allocate("first")
+    ids((await kubelet.prepare(first))[first["uid"]])
+    (node.plugin_dir / ".checkpoint.json.tmp").mkdir()  # the atomic write's temporary file cannot be made
+    second = await node.allocate("second", devices=((1, 1000, 10),))
+    reply = (await kubelet.prepare(first, second))
+    assert ids(reply[first["uid"]])  # prepared before: still answered
+    error = reply[second["uid"]].error
+    assert f"the checkpoint {node.plugin_dir / 'checkpoint.json'} could not be written" in error
+    assert "was not prepared" in error and node.leftovers(second) == []
+    assert node.leftovers(first) == [node.claim_dir(first), node.spec_file(first)]
