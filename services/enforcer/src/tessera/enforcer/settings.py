@@ -62,9 +62,9 @@ def _positive(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
-def _absolute(env: Mapping[str, str], name: str, default: Path) -> Path:
+def _absolute(name: str, raw: str) -> Path:
     """A directory the kubelet shares: an absolute path, since the kubelet resolves it, not us."""
-    path = Path(env_str(env, name, str(default)))
+    path = Path(raw)
     if not path.is_absolute():
         raise ConfigError(f"{name}={str(path)!r} must be an absolute path (the kubelet's directory on the node)")
     return path
@@ -134,7 +134,9 @@ class EnforcerSettings:
             lost_reclaim_seconds=_positive(env, "TESSERA_LOST_RECLAIM_SECONDS", cls.lost_reclaim_seconds),
             legacy_metrics=legacy in ("1", "true", "yes"),
             kubernetes=kubernetes,
-            kubelet_registry_dir=_absolute(env, "TESSERA_KUBELET_REGISTRY_DIR", cls.kubelet_registry_dir),
-            kubelet_plugin_dir=_absolute(env, "TESSERA_KUBELET_PLUGIN_DIR", cls.kubelet_plugin_dir),
+            kubelet_registry_dir=_absolute("TESSERA_KUBELET_REGISTRY_DIR", env_str(
+                env, "TESSERA_KUBELET_REGISTRY_DIR", str(cls.kubelet_registry_dir))),
+            kubelet_plugin_dir=_absolute("TESSERA_KUBELET_PLUGIN_DIR", env_str(
+                env, "TESSERA_KUBELET_PLUGIN_DIR", str(cls.kubelet_plugin_dir))),
             boot_id_file=Path(env_str(env, "TESSERA_BOOT_ID_FILE", str(cls.boot_id_file))),
         )
