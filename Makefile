@@ -11,7 +11,7 @@ PROJECTS := libs/shared services/controlplane services/capacity services/transla
             services/placement services/enforcer cli
 PYPROJECTS := pyproject.toml $(addsuffix /pyproject.toml,$(PROJECTS))
 
-.PHONY: up test bench lint native clean demo help gpu-wheels
+.PHONY: up test bench lint native clean demo help gpu-wheels container-tools
 
 help:
 	@echo "make up     install what is missing, run Tessera on a simulated fleet with a live table (Ctrl-C stops)"
@@ -40,7 +40,12 @@ SRC_PATHS := $(subst $(eval) ,:,$(addsuffix /src,$(PROJECTS)))
 lint: $(STAMP)
 	PYTHONPATH=$(SRC_PATHS) $(VENV)/bin/lint-imports
 
-test: $(STAMP) $(CORE) native lint protos
+# Podman, runc and debootstrap for tests/containers (a real runtime applies the CDI specs), from
+# Debian's packages when missing.
+container-tools:
+	@tests/containers/install.sh
+
+test: $(STAMP) $(CORE) native lint container-tools protos
 	$(MAKE) -C native/vgpu test
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -92,23 +92,27 @@ def test_claim_files_a_container_gets_cannot_be_written_by_others(prepared):
     assert sorted(p.name for p in directory.shared.iterdir()) == ["vgpu.cache"]  # nothing else is writable
 
 
-def test_real_node_spec_has_the_gpus_device_nodes_and_the_control_nodes_the_host_has(tmp_path, prepared):
+def test_real_node_spec_names_the_gpus_and_drivers_device_nodes_with_the_hosts_numbers(tmp_path, prepared):
     directory, _ = prepared
     dev = tmp_path / "dev"
     dev.mkdir()
-    for name in ("nvidia1", "nvidiactl", "nvidia-uvm"):  # no nvidia0 and no nvidia-uvm-tools on this "host"
+    for name in ("nvidia1", "nvidiactl", "nvidia-uvm-tools"):  # no nvidia0 and no nvidia-uvm on this "host"
         (dev / name).symlink_to("/dev/null")
     null = os.stat("/dev/null").st_rdev
     spec = cdi.claim_spec("c-0123abcd", SHARES, directory, cdi.NodeFiles(libvgpu="/opt/libvgpu.so", dev_root=dev))
     validate(spec)
     assert spec["cdiVersion"] == "0.3.0"  # path only (no hostPath): nothing newer is needed
-    nodes = spec["devices"][0]["containerEdits"]["deviceNodes"]
-    assert [n["path"] for n in nodes] == ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm"]
-    # An allocated GPU whose node is missing is still named, so the container fails instead of
-    # running without it; the others carry the host's numbers.
-    assert nodes[0] == {"path": "/dev/nvidia0"}
-    for node in nodes[1:]:
-        assert (node["type"], node["major"], node["minor"]) == ("c", os.major(null), os.minor(null))
+    nodes = {n["path"]: n for n in spec["devices"][0]["containerEdits"]["deviceNodes"]}
+    assert list(nodes) == ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    # An allocated GPU or a driver node that is missing is still named, so the container fails to
+    # start instead of running without it; the others carry the host's numbers.
+    assert nodes["/dev/nvidia0"] == {"path": "/dev/nvidia0"} and nodes["/dev/nvidia-uvm"] == {"path": "/dev/nvidia-uvm"}
+    for path in ("/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm-tools"):
+        assert (nodes[path]["type"], nodes[path]["major"], nodes[path]["minor"]) == ("c", os.major(null),
+                                                                                     os.minor(null))
+    (dev / "nvidia-uvm-tools").unlink()  # optional: named only where the host has it
+    again = cdi.claim_spec("c-0123abcd", SHARES, directory, cdi.NodeFiles(libvgpu="/opt/libvgpu.so", dev_root=dev))
+    assert "/dev/nvidia-uvm-tools" not in [n["path"] for n in again["devices"][0]["containerEdits"]["deviceNodes"]]
     assert not any(m["containerPath"].startswith("/usr/lib/") for m in mounts_by_target(spec).values())
     assert not any(e.startswith("TESSERA_SIM_") for e in spec["devices"][0]["containerEdits"]["env"])
 

@@ -38,6 +38,7 @@ run_case() {
 }
 
 L64="CUDA_DEVICE_MEMORY_LIMIT_0=64m"
+SM="TESSERA_SIM_KERNEL_US=500"  # kernels of 500 us device time, for the SM-share cases
 run_case limit            "CUDA_DEVICE_MEMORY_LIMIT=128m" "$L64" TESSERA_SIM_GPU_COUNT=2 -- "$T/t_limit"
 run_case limit-no-cache   "CUDA_DEVICE_MEMORY_LIMIT=128m" "$L64" TESSERA_SIM_GPU_COUNT=2 \
                           CUDA_DEVICE_MEMORY_SHARED_CACHE= -- "$T/t_limit"
@@ -66,11 +67,24 @@ run_case config-zero-no-bypass "TESSERA_VGPU_CONFIG=$WORK/cfg32.conf" "CUDA_DEVI
 run_case config-node-file    "LD_PRELOAD=$TESTLIB" "TESSERA_VGPU_TEST_NODE_CONFIG=$WORK/node.conf" \
                              "CUDA_DEVICE_MEMORY_LIMIT_0=4g" -- \
     sh -c '"$1" 48 && test -s "$2"' sh "$T/t_config" "$WORK/node.cache"
+# The node file is what a container gets read-only at /etc/tessera/vgpu.conf: neither the variables
+# nor a TESSERA_VGPU_CONFIG file of the workload's may raise its limits or move its cache.
+printf 'CUDA_DEVICE_MEMORY_LIMIT_0=4g\nCUDA_DEVICE_SM_LIMIT=0\nCUDA_DEVICE_MEMORY_SHARED_CACHE=%s\n' \
+    "$WORK/workload-own.cache" > "$WORK/workload-high.conf"
+printf 'CUDA_DEVICE_MEMORY_LIMIT_0=48m\nCUDA_DEVICE_SM_LIMIT=30\nCUDA_DEVICE_MEMORY_SHARED_CACHE=%s\n' \
+    "$WORK/claim.cache" > "$WORK/claim.conf"
+run_case config-node-file-wins "LD_PRELOAD=$TESTLIB" "TESSERA_VGPU_TEST_NODE_CONFIG=$WORK/claim.conf" \
+                             "TESSERA_VGPU_CONFIG=$WORK/workload-high.conf" "CUDA_DEVICE_MEMORY_LIMIT=0" \
+                             "CUDA_DEVICE_MEMORY_LIMIT_0=8g" "CUDA_DEVICE_MEMORY_SHARED_CACHE=$WORK/env-own.cache" -- \
+    sh -c '"$1" 48 && test -s "$2" && test ! -e "$3" && test ! -e "$4"' sh "$T/t_config" \
+       "$WORK/claim.cache" "$WORK/workload-own.cache" "$WORK/env-own.cache"
+run_case config-node-file-sm "$SM" "LD_PRELOAD=$TESTLIB" "TESSERA_VGPU_TEST_NODE_CONFIG=$WORK/claim.conf" \
+                             "TESSERA_VGPU_CONFIG=$WORK/workload-high.conf" CUDA_DEVICE_SM_LIMIT=100 \
+                             CUDA_DEVICE_SM_LIMIT_0=0 -- "$T/t_sm" one 30 900
 run_case config-cache-min    "$L64" "CUDA_DEVICE_MEMORY_SHARED_CACHE=$WORK/min.cache" -- \
     sh -c '"$1" 64 && CUDA_DEVICE_MEMORY_LIMIT_0=1g "$1" 64 && CUDA_DEVICE_MEMORY_LIMIT_0= "$1" 64' sh "$T/t_config"
 
 # SM share: kernels of 500 us device time; the first two take ~1.5 s and ~1 s of wall time
-SM="TESSERA_SIM_KERNEL_US=500"
 run_case sm-30            "$SM" CUDA_DEVICE_SM_LIMIT=30 -- "$T/t_sm" one 30 900
 run_case sm-50            "$SM" CUDA_DEVICE_SM_LIMIT_0=50 -- "$T/t_sm" one 50 1000
 run_case sm-50-two-procs  "$SM" CUDA_DEVICE_SM_LIMIT=50 -- "$T/t_sm" pair 50 600

@@ -5,8 +5,10 @@ kubelet plugin's answer naming that id) applies the spec's container edits. Envi
 alone enforce nothing in a container: the paths they name do not exist there and a workload can
 unset them. So each claim's spec also carries
 
-- the device nodes of its GPUs (``/dev/nvidia<i>``, and ``nvidiactl``/``nvidia-uvm``/
-  ``nvidia-uvm-tools`` where the host has them; none on simulated hardware);
+- the device nodes of its GPUs (``/dev/nvidia<i>``) and of the driver (``nvidiactl`` and
+  ``nvidia-uvm``, without which CUDA cannot start; ``nvidia-uvm-tools`` where the host has it);
+  none on simulated hardware. Type and numbers are read under ``NodeFiles.dev_root``, which must
+  be the host's ``/dev`` as the enforcer sees it;
 - mounts: ``libvgpu.so`` read-only at `CONTAINER_LIBVGPU`; the claim's preload file read-only at
   ``/etc/ld.so.preload`` (the dynamic loader honours it whatever the environment says); the claim's
   limits file read-only at libvgpu's node config path ``/etc/tessera/vgpu.conf`` (libvgpu takes the
@@ -63,8 +65,9 @@ CONTAINER_PRELOAD = "/etc/ld.so.preload"
 # A default directory of the dynamic loader, so the simulated driver is found with no variable set.
 CONTAINER_SIM_DRIVER_DIR = "/usr/lib"
 SIM_DRIVER_LIBS = ("libcuda.so.1", "libnvidia-ml.so.1")
-# The driver's control nodes, shared by all GPUs: given to a container where the host has them.
-CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+# The driver's nodes, shared by all GPUs: CUDA needs the first two; the profiler's only where present.
+CONTROL_NODES = ("nvidiactl", "nvidia-uvm")
+OPTIONAL_NODES = ("nvidia-uvm-tools",)
 
 _READ_ONLY = ["ro", "nosuid", "nodev", "bind"]
 _WRITABLE = ["rw", "nosuid", "nodev", "bind"]
@@ -144,11 +147,13 @@ def claim_spec(
 
 
 def gpu_device_nodes(shares: Sequence[DeviceShare], dev_root: Path = Path("/dev")) -> list[dict[str, Any]]:
-    """Device nodes of the claim's GPUs (always: a missing one must fail the container, not hide),
-    then the control nodes the host has. Type and numbers are read from the host so that runtimes
-    with an old CDI library need not look them up; ``path`` alone keeps the spec at 0.3.0."""
+    """Device nodes of the claim's GPUs and the driver's (always named: a missing one must fail the
+    container at its start, not leave it running without), then the optional ones the host has.
+    Type and numbers are read from the host so that runtimes with an old CDI library need not look
+    them up; ``path`` alone keeps the spec at 0.3.0."""
     paths = [dev_root / f"nvidia{s.index}" for s in sorted(shares, key=lambda s: s.index)]
-    paths += [p for p in (dev_root / n for n in CONTROL_NODES) if p.exists()]
+    paths += [dev_root / n for n in CONTROL_NODES]
+    paths += [p for p in (dev_root / n for n in OPTIONAL_NODES) if p.exists()]
     nodes = []
     for path in paths:
         entry: dict[str, Any] = {"path": f"/dev/{path.name}"}
