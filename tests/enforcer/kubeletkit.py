@@ -15,12 +15,12 @@ import asyncio
 import importlib.util
 import json
 import shutil
+import sys
 import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiohttp
 import grpc
 
 from tessera.cli.cluster import LocalCluster, ServiceProcess
@@ -36,11 +36,15 @@ from tessera.shared import subjects
 from tessera.shared.bus import Bus
 from tessera.shared.claimstore import ClaimStore
 from tessera.shared.events import ClaimRecord, ClaimSpec, DeviceShare, LedgerEntry
-from tessera.shared.kubeclaims import DRIVER, KubeClaimRef, claim_id
+from tessera.shared.kubeapi import KubeApi, object_path
+from tessera.shared.kubeclaims import DRIVER, RESOURCE_API_VERSION, KubeClaimRef, claim_id
 from tessera.shared.ledger import Ledger
 from tessera.shared.settings import BusSettings
 
 ROOT = Path(__file__).resolve().parents[2]
+# The API-server emulator of tests/kubernetes (a directory of modules, not a package).
+sys.path.insert(0, str(ROOT / "tests" / "kubernetes"))
+from apiserver import ApiServer  # noqa: E402
 PROFILES = ROOT / "tests" / "profiles"
 NODE = "gpu-0"
 FAST = {"TESSERA_USAGE_SECONDS": "0.2", "TESSERA_RECLAIM_SECONDS": "2", "TESSERA_LOST_RECLAIM_SECONDS": "60"}
@@ -57,23 +61,25 @@ def _cdischema():
 cdischema = _cdischema()
 
 
-def resource_claim(name: str, uid: str, *, namespace: str = "team-a", node: str = NODE, driver: str = DRIVER,
-                   devices: tuple[tuple[int, int, int], ...] = ((0, 8000, 50),)) -> dict:
-    """A ResourceClaim as placement leaves it: one request ``gpu``, its results, the node selector."""
+def resource_claim(name: str, namespace: str, count: int) -> dict:
+    """A ResourceClaim as the resourceclaim controller makes it from the translator's template."""
+    return {
+        "apiVersion": RESOURCE_API_VERSION, "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": count}}]}},
+    }
+
+
+def allocation(uid: str, *, node: str, driver: str, devices: tuple[tuple[int, int, int], ...]) -> dict:
+    """The ``status.allocation`` placement writes: results with shareID and consumedCapacity, the node."""
     results = [{"request": "gpu", "driver": driver, "pool": node, "device": f"gpu-{index}",
                 "shareID": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{uid}/{index}")),
                 "consumedCapacity": {"memory": f"{memory}Mi", "cores": str(cores), "shares": "1"}}
                for index, memory, cores in devices]
-    return {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": namespace, "uid": uid},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER, "count": len(devices)}}]}},
-        "status": {"allocation": {
-            "devices": {"results": results},
+    return {"devices": {"results": results},
             "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
-        }},
-    }
+                {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}
 
 
 def shares_of(devices: tuple[tuple[int, int, int], ...], node: str = NODE) -> list[DeviceShare]:
@@ -128,7 +134,7 @@ class Kubelet:
 @dataclass
 class PluginNode:
     nats_url: str
-    kube_url: str
+    apiserver: ApiServer
     workdir: Path
     # Unix socket paths are limited to 107 bytes: the kubelet's directories get a short root.
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kp-", dir="/tmp")))
@@ -136,6 +142,8 @@ class PluginNode:
     bus: Bus | None = None
 
     def __post_init__(self) -> None:
+        self.kube_url = self.apiserver.url
+        self.kube = KubeApi.for_url(self.kube_url)
         self.registry_dir = self.root / "plugins_registry"
         self.plugin_dir = self.root / "plugins" / DRIVER
         self.cdi_dir = self.root / "cdi"
@@ -184,6 +192,7 @@ class PluginNode:
             self.stop()
         if self.bus is not None:
             await self.bus.close()
+        await self.kube.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
     # --- what the control side writes before the kubelet asks -----------------------------------
@@ -191,9 +200,18 @@ class PluginNode:
     async def allocate(self, name: str, *, node: str = NODE, devices=((0, 8000, 50),), namespace: str = "team-a",
                        driver: str = DRIVER, ledger: bool = True, in_api: bool = True,
                        ledger_devices=None) -> dict:
-        """A ResourceClaim allocated by placement: record, ledger entry, API object. Returns the
-        kubelet's name for it (namespace, name, uid)."""
-        uid = str(uuid.uuid4())
+        """A ResourceClaim allocated by placement: the API object (the API server assigns its uid),
+        the claim's record and its ledger entry, then ``status.allocation``. Returns the kubelet's
+        name for it (namespace, name, uid)."""
+        if in_api:
+            if await self.kube.get(object_path("v1", "namespaces", namespace)) is None:
+                await self.kube.create(object_path("v1", "namespaces"),
+                                       {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+            collection = object_path(RESOURCE_API_VERSION, "resourceclaims", namespace=namespace)
+            obj = await self.kube.create(collection, resource_claim(name, namespace, len(devices)))
+            uid = obj["metadata"]["uid"]
+        else:
+            uid = str(uuid.uuid4())
         claim = claim_id(uid)
         held = shares_of(ledger_devices or devices, node)
         await self.claims.create(ClaimRecord(
@@ -209,11 +227,9 @@ class PluginNode:
                     if "changed since" not in str(exc):
                         raise
         if in_api:
-            async with aiohttp.ClientSession() as http:
-                url = f"{self.kube_url}/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
-                body = resource_claim(name, uid, namespace=namespace, node=node, driver=driver, devices=devices)
-                async with http.post(url, json=body) as reply:
-                    assert reply.status in (200, 201), await reply.text()
+            obj["status"] = {"allocation": allocation(uid, node=node, driver=driver, devices=devices)}
+            path = object_path(RESOURCE_API_VERSION, "resourceclaims", name, namespace)
+            await self.kube.replace_status(path, obj)
         return {"namespace": namespace, "name": name, "uid": uid}
 
     # --- what is on the node ---------------------------------------------------------------------

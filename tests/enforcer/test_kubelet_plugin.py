@@ -7,13 +7,13 @@ import pytest
 
 from tessera.shared.kubeclaims import DRIVER, claim_id
 
-from kubeletkit import NODE, Kubelet, PluginNode
+from kubeletkit import ApiServer, NODE, Kubelet, PluginNode
 
 
 @pytest.fixture
-async def node(nats_server, kmock, tmp_path):
-    kmock.resources["resource.k8s.io/v1/resourceclaims"] = {}
-    plugin = PluginNode(nats_url=nats_server.url, kube_url=str(kmock.url).rstrip("/"), workdir=tmp_path)
+async def node(nats_server, tmp_path):
+    apiserver = await ApiServer().start()
+    plugin = PluginNode(nats_url=nats_server.url, apiserver=apiserver, workdir=tmp_path)
     kubelet = None
     try:
         await plugin.start()
@@ -24,6 +24,7 @@ async def node(nats_server, kmock, tmp_path):
         if kubelet is not None:
             await kubelet.close()
         await plugin.close()
+        await apiserver.stop()
 
 
 def ids(reply) -> list[str]:
@@ -100,3 +101,14 @@ async def test_claims_this_node_must_not_prepare_get_their_own_errors(node):
     for ref in (unknown, other_driver, unledgered, mismatched):
         assert node.leftovers(ref) == []
     assert node.leftovers(good) == [node.claim_dir(good), node.spec_file(good)]
+
+
+async def test_an_api_server_that_cannot_answer_fails_the_claim_until_it_can(node):
+    await node.kubelet.register()
+    claim = await node.allocate("flaky")
+    node.apiserver.fail("GET", rf"/resourceclaims/{claim['name']}$", status=503, times=1)
+    (reply,) = (await node.kubelet.prepare(claim)).values()
+    assert f"ResourceClaim team-a/{claim['name']} could not be read" in reply.error
+    assert "the kubelet asks again" in reply.error and node.leftovers(claim) == []
+    (reply,) = (await node.kubelet.prepare(claim)).values()
+    assert reply.error == "" and ids(reply) == [f"{DRIVER}/gpu={claim_id(claim['uid'])}"]

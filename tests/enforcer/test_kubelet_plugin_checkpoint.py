@@ -11,13 +11,13 @@ import pytest
 from tessera.enforcer.kubelet.checkpoint import Checkpoint, CheckpointClaim
 from tessera.shared.kubeclaims import claim_id
 
-from kubeletkit import Kubelet, PluginNode
+from kubeletkit import ApiServer, Kubelet, PluginNode
 
 
 @pytest.fixture
-async def node(nats_server, kmock, tmp_path):
-    kmock.resources["resource.k8s.io/v1/resourceclaims"] = {}
-    plugin = PluginNode(nats_url=nats_server.url, kube_url=str(kmock.url).rstrip("/"), workdir=tmp_path)
+async def node(nats_server, tmp_path):
+    apiserver = await ApiServer().start()
+    plugin = PluginNode(nats_url=nats_server.url, apiserver=apiserver, workdir=tmp_path)
     kubelets: list[Kubelet] = []
 
     async def kubelet() -> Kubelet:
@@ -35,6 +35,7 @@ async def node(nats_server, kmock, tmp_path):
         for k in kubelets:
             await k.close()
         await plugin.close()
+        await apiserver.stop()
 
 
 def ids(reply) -> list[str]:
