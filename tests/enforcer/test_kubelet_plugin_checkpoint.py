@@ -150,3 +150,62 @@ async def test_a_checkpoint_that_cannot_be_written_fails_only_the_claim_being_pr
     assert f"the checkpoint {node.plugin_dir / 'checkpoint.json'} could not be written" in error
     assert "was not prepared" in error and node.leftovers(second) == []
     assert node.leftovers(first) == [node.claim_dir(first), node.spec_file(first)]
+
+
+async def test_a_corrupt_checkpoint_that_cannot_be_moved_aside_fails_each_prepare_saying_so(nats_server, tmp_path):
+    """In-process (the move aside is made to fail): every prepare names the checkpoint and what is
+    wrong with it, what was prepared stays, unprepare still works, and removing the file heals."""
+    from tessera.enforcer.claimdir import ClaimDirs
+    from tessera.enforcer.kubelet.kube import ClaimReader
+    from tessera.enforcer.kubelet.plugin import ClaimRef, DraPlugin
+    from tessera.enforcer.preparation import Preparation
+    from tessera.enforcer.settings import EnforcerSettings
+    from tessera.shared.kubeapi import KubeApi
+
+    apiserver = await ApiServer().start()
+    node = PluginNode(nats_url=nats_server.url, apiserver=apiserver, workdir=tmp_path)
+    settings = EnforcerSettings.from_env({k: v for k, v in node.env.items() if k.startswith("TESSERA_")})
+    reader = ClaimReader(KubeApi.for_url(apiserver.url))
+    try:
+        await node.start()  # (the process makes the streams and buckets; this test's plugin is in-process)
+        node.stop()
+        preparation = Preparation(settings, ClaimDirs(settings.state_dir))
+
+        async def no_devices():
+            return {}
+
+        async def announce(record, prepared):
+            pass
+
+        plugin = DraPlugin(settings, preparation, node.ledger, node.claims, reader,
+                           inventory=no_devices, announce=announce)
+        kept = ClaimRef(**await node.allocate("kept"))
+        assert (await plugin.prepare([kept]))[kept.uid].error == ""
+        checkpoint = settings.kubelet_plugin_dir / "checkpoint.json"
+        checkpoint.write_text("not json")
+
+        def refuse():
+            raise PermissionError(13, "Permission denied")
+
+        plugin.checkpoint.set_aside = refuse
+        new = ClaimRef(**await node.allocate("new", devices=((1, 1000, 10),)))
+        results = await plugin.prepare([kept, new])
+        error = results[new.uid].error
+        assert f"the checkpoint {checkpoint} is not a checkpoint" in error
+        assert "could not be moved aside ([Errno 13] Permission denied)" in error and "until it is removed" in error
+        # what was prepared is still answered, rebuilt from its directory
+        assert results[kept.uid].error == "" and results[kept.uid].devices[0].cdi_ids == [
+            f"gpu.tessera.dev/gpu={claim_id(kept.uid)}"]
+        assert node.leftovers(vars(new)) == []
+        assert node.leftovers(vars(kept)) == [node.claim_dir(vars(kept)), node.spec_file(vars(kept))]
+        assert checkpoint.read_text() == "not json"  # left for whoever investigates
+
+        checkpoint.unlink()  # the operator's fix
+        results = await plugin.prepare([kept, new])
+        assert results[kept.uid].error == "" and results[new.uid].error == ""
+        assert (await plugin.unprepare([kept, new])) == {kept.uid: "", new.uid: ""}
+        assert node.leftovers(vars(kept)) == [] and node.leftovers(vars(new)) == []
+    finally:
+        await reader.close()
+        await node.close()
+        await apiserver.stop()

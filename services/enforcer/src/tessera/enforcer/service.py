@@ -93,7 +93,7 @@ class EnforcerService:
         ready = self.ctx.gate("kubelet-plugin")
         reader = ClaimReader()
         plugin = DraPlugin(self.settings, self.preparation, self.ledger, self.claims, reader,
-                           inventory=self._devices, announce=self.announce_prepared)
+                           inventory=self._devices, announce=self.announce_prepared, span=self.ctx.telemetry.span)
         try:
             await plugin.restore()
             await serve(plugin, self.settings.kubelet_registry_dir, self.settings.kubelet_plugin_dir, ready)

@@ -80,6 +80,7 @@ class DraPlugin:
         *,
         inventory: Callable[[], Awaitable[Mapping[str, GpuDevice]]],
         announce: Callable[[ClaimRecord, Prepared], Awaitable[None]],
+        span: Callable[..., contextlib.AbstractContextManager] | None = None,
     ) -> None:
         self.settings = settings
         self.node = settings.node
@@ -89,6 +90,8 @@ class DraPlugin:
         self.reader = reader
         self.inventory = inventory
         self.announce = announce
+        # Telemetry.span: a claim's prepare continues the claim's trace (one claim, one trace).
+        self.span = span or (lambda *a, **k: contextlib.nullcontext())
         self.checkpoint = Checkpoint(settings.kubelet_plugin_dir / CHECKPOINT)
         self.boot = boot_id(settings.boot_id_file)
         self._lock = asyncio.Lock()
@@ -198,8 +201,6 @@ class DraPlugin:
         return results
 
     async def _prepare_one(self, body: Body, ref: ClaimRef) -> PrepareResult:
-        if self.broken:
-            return PrepareResult([], self.broken)
         try:
             claim = claim_id(ref.uid)
         except ValueError as exc:
@@ -207,6 +208,8 @@ class DraPlugin:
         done = body.claims.get(ref.uid)
         if done is not None and done.state == "prepared" and self.preparation.present(claim):
             return PrepareResult(done.devices)
+        if self.broken:  # what is prepared is still answered (above); nothing new can be recorded
+            return PrepareResult([], self.broken)
         try:
             obj = await self.reader.get(ref.namespace, ref.name)
         except TemporaryError as exc:
@@ -221,6 +224,14 @@ class DraPlugin:
             devices = allocation.check(obj, uid=ref.uid, node=self.node, entry=ledger.entries.get(claim))
         except allocation.AllocationMismatch as exc:
             return PrepareResult([], str(exc))
+        record, _ = await self.claims.get(claim)
+        trace = {"traceparent": record.traceparent} if record is not None and record.traceparent else None
+        with self.span("enforcer kubelet prepare", parent_headers=trace,
+                       attributes={"tessera.claim": claim, "k8s.resourceclaim": str(ref)}):
+            return await self._make(body, ref, claim, devices, record)
+
+    async def _make(self, body: Body, ref: ClaimRef, claim: str, devices: list[allocation.AllocatedDevice],
+                    record: ClaimRecord | None) -> PrepareResult:
         entry = CheckpointClaim(uid=ref.uid, namespace=ref.namespace, name=ref.name, claim=claim, state="preparing")
         body.claims[ref.uid] = entry
         try:
@@ -248,18 +259,17 @@ class DraPlugin:
             return PrepareResult([], f"preparing ResourceClaim {ref} failed and was rolled back: {exc}")
         log.info("prepared ResourceClaim %s (%s) for the kubelet: %s", ref, claim,
                  ", ".join(f"{d.device}:{d.share.memory_mib}MiB/{d.share.cores}%" for d in devices))
-        await self._announce(claim, prepared)
+        await self._announce(record, prepared)
         return PrepareResult(entry.devices)
 
-    async def _announce(self, claim: str, prepared: Prepared) -> None:
+    async def _announce(self, record: ClaimRecord | None, prepared: Prepared) -> None:
         """The claim's lifecycle moves to ``prepared`` as on the bus path; the kubelet's answer does not
         wait on it (a failure here leaves the record ``allocated``, which the release path handles)."""
         try:
-            record, _ = await self.claims.get(claim)
             if record is not None and record.state == "allocated" and record.node == self.node:
                 await self.announce(record, prepared)
         except Exception as exc:
-            log.warning("prepared %s, but could not record it as prepared: %r", claim, exc)
+            log.warning("prepared %s, but could not record it as prepared: %r", prepared.claim, exc)
 
     # --- unprepare ------------------------------------------------------------------------------
 
