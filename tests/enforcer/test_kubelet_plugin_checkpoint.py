@@ -121,16 +121,19 @@ async def test_an_edited_checkpoint_fails_its_checksum(node):
     assert node.leftovers(claim) == [node.claim_dir(claim), node.spec_file(claim)]
 
 
-async def test_a_reboot_starts_clean(node):
+@pytest.mark.parametrize("corrupt", [False, True], ids=["checkpoint", "corrupt-checkpoint"])
+async def test_a_reboot_starts_clean(node, corrupt):
     kubelet = await node.connect()
     claim = await node.allocate("before-reboot")
     ids((await kubelet.prepare(claim))[claim["uid"]])
     node.stop()
     node.boot_file.write_text(str(uuid.uuid4()) + "\n")
+    if corrupt:  # then only the claim directory's own record can tell which boot it is from
+        (node.plugin_dir / "checkpoint.json").write_text("{")
 
     await node.start()
     kubelet = await node.connect()
-    assert "the node rebooted" in node.log()
+    assert ("was prepared in boot" if corrupt else "the node rebooted") in node.log()
     assert node.leftovers(claim) == []
     assert Checkpoint(node.plugin_dir / "checkpoint.json").read("").claims == {}
     # the kubelet prepares the pod's claims again after a reboot: made afresh

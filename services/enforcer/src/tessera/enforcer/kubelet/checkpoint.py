@@ -42,6 +42,8 @@ class CheckpointClaim(msgspec.Struct, kw_only=True):
     claim: str  # the Tessera claim id (k8s-<uid>): its directory and CDI spec
     state: Literal["preparing", "prepared"]
     devices: list[CheckpointDevice] = []
+    # The boot it was prepared in: a claim directory's own copy must say, for a rebuild after a reboot.
+    boot_id: str = ""
 
 
 class Body(msgspec.Struct, kw_only=True):

@@ -170,8 +170,22 @@ class DraPlugin:
                 # Unknown, not unused: left as found; a prepare makes it again, an unprepare removes it.
                 log.error("the prepare record of %s is unreadable (%s): left as it is", directory.claim, exc)
                 continue
+            if entry.boot_id != self.boot:
+                log.warning("%s was prepared in boot %s, this is boot %s: removing it", directory.claim,
+                            entry.boot_id or "unknown", self.boot)
+                self.preparation.remove(directory.claim)
+                continue
             body.claims[entry.uid] = entry
         return body
+
+    def repaired(self) -> tuple[Body | None, str]:
+        """``load`` for a call of the kubelet: the body, or None and why it could not be had."""
+        try:
+            return self.load(), ""
+        except OSError as exc:
+            error = f"the checkpoint {self.checkpoint.path} could not be repaired: {exc}"
+            log.error("%s", error)
+            return None, error
 
     async def restore(self) -> Body:
         """At start: repair the checkpoint before the kubelet can call."""
@@ -186,11 +200,8 @@ class DraPlugin:
     async def prepare(self, refs: list[ClaimRef]) -> dict[str, PrepareResult]:
         results: dict[str, PrepareResult] = {}
         async with self.locked():
-            try:
-                body = self.load()
-            except OSError as exc:
-                error = f"the checkpoint {self.checkpoint.path} could not be repaired: {exc}"
-                log.error("%s", error)
+            body, error = self.repaired()
+            if body is None:
                 return {ref.uid: PrepareResult([], error) for ref in refs}
             for ref in refs:
                 try:
@@ -232,7 +243,8 @@ class DraPlugin:
 
     async def _make(self, body: Body, ref: ClaimRef, claim: str, devices: list[allocation.AllocatedDevice],
                     record: ClaimRecord | None) -> PrepareResult:
-        entry = CheckpointClaim(uid=ref.uid, namespace=ref.namespace, name=ref.name, claim=claim, state="preparing")
+        entry = CheckpointClaim(uid=ref.uid, namespace=ref.namespace, name=ref.name, claim=claim, state="preparing",
+                                boot_id=self.boot)
         body.claims[ref.uid] = entry
         try:
             self.checkpoint.write(body)
@@ -277,17 +289,14 @@ class DraPlugin:
         """Per uid, the error ("" = unprepared, or was not prepared)."""
         errors: dict[str, str] = {}
         async with self.locked():
-            try:
-                body = self.load()
-            except OSError as exc:
-                body = None
-                log.error("the checkpoint %s could not be repaired: %s", self.checkpoint.path, exc)
+            body, _ = self.repaired()  # without it, the claims' files can still be removed by name
             for ref in refs:
                 try:
                     claim = claim_id(ref.uid)
                 except ValueError as exc:
                     errors[ref.uid] = str(exc)
                     continue
+                present = self.preparation.dirs.of(claim).exists()
                 try:
                     self.preparation.remove(claim)
                     if body is not None and body.claims.pop(ref.uid, None) is not None and not self.broken:
@@ -296,5 +305,6 @@ class DraPlugin:
                     errors[ref.uid] = f"unpreparing ResourceClaim {ref} failed: {exc}"
                     continue
                 errors[ref.uid] = ""
-                log.info("unprepared ResourceClaim %s (%s)", ref, claim)
+                if present:
+                    log.info("unprepared ResourceClaim %s (%s)", ref, claim)
         return errors
