@@ -112,3 +112,22 @@ async def test_an_api_server_that_cannot_answer_fails_the_claim_until_it_can(nod
     assert "the kubelet asks again" in reply.error and node.leftovers(claim) == []
     (reply,) = (await node.kubelet.prepare(claim)).values()
     assert reply.error == "" and ids(reply) == [f"{DRIVER}/gpu={claim_id(claim['uid'])}"]
+
+
+async def test_kubernetes_mode_without_an_api_server_to_reach_stops_at_start(nats_server, tmp_path):
+    from kubeletkit import PROFILES
+
+    from tessera.cli.cluster import LocalCluster
+
+    cluster = LocalCluster(workdir=tmp_path, profile=PROFILES / "tiny.yaml", nats_url=nats_server.url)
+    env = {"TESSERA_NODE": NODE, "TESSERA_KUBERNETES": "true", "KUBECONFIG": str(tmp_path / "missing"),
+           "HOME": str(tmp_path), "KUBERNETES_SERVICE_HOST": "", "TESSERA_CDI_DIR": str(tmp_path / "cdi"),
+           "TESSERA_KUBELET_REGISTRY_DIR": str(tmp_path / "registry"),
+           "TESSERA_KUBELET_PLUGIN_DIR": str(tmp_path / "plugin")}
+    process = cluster.spawn("enforcer", instance="enforcer-nokube", env=env)
+    try:
+        assert process.proc.wait(60) == 2
+    finally:
+        cluster.stop()
+    assert "the Kubernetes API cannot be configured" in process.log_path.read_text()
+    assert not (tmp_path / "registry" / f"{DRIVER}-reg.sock").exists()

@@ -95,6 +95,7 @@ class EnforcerService:
         plugin = DraPlugin(self.settings, self.preparation, self.ledger, self.claims, reader,
                            inventory=self._devices, announce=self.announce_prepared, span=self.ctx.telemetry.span)
         try:
+            await reader.connect()
             await plugin.restore()
             await serve(plugin, self.settings.kubelet_registry_dir, self.settings.kubelet_plugin_dir, ready)
         finally:
