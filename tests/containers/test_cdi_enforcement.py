@@ -60,7 +60,7 @@ async def prepare(client, cluster, memory_mib: int, *, claim: str | None = None,
     return spec, cdi.device_ids(spec)[0]
 
 
-async def release(client, cluster, spec: dict, claim: str) -> None:
+async def release(client, cluster, claim: str) -> None:
     await client.release(claim)
     await client.wait_for(claim, {"released"}, timeout=60)
     path = cdi.spec_path(cdi_dir(cluster), claim)
@@ -82,8 +82,7 @@ def report(result) -> dict:
 
 async def probe(podman: Podman, base_image, cuda_probe, *devices: str, command=(), mounts=None, run_opts=()):
     """Run cuda_probe (64 MiB steps, no maximum unless the command says) in a fresh container."""
-    args = podman.run_args(base_image, *devices, mounts={str(cuda_probe): PROBE, **(mounts or {})})
-    args = [*args[:-1], *run_opts, args[-1]]  # options go before the image
+    args = podman.run_args(base_image, *devices, mounts={str(cuda_probe): PROBE, **(mounts or {})}, options=run_opts)
     return await asyncio.to_thread(podman, *args, *(command or (PROBE, "64", "0")))
 
 
@@ -101,7 +100,7 @@ async def test_a_container_of_a_claim_gets_out_of_memory_at_exactly_its_limit(
         free = report(await probe(podman, base_image, cuda_probe, mounts=sim, command=(PROBE, "64", "2048")))
         assert free["allocated_mib"] == 2048 and free["stopped_by"] == 0
     finally:
-        await release(client, cluster, spec, claim_of(spec))
+        await release(client, cluster, claim_of(spec))
 
 
 async def test_unset_or_raised_variables_in_the_container_lift_nothing(
@@ -122,7 +121,7 @@ async def test_unset_or_raised_variables_in_the_container_lift_nothing(
             assert (got["allocated_mib"], got["stopped_by"], got["one_more_byte"]) == (1024, OUT_OF_MEMORY,
                                                                                        OUT_OF_MEMORY), got
     finally:
-        await release(client, cluster, spec, claim_of(spec))
+        await release(client, cluster, claim_of(spec))
 
 
 async def hold(podman: Podman, base_image, cuda_probe, device: str, mib: int):
@@ -153,7 +152,7 @@ async def test_two_containers_of_one_claim_draw_on_one_budget(client, cluster, p
         # The first container's memory went back to the claim when it ended.
         assert report(await probe(podman, base_image, cuda_probe, device))["allocated_mib"] == 1024
     finally:
-        await release(client, cluster, spec, claim_of(spec))
+        await release(client, cluster, claim_of(spec))
 
 
 async def test_two_claims_on_one_gpu_each_get_their_own_budget(client, cluster, podman, base_image, cuda_probe):
@@ -172,14 +171,14 @@ async def test_two_claims_on_one_gpu_each_get_their_own_budget(client, cluster, 
         finally:
             await let_go(proc)
     finally:
-        await release(client, cluster, spec_a, claim_of(spec_a))
-        await release(client, cluster, spec_b, claim_of(spec_b))
+        await release(client, cluster, claim_of(spec_a))
+        await release(client, cluster, claim_of(spec_b))
 
 
 async def test_a_released_claims_device_no_longer_resolves(client, cluster, podman, base_image, cuda_probe):
     spec, device = await prepare(client, cluster, 256)
     assert report(await probe(podman, base_image, cuda_probe, device))["allocated_mib"] == 256
-    await release(client, cluster, spec, claim_of(spec))
+    await release(client, cluster, claim_of(spec))
     refused = await probe(podman, base_image, cuda_probe, device)
     assert refused.code != 0 and f"unresolvable CDI devices {device}" in refused.stderr, refused.stderr
 
@@ -202,4 +201,4 @@ async def test_podman_takes_the_spec_at_its_minimum_version_and_refuses_a_newer_
         else:  # a Podman with a CDI library of 1.1.0 or later takes both
             assert report(declared_newer)["allocated_mib"] == 128, version
     finally:
-        await release(client, cluster, spec, claim_of(spec))
+        await release(client, cluster, claim_of(spec))
