@@ -49,6 +49,7 @@ NOT_MODELLED = """
 - pod lifecycle (no kubelet: phase stays Pending unless a test writes status), graceful deletion
 - controllers other than the garbage collector and the namespace finalizer
 - ValidatingAdmissionPolicy and validating webhooks; CEL x-kubernetes-validations of CRDs
+- mutating webhooks: no reinvocation, no calls for DELETE/CONNECT/pods/binding (see kube_admission)
 """
 
 CORE_FIELDS = frozenset({"metadata.name", "metadata.namespace"})
@@ -137,7 +138,12 @@ REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFo
            409: "Conflict", 410: "Expired", 415: "UnsupportedMediaType", 422: "Invalid",
            429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # apimachinery's generateName alphabet
+TRUE = ("1", "t", "T", "true", "TRUE", "True")  # what Go's strconv.ParseBool reads as true
 POD_MUTABLE = ("activeDeadlineSeconds", "terminationGracePeriodSeconds", "tolerations", "schedulingGates")
+
+
+class _Raced(Exception):
+    """The object changed while a write to it waited for admission."""
 
 
 class ApiError(Exception):
@@ -562,12 +568,31 @@ class ApiServer:
         if wanted not in (None, "") and str(wanted) != old["metadata"]["resourceVersion"]:
             raise conflict(res, old["metadata"]["name"])
 
+    async def _retrying(self, res: Resource, name: str, attempt):
+        """Run a read-modify-write again when another write landed while admission ran (the real
+        server's GuaranteedUpdate does the same); a precondition then fails as a Conflict."""
+        for _ in range(8):
+            try:
+                return await attempt()
+            except _Raced:
+                continue
+        raise conflict(res, name)
+
     async def _update(self, res: Resource, ns: str, name: str, body: dict, subresource: str, method: str,
                       path: str) -> dict:
+        return await self._retrying(res, name, lambda: self._update_once(res, ns, name, copy.deepcopy(body),
+                                                                         subresource, method, path))
+
+    async def _update_once(self, res: Resource, ns: str, name: str, body: dict, subresource: str, method: str,
+                           path: str) -> dict:
         old = self._current(res, ns, name)
         if not isinstance(body, dict):
             raise ApiError(400, "the body of the request was not a JSON object")
-        self._check_rv(res, old, (body.get("metadata") or {}).get("resourceVersion"))
+        wanted = (body.get("metadata") or {}).get("resourceVersion")
+        if res.custom is not None and not wanted:  # custom resources allow no unconditional update
+            raise invalid(res, name, [("metadata.resourceVersion",
+                                       "Invalid value: 0x0: must be specified for an update")])
+        self._check_rv(res, old, wanted)
         return await self._write_update(res, ns, old, self._merge_update(res, old, body, subresource), method, path,
                                         subresource)
 
@@ -585,6 +610,8 @@ class ApiServer:
                                            f"deleted, found new finalizers {sorted(added)}")])
         if new != old:
             new = await self._admit("UPDATE", res, ns, new, old, subresource)
+            if self._store.get((*res.key, ns, old["metadata"]["name"])) is not old:
+                raise _Raced()
         self._validate(res, new, old)
         if new == old:  # a no-op write changes nothing, not even the resourceVersion
             self.writes.append(Write(method, path, copy.deepcopy(old)))
@@ -600,6 +627,11 @@ class ApiServer:
 
     async def _patch(self, res: Resource, ns: str, name: str, raw: bytes, content_type: str, subresource: str,
                      query, path: str) -> tuple[int, dict]:
+        return await self._retrying(res, name, lambda: self._patch_once(res, ns, name, raw, content_type,
+                                                                        subresource, query, path))
+
+    async def _patch_once(self, res: Resource, ns: str, name: str, raw: bytes, content_type: str,
+                          subresource: str, query, path: str) -> tuple[int, dict]:
         media = content_type.split(";")[0].strip()
         if media == "application/apply-patch+yaml":
             return await self._apply(res, ns, name, raw, subresource, query, path)
@@ -607,6 +639,9 @@ class ApiServer:
             patch = json.loads(raw or b"null")
         except ValueError as exc:
             raise ApiError(400, f"error decoding patch: {exc}") from None
+        if media == "application/strategic-merge-patch+json" and res.custom is not None:
+            raise ApiError(415, f"strategic merge patch is not supported for custom resources "
+                                f"({res.qualified}); use a merge patch")
         old = self._current(res, ns, name)
         try:
             if media == "application/merge-patch+json":
@@ -614,9 +649,6 @@ class ApiServer:
             elif media == "application/json-patch+json":
                 patched = kube_patches.json_patch(old, patch)
             elif media == "application/strategic-merge-patch+json":
-                if res.custom is not None:
-                    raise ApiError(415, f"strategic merge patch is not supported for custom resources "
-                                        f"({res.qualified}); use a merge patch")
                 patched = kube_patches.strategic_merge(old, patch)
             else:
                 raise ApiError(415, f"the body of the request was in an unknown format - accepted media types "
@@ -891,7 +923,7 @@ class ApiServer:
         method = request.method
         if not name:
             if method == "GET":
-                if request.query.get("watch") in ("true", "1"):
+                if request.query.get("watch") in TRUE:
                     return await self._watch(request, res, ns if res.namespaced and ns else None)
                 return web.json_response(self._list(res, ns if ns else None, request.query))
             if method == "POST":

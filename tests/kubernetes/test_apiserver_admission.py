@@ -216,3 +216,29 @@ async def test_a_namespace_selector_on_a_tenant_label(apiserver, webhook, ca):
     await apiserver.create(pod("p", "team-a"))
     await apiserver.create(pod("p", "team-b"))
     assert [r["namespace"] for r in webhook.requests] == ["team-a"]
+
+
+async def test_writes_racing_through_a_slow_webhook_lose_nothing(apiserver, webhook, ca):
+    config = webhook_config(ca)
+    config["webhooks"][0]["rules"][0]["operations"] = ["UPDATE"]
+    await apiserver.create(config)
+    created = await apiserver.create(pod("p"))
+    release = asyncio.Event()
+
+    async def slow(request):
+        await release.wait()
+        return allow()
+
+    webhook.decisions.append(slow)
+    first = asyncio.create_task(apiserver.patch("v1", "pods", "p", {"metadata": {"labels": {"a": "1"}}}, "default"))
+    while not webhook.requests:
+        await asyncio.sleep(0.01)
+    await apiserver.patch("v1", "pods", "p", {"metadata": {"labels": {"b": "2"}}}, "default")
+    stale = asyncio.create_task(apiserver.patch("v1", "pods", "p", {"metadata": {
+        "labels": {"c": "3"}, "resourceVersion": created["metadata"]["resourceVersion"]}}, "default"))
+    release.set()
+    await first
+    with pytest.raises(ApiError) as lost:
+        await stale
+    assert lost.value.code == 409
+    assert apiserver.object("v1", "pods", "p", "default")["metadata"]["labels"] == {"a": "1", "b": "2"}
