@@ -10,7 +10,6 @@ environment, and one CDI spec naming it — so both call ``materialize``; and bo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Mapping
 
 from tessera.shared.events import DeviceShare, GpuDevice
@@ -26,7 +25,6 @@ class Prepared:
     claim: str
     env: dict[str, str]
     directory: ClaimDir
-    cdi_spec: Path
     # The fully qualified CDI device name (``<kind>=<name>``) a runtime is asked to inject.
     cdi_device: str
 
@@ -47,8 +45,8 @@ class Preparation:
             env.update(simulated_driver_env(shares, devices, self.settings.sim_driver_dir))
         directory.create(env, vgpu_config(shares, directory.cache))
         spec = cdi.claim_spec(claim, shares, directory, self.node_files, devices)
-        path = cdi.write_spec(self.settings.cdi_dir, spec)
-        return Prepared(claim=claim, env=env, directory=directory, cdi_spec=path, cdi_device=cdi.device_ids(spec)[0])
+        cdi.write_spec(self.settings.cdi_dir, spec)
+        return Prepared(claim=claim, env=env, directory=directory, cdi_device=cdi.device_ids(spec)[0])
 
     def remove(self, claim: str) -> None:
         """Remove the claim's CDI spec and directory; idempotent. The spec goes first: from then on

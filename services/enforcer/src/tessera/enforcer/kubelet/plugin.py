@@ -263,7 +263,8 @@ class DraPlugin:
             entry.state = "prepared"
             write_atomically(prepared.directory.kubelet_record, msgspec.json.encode(entry))
             self.checkpoint.write(body)
-        except OSError as exc:
+        except Exception as exc:  # whatever stopped it, nothing half-made stays behind
+            log.error("preparing ResourceClaim %s failed, rolling it back: %r", ref, exc)
             self.preparation.remove(claim)
             del body.claims[ref.uid]
             with contextlib.suppress(OSError):

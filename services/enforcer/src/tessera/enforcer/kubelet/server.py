@@ -43,14 +43,12 @@ STOP_GRACE_SECONDS = 2.0
 class Registration(registration_pb2_grpc.RegistrationServicer):
     def __init__(self, endpoint: Path) -> None:
         self.endpoint = endpoint
-        self.status: registration_pb2.RegistrationStatus | None = None
 
     async def GetInfo(self, request, context):  # noqa: N802 - the gRPC method's name
         return registration_pb2.PluginInfo(type=PLUGIN_TYPE, name=DRIVER, endpoint=str(self.endpoint),
                                            supported_versions=list(SUPPORTED_VERSIONS))
 
     async def NotifyRegistrationStatus(self, request, context):  # noqa: N802
-        self.status = request
         if request.plugin_registered:
             log.info("the kubelet registered DRA plugin %s (endpoint %s)", DRIVER, self.endpoint)
         else:
