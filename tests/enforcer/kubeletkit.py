@@ -176,6 +176,15 @@ class PluginNode:
         self.cluster.processes = [self.process]
         self.cluster.wait_ready(60)
 
+    async def consuming(self) -> None:
+        """Wait until the enforcer's claims consumer pulls: its start-up reconcile is done by then."""
+        for _ in range(600):
+            info = await self.bus.js.consumer_info(subjects.STREAM_CLAIMS, f"enforcer-{NODE}")
+            if info.num_waiting:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("the enforcer's claims consumer never pulled")
+
     def kill(self) -> None:
         """SIGKILL: no cleanup of any kind runs."""
         self.process.proc.kill()

@@ -58,6 +58,12 @@ async def test_a_plugin_killed_between_prepare_and_unprepare_still_unprepares_an
     assert ids((await kubelet.prepare(claim))[claim["uid"]]) == before
     assert (await kubelet.unprepare(claim))[claim["uid"]].error == ""
     assert node.leftovers(claim) == []
+    # The claim is still allocated (its pod may come back): a restart must not make its files again
+    # on the enforcer's own (bus) path; only the kubelet's prepare does.
+    node.stop()
+    await node.start()
+    await node.consuming()
+    assert node.leftovers(claim) == []
 
 
 async def test_a_prepare_cut_short_is_rolled_back_at_start(node):
