@@ -3,6 +3,8 @@ sockets, per-claim errors for claims this node must not prepare, idempotence."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tessera.shared.kubeclaims import DRIVER, claim_id
@@ -131,3 +133,29 @@ async def test_kubernetes_mode_without_an_api_server_to_reach_stops_at_start(nat
         cluster.stop()
     assert "the Kubernetes API cannot be configured" in process.log_path.read_text()
     assert not (tmp_path / "registry" / f"{DRIVER}-reg.sock").exists()
+
+
+async def test_an_allocated_event_for_a_resourceclaims_claim_waits_for_the_kubelet(node):
+    """On Kubernetes the kubelet decides when a claim is prepared (its pod is about to start here)."""
+    from tessera.shared import subjects
+    from tessera.shared.events import ClaimAllocated
+
+    await node.kubelet.register()
+    claim = await node.allocate("later")
+    record, _ = await node.claims.get(claim_id(claim["uid"]))
+    ack = await node.bus.publish(
+        subjects.claim(record.tenant, record.claim, "allocated", NODE),
+        ClaimAllocated(claim=record.claim, tenant=record.tenant, node=NODE, devices=record.devices),
+        msg_id=f"{record.claim}:allocated")
+    await node.consuming()
+    for _ in range(600):  # until the enforcer has handled (acknowledged) the event
+        info = await node.bus.js.consumer_info(subjects.STREAM_CLAIMS, f"enforcer-{NODE}")
+        if info.ack_floor.stream_seq >= ack.seq:
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("the enforcer never acknowledged the allocated event")
+    assert node.leftovers(claim) == []
+    assert (await node.claims.get(record.claim))[0].state == "allocated"
+    (reply,) = (await node.kubelet.prepare(claim)).values()
+    assert reply.error == "" and node.leftovers(claim) == [node.claim_dir(claim), node.spec_file(claim)]
