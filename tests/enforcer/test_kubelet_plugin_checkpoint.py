@@ -4,6 +4,7 @@ prepared; a reboot starts clean; a checkpoint that cannot be written fails only 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
@@ -161,12 +162,14 @@ async def test_a_checkpoint_that_cannot_be_written_fails_only_the_claim_being_pr
     assert node.leftovers(first) == [node.claim_dir(first), node.spec_file(first)]
 
 
-async def test_a_corrupt_checkpoint_that_cannot_be_moved_aside_fails_each_prepare_saying_so(nats_server, tmp_path):
-    """In-process (the move aside is made to fail): every prepare names the checkpoint and what is
-    wrong with it, what was prepared stays, unprepare still works, and removing the file heals."""
+@pytest.fixture
+async def in_process(nats_server, tmp_path):
+    """``make()`` -> a DraPlugin in this process on a node's directories, for what a process test
+    cannot arrange (a failing rename, two plugins at once); the node's enforcer process made the
+    streams and buckets and is stopped."""
     from tessera.enforcer.claimdir import ClaimDirs
     from tessera.enforcer.kubelet.kube import ClaimReader
-    from tessera.enforcer.kubelet.plugin import ClaimRef, DraPlugin
+    from tessera.enforcer.kubelet.plugin import DraPlugin
     from tessera.enforcer.preparation import Preparation
     from tessera.enforcer.settings import EnforcerSettings
     from tessera.shared.kubeapi import KubeApi
@@ -174,47 +177,77 @@ async def test_a_corrupt_checkpoint_that_cannot_be_moved_aside_fails_each_prepar
     apiserver = await ApiServer().start()
     node = PluginNode(nats_url=nats_server.url, apiserver=apiserver, workdir=tmp_path)
     settings = EnforcerSettings.from_env({k: v for k, v in node.env.items() if k.startswith("TESSERA_")})
-    reader = ClaimReader(KubeApi.for_url(apiserver.url))
+    readers = []
+
+    async def no_devices():
+        return {}
+
+    async def announce(record, prepared):
+        pass
+
+    def make() -> DraPlugin:
+        readers.append(ClaimReader(KubeApi.for_url(apiserver.url)))
+        return DraPlugin(settings, Preparation(settings, ClaimDirs(settings.state_dir)), node.ledger, node.claims,
+                         readers[-1], inventory=no_devices, announce=announce)
+
+    node.make = make
+    node.checkpoint_path = settings.kubelet_plugin_dir / "checkpoint.json"
     try:
-        await node.start()  # (the process makes the streams and buckets; this test's plugin is in-process)
+        await node.start()
         node.stop()
-        preparation = Preparation(settings, ClaimDirs(settings.state_dir))
-
-        async def no_devices():
-            return {}
-
-        async def announce(record, prepared):
-            pass
-
-        plugin = DraPlugin(settings, preparation, node.ledger, node.claims, reader,
-                           inventory=no_devices, announce=announce)
-        kept = ClaimRef(**await node.allocate("kept"))
-        assert (await plugin.prepare([kept]))[kept.uid].error == ""
-        checkpoint = settings.kubelet_plugin_dir / "checkpoint.json"
-        checkpoint.write_text("not json")
-
-        def refuse():
-            raise PermissionError(13, "Permission denied")
-
-        plugin.checkpoint.set_aside = refuse
-        new = ClaimRef(**await node.allocate("new", devices=((1, 1000, 10),)))
-        results = await plugin.prepare([kept, new])
-        error = results[new.uid].error
-        assert f"the checkpoint {checkpoint} is not a checkpoint" in error
-        assert "could not be moved aside ([Errno 13] Permission denied)" in error and "until it is removed" in error
-        # what was prepared is still answered, rebuilt from its directory
-        assert results[kept.uid].error == "" and results[kept.uid].devices[0].cdi_ids == [
-            f"gpu.tessera.dev/gpu={claim_id(kept.uid)}"]
-        assert node.leftovers(vars(new)) == []
-        assert node.leftovers(vars(kept)) == [node.claim_dir(vars(kept)), node.spec_file(vars(kept))]
-        assert checkpoint.read_text() == "not json"  # left for whoever investigates
-
-        checkpoint.unlink()  # the operator's fix
-        results = await plugin.prepare([kept, new])
-        assert results[kept.uid].error == "" and results[new.uid].error == ""
-        assert (await plugin.unprepare([kept, new])) == {kept.uid: "", new.uid: ""}
-        assert node.leftovers(vars(kept)) == [] and node.leftovers(vars(new)) == []
+        yield node
     finally:
-        await reader.close()
+        for reader in readers:
+            await reader.close()
         await node.close()
         await apiserver.stop()
+
+
+async def test_a_corrupt_checkpoint_that_cannot_be_moved_aside_fails_each_new_prepare_saying_so(in_process):
+    """Every new prepare names the checkpoint and what is wrong with it, what was prepared is still
+    answered, unprepare still works, and removing the file heals."""
+    from tessera.enforcer.kubelet.plugin import ClaimRef
+
+    node, plugin = in_process, in_process.make()
+    kept = ClaimRef(**await node.allocate("kept"))
+    assert (await plugin.prepare([kept]))[kept.uid].error == ""
+    checkpoint = node.checkpoint_path
+    checkpoint.write_text("not json")
+
+    def refuse():
+        raise PermissionError(13, "Permission denied")
+
+    plugin.checkpoint.set_aside = refuse
+    new = ClaimRef(**await node.allocate("new", devices=((1, 1000, 10),)))
+    results = await plugin.prepare([kept, new])
+    error = results[new.uid].error
+    assert f"the checkpoint {checkpoint} is not a checkpoint" in error
+    assert "could not be moved aside ([Errno 13] Permission denied)" in error and "until it is removed" in error
+    # what was prepared is still answered, rebuilt from its directory
+    assert results[kept.uid].error == "" and results[kept.uid].devices[0].cdi_ids == [
+        f"gpu.tessera.dev/gpu={claim_id(kept.uid)}"]
+    assert node.leftovers(vars(new)) == []
+    assert node.leftovers(vars(kept)) == [node.claim_dir(vars(kept)), node.spec_file(vars(kept))]
+    assert checkpoint.read_text() == "not json"  # left for whoever investigates
+
+    checkpoint.unlink()  # the operator's fix
+    results = await plugin.prepare([kept, new])
+    assert results[kept.uid].error == "" and results[new.uid].error == ""
+    assert (await plugin.unprepare([kept, new])) == {kept.uid: "", new.uid: ""}
+    assert node.leftovers(vars(kept)) == [] and node.leftovers(vars(new)) == []
+
+
+async def test_two_plugins_on_one_node_prepare_a_claim_once(in_process):
+    """The node-wide lock: a second instance (a rolling update) waits, then finds the first's entry."""
+    from tessera.enforcer.kubelet.plugin import ClaimRef
+
+    node = in_process
+    first, second = node.make(), node.make()
+    made = []
+    for plugin in (first, second):
+        real = plugin.preparation.materialize
+        plugin.preparation.materialize = lambda *a, real=real: made.append(a[0]) or real(*a)
+    claim = ClaimRef(**await node.allocate("contended"))
+    a, b = await asyncio.gather(first.prepare([claim]), second.prepare([claim]))
+    assert a[claim.uid] == b[claim.uid] and a[claim.uid].error == ""
+    assert made == [claim_id(claim.uid)]
