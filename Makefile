@@ -45,7 +45,7 @@ lint: $(STAMP)
 container-tools:
 	@tests/containers/install.sh
 
-test: $(STAMP) $(CORE) native lint container-tools
+test: $(STAMP) $(CORE) native lint container-tools protos
 	$(MAKE) -C native/vgpu test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
@@ -60,6 +60,12 @@ bench: $(STAMP) $(CORE) native
 
 clean:
 	rm -rf $(VENV) .run var native/vgpu/build
+
+# The enforcer's kubelet-plugin gRPC modules, generated from services/enforcer/proto/**/*.proto and
+# committed (an install needs no protoc); tests/enforcer/test_kubelet_plugin_protos.py fails if stale.
+.PHONY: protos
+protos: $(STAMP)
+	$(PY) services/enforcer/proto/generate.py
 
 # For a GPU machine that reaches nothing: the pinned runtime wheels, carried in .whl/ (git-ignored).
 gpu-wheels: $(STAMP)

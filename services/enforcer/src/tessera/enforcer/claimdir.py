@@ -15,6 +15,8 @@ and what `tessera run` and libvgpu meet in:
                one line, the path at which a container sees libvgpu.so (CONTAINER_LIBVGPU); the CDI
                spec mounts it read-only at /etc/ld.so.preload, so unsetting LD_PRELOAD lifts nothing
   env.json     the environment published in ``prepared``
+  kubelet.json (Kubernetes mode) the kubelet plugin's finished prepare of the claim: the devices and
+               CDI ids it answered; written last, so its absence marks a prepare that did not finish
   owner.lock   held (flock, shared) by the `tessera run` that owns the claim for as long as it lives;
                the kernel drops it however that process ends, which is how the enforcer knows
 """
@@ -56,6 +58,10 @@ class ClaimDir:
     @property
     def preload(self) -> Path:
         return self.path / "ld.so.preload"
+
+    @property
+    def kubelet_record(self) -> Path:
+        return self.path / "kubelet.json"
 
     @property
     def owner_lock(self) -> Path:

@@ -4,14 +4,16 @@ One enforcer runs per node (``TESSERA_NODE``). For every claim allocated here it
 workload needs: a claim directory with the shared accounting file that libvgpu.so maps, the
 environment with HAMi's limit variables (plus, on a simulated fleet, the simulated driver's), a
 libvgpu config file holding the same limits as ceilings, and a CDI spec (cdi.py) that puts all of
-it, with libvgpu.so and the GPUs' device nodes, into a container; then it publishes ``prepared``.
-``running`` events (from `tessera run`) move the claim to running. On release it returns the capacity to the ledger (and the tenant's quota) and publishes
+it, with libvgpu.so and the GPUs' device nodes, into a container (preparation.py, shared with the
+kubelet plugin); then it publishes ``prepared``. ``running`` events (from `tessera run`) move the
+claim to running. On release it returns the capacity to the ledger (and the tenant's quota) and publishes
 ``released``; the directory goes once no process of the claim is left.
 
 Root tasks: the claims consumer; the observe loop (reads accounting files, publishes usage, applies
-the leak policy of reclaim.py); the lost-node loop (lost.py). Every step checks the claim's
-recorded state first, so a redelivered or late event changes nothing, and a restarted enforcer
-rebuilds everything from its claim directories and the KV buckets.
+the leak policy of reclaim.py); the lost-node loop (lost.py); in Kubernetes mode the kubelet plugin
+(kubelet/), which prepares the claims that stand for ResourceClaims when the kubelet asks. Every
+step checks the claim's recorded state first, so a redelivered or late event changes nothing, and a
+restarted enforcer rebuilds everything from its claim directories, its checkpoint and the KV buckets.
 """
 
 from __future__ import annotations
@@ -39,20 +41,18 @@ from tessera.shared.events import (
 from tessera.shared.ledger import Ledger
 from tessera.shared.runner import ServiceContext
 
-from tessera.enforcer import cdi
 from tessera.enforcer import lost as lostmod
 from tessera.enforcer.claimdir import ClaimDirs
 from tessera.enforcer.gpustats import GpuStats
-from tessera.enforcer.limits import OWNER_LOCK_VAR, simulated_driver_env, vgpu_config, workload_env
 from tessera.enforcer.metrics import EnforcerMetrics
 from tessera.enforcer.observe import NodeView, Observer
+from tessera.enforcer.preparation import Prepared, Preparation
 from tessera.enforcer.processes import kill
 from tessera.enforcer.reclaim import Cleanup, DropLedger, Reclaimer, Release, Signal
 from tessera.enforcer.settings import EnforcerSettings
 from tessera.enforcer.usage import UsageGate, claim_usage, node_usage
 
 log = logging.getLogger("tessera.enforcer")
-
 
 class EnforcerService:
     def __init__(self, ctx: ServiceContext, settings: EnforcerSettings) -> None:
@@ -61,7 +61,7 @@ class EnforcerService:
         self.settings = settings
         self.node = settings.node
         self.dirs = ClaimDirs(settings.state_dir)
-        self.node_files = cdi.NodeFiles(libvgpu=settings.libvgpu, sim_driver_dir=settings.sim_driver_dir)
+        self.preparation = Preparation(settings, self.dirs)
         self.reclaimer = Reclaimer(grace=settings.reclaim_seconds)
         self.lost = lostmod.LostNodes(me=settings.node, delay=settings.lost_reclaim_seconds)
         self.gate = UsageGate(heartbeat=settings.usage_heartbeat_seconds)
@@ -78,7 +78,33 @@ class EnforcerService:
         self.gpustats = GpuStats(enabled=not self.settings.simulated)
         if self.settings.simulated:
             log.info("simulated fleet: workloads get the simulated driver from %s", self.settings.sim_driver_dir)
-        return {"claims": self._consume(), "observe": self._observe_loop(), "lost-nodes": self._lost_loop()}
+        tasks = {"claims": self._consume(), "observe": self._observe_loop(), "lost-nodes": self._lost_loop()}
+        if self.settings.kubernetes:
+            tasks["kubelet-plugin"] = self._kubelet_plugin()
+        return tasks
+
+    # --- Kubernetes: the kubelet's DRA plugin ----------------------------------------------------
+
+    async def _kubelet_plugin(self) -> None:
+        from tessera.enforcer.kubelet.kube import ClaimReader
+        from tessera.enforcer.kubelet.plugin import DraPlugin
+        from tessera.enforcer.kubelet.server import serve
+
+        ready = self.ctx.gate("kubelet-plugin")
+        reader = ClaimReader()
+        plugin = DraPlugin(self.settings, self.preparation, self.ledger, self.claims, reader,
+                           inventory=self._devices, announce=self.announce_prepared, span=self.ctx.telemetry.span)
+        try:
+            await reader.connect()
+            await plugin.restore()
+            await serve(plugin, self.settings.kubelet_registry_dir, self.settings.kubelet_plugin_dir, ready)
+        finally:
+            await reader.close()
+
+    async def _devices(self):
+        if not self.observer.devices:
+            await self.observer.inventory()
+        return self.observer.devices
 
     # --- the claims consumer -------------------------------------------------------------------
 
@@ -107,14 +133,22 @@ class EnforcerService:
                 continue
             if record.release_requested:
                 await self.release(record, record.reason or "requested")
+            elif self.kubelet_prepares(record):
+                continue  # the kubelet plugin's checkpoint, not this, restores what it prepared
             elif record.state == "allocated" or not self.dirs.of(record.claim).exists():
                 await self.prepare(record)
+
+    def kubelet_prepares(self, record: ClaimRecord) -> bool:
+        """A ResourceClaim's claim is prepared when the kubelet asks (pod about to start), not on
+        ``allocated``: preparing it here too would bring back what the kubelet unprepared."""
+        return self.settings.kubernetes and record.kube is not None
 
     async def handle(self, event, delivery: Delivery) -> None:
         match event:
             case ClaimAllocated() if event.node == self.node:
                 record, _ = await self.claims.get(event.claim)
-                if record is not None and record.state == "allocated" and record.node == self.node:
+                if record is not None and record.state == "allocated" and record.node == self.node \
+                        and not self.kubelet_prepares(record):
                     await self.prepare(record)
             case ClaimRunning() if event.node == self.node:
                 record, _ = await self.claims.get(event.claim)
@@ -137,28 +171,22 @@ class EnforcerService:
         if record.release_requested:  # released before we got to it: nothing to prepare
             await self.release(record, record.reason or "release requested")
             return
-        if not self.observer.devices:
-            await self.observer.inventory()
-        directory = self.dirs.of(record.claim)
-        env = workload_env(record.devices, directory.cache, libvgpu=self.settings.libvgpu)
-        env["TESSERA_VGPU_CONFIG"] = str(directory.config)
-        env[OWNER_LOCK_VAR] = str(directory.owner_lock)
-        if self.settings.simulated:
-            env.update(simulated_driver_env(record.devices, self.observer.devices, self.settings.sim_driver_dir))
-        directory.create(env, vgpu_config(record.devices, directory.cache))
-        spec = cdi.claim_spec(record.claim, record.devices, directory, self.node_files, self.observer.devices)
-        cdi.write_spec(self.settings.cdi_dir, spec)
+        prepared = self.preparation.materialize(record.claim, record.devices, await self._devices())
         if record.state != "allocated":
             log.info("restored the directory of %s (%s)", record.claim, record.state)
             return
+        await self.announce_prepared(record, prepared)
+
+    async def announce_prepared(self, record: ClaimRecord, prepared: Prepared) -> None:
+        """Move an allocated claim to ``prepared`` and say so on the bus (whichever path prepared it)."""
         done = await self.claims.transition(record.claim, "prepared")
         if done is None:
             return  # released meanwhile: the observe loop cleans up
         await self.bus.publish(
             subjects.claim(record.tenant, record.claim, "prepared", self.node),
             ClaimPrepared(
-                claim=record.claim, tenant=record.tenant, node=self.node, env=env, cache_path=str(directory.cache),
-                cdi_device=cdi.device_ids(spec)[0],
+                claim=record.claim, tenant=record.tenant, node=self.node, env=prepared.env,
+                cache_path=str(prepared.directory.cache), cdi_device=prepared.cdi_device,
             ),
             msg_id=f"{record.claim}:prepared",
         )
@@ -238,8 +266,7 @@ class EnforcerService:
                         log.warning("claim %s is %s but processes %s still use it: sent %s", claim,
                                     cv.record.state if cv.record else "unknown", pids, signal.Signals(sig).name)
                 case Cleanup(claim=claim):
-                    cv.directory.remove()
-                    cdi.remove_spec(self.settings.cdi_dir, claim)
+                    self.preparation.remove(claim)
                     log.info("removed the directory of %s", claim)
                 case DropLedger(claim=claim):
                     entry = await self.ledger.release(self.node, claim)

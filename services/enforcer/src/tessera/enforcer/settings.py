@@ -3,7 +3,8 @@
 Everything an operator may tune about a node agent lives here with its variable name, so a bad value
 fails start-up with that name instead of surfacing later as odd behaviour: where claim state lives,
 which libvgpu.so and (on a simulated fleet) which driver directory a workload gets, how often usage is
-sampled and published, and the bounded times after which leaked claims are released.
+sampled and published, the bounded times after which leaked claims are released, and, in
+Kubernetes mode, where the kubelet meets its DRA plugin and the container runtime its CDI specs.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from pathlib import Path
 from typing import Mapping
 
 from tessera.shared.errors import ConfigError
-from tessera.shared.settings import env_float, env_str
+from tessera.shared.kubeclaims import DRIVER
+from tessera.shared.settings import env_bool, env_float, env_str
 
 
 def _in_tree(*parts: str) -> Path | None:
@@ -60,6 +62,14 @@ def _positive(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _absolute(name: str, raw: str) -> Path:
+    """A directory the kubelet shares: an absolute path, since the kubelet resolves it, not us."""
+    path = Path(raw)
+    if not path.is_absolute():
+        raise ConfigError(f"{name}={str(path)!r} must be an absolute path (the kubelet's directory on the node)")
+    return path
+
+
 @dataclass(frozen=True)
 class EnforcerSettings:
     node: str
@@ -80,6 +90,15 @@ class EnforcerSettings:
     lost_reclaim_seconds: float = 60.0
     # Also emit HAMi's pre-2.9 metric names (vGPU_device_memory_usage_in_bytes, ...).
     legacy_metrics: bool = True
+    # Kubernetes mode: the enforcer is the kubelet's DRA plugin of driver gpu.tessera.dev; claims
+    # that stand for a ResourceClaim are prepared when the kubelet asks, not on ``allocated``.
+    kubernetes: bool = False
+    # Where the kubelet's plugin watcher looks for registration sockets ...
+    kubelet_registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    # ... and the plugin's own directory: the DRA socket and the checkpoint of prepared claims.
+    kubelet_plugin_dir: Path = Path(f"/var/lib/kubelet/plugins/{DRIVER}")
+    # The kernel's id of this boot: a checkpoint written in another boot describes nothing that exists.
+    boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
 
     @property
     def simulated(self) -> bool:
@@ -100,10 +119,13 @@ class EnforcerSettings:
         legacy = env_str(env, "TESSERA_METRICS_LEGACY", "1").strip().lower()
         if legacy not in ("0", "1", "true", "false", "yes", "no"):
             raise ConfigError(f"TESSERA_METRICS_LEGACY={legacy!r}: use 1 or 0")
+        kubernetes = env_bool(env, "TESSERA_KUBERNETES", cls.kubernetes)
+        # A container runtime reads CDI specs from /var/run/cdi; a local fleet keeps its own.
+        cdi_default = "/var/run/cdi" if kubernetes else str(state / "cdi")
         return cls(
             node=node,
             state_dir=state,
-            cdi_dir=Path(env_str(env, "TESSERA_CDI_DIR", str(state / "cdi"))),
+            cdi_dir=Path(env_str(env, "TESSERA_CDI_DIR", cdi_default)),
             libvgpu=env_str(env, "TESSERA_LIBVGPU", _default_libvgpu()),
             sim_driver_dir=_sim_driver_dir(env),
             usage_seconds=_positive(env, "TESSERA_USAGE_SECONDS", cls.usage_seconds),
@@ -111,4 +133,10 @@ class EnforcerSettings:
             reclaim_seconds=_positive(env, "TESSERA_RECLAIM_SECONDS", cls.reclaim_seconds),
             lost_reclaim_seconds=_positive(env, "TESSERA_LOST_RECLAIM_SECONDS", cls.lost_reclaim_seconds),
             legacy_metrics=legacy in ("1", "true", "yes"),
+            kubernetes=kubernetes,
+            kubelet_registry_dir=_absolute("TESSERA_KUBELET_REGISTRY_DIR", env_str(
+                env, "TESSERA_KUBELET_REGISTRY_DIR", str(cls.kubelet_registry_dir))),
+            kubelet_plugin_dir=_absolute("TESSERA_KUBELET_PLUGIN_DIR", env_str(
+                env, "TESSERA_KUBELET_PLUGIN_DIR", str(cls.kubelet_plugin_dir))),
+            boot_id_file=Path(env_str(env, "TESSERA_BOOT_ID_FILE", str(cls.boot_id_file))),
         )

@@ -1,0 +1,128 @@
+"""The kubelet plugin's two gRPC servers on unix sockets: registration and the DRA service.
+
+The kubelet's plugin watcher finds ``gpu.tessera.dev-reg.sock`` in its registry directory, asks
+``GetInfo`` (type DRAPlugin, the driver name, the DRA socket, the DRA service versions served) and
+reports back with ``NotifyRegistrationStatus``; from then on it calls NodePrepareResources and
+NodeUnprepareResources on the DRA socket in the plugin directory. Both DRA versions the kubelet
+speaks (v1, and v1beta1 for older kubelets) are served by one implementation (plugin.py). The DRA
+socket is listening before the registration socket appears, and both sockets are removed on the
+way out, so the kubelet never registers a plugin that cannot answer, and sees it leave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Callable
+
+import grpc
+
+from tessera.shared.kubeclaims import DRIVER
+
+from tessera.enforcer.kubelet.api import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    pluginregistration_v1_pb2 as registration_pb2,
+    pluginregistration_v1_pb2_grpc as registration_pb2_grpc,
+)
+from tessera.enforcer.kubelet.plugin import ClaimRef, DraPlugin
+
+log = logging.getLogger("tessera.enforcer.kubelet")
+
+PLUGIN_TYPE = "DRAPlugin"
+REGISTRATION_SOCKET = f"{DRIVER}-reg.sock"
+DRA_SOCKET = "dra.sock"
+# The gRPC services the kubelet may call, as it names them in supported_versions.
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+STOP_GRACE_SECONDS = 2.0
+
+
+class Registration(registration_pb2_grpc.RegistrationServicer):
+    def __init__(self, endpoint: Path) -> None:
+        self.endpoint = endpoint
+
+    async def GetInfo(self, request, context):  # noqa: N802 - the gRPC method's name
+        return registration_pb2.PluginInfo(type=PLUGIN_TYPE, name=DRIVER, endpoint=str(self.endpoint),
+                                           supported_versions=list(SUPPORTED_VERSIONS))
+
+    async def NotifyRegistrationStatus(self, request, context):  # noqa: N802
+        if request.plugin_registered:
+            log.info("the kubelet registered DRA plugin %s (endpoint %s)", DRIVER, self.endpoint)
+        else:
+            log.error("the kubelet refused to register DRA plugin %s: %s", DRIVER, request.error or "no reason given")
+        return registration_pb2.RegistrationStatusResponse()
+
+
+def _refs(request) -> list[ClaimRef]:
+    return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in request.claims]
+
+
+class _DraService:
+    """NodePrepareResources / NodeUnprepareResources for one version's generated messages."""
+
+    pb2 = dra_v1_pb2
+    has_share_id = True
+
+    def __init__(self, plugin: DraPlugin) -> None:
+        self.plugin = plugin
+
+    async def NodePrepareResources(self, request, context):  # noqa: N802
+        results = await self.plugin.prepare(_refs(request))
+        reply = self.pb2.NodePrepareResourcesResponse()
+        for uid, result in results.items():
+            one = reply.claims[uid]
+            if result.error:
+                one.error = result.error
+                continue
+            for d in result.devices:
+                device = one.devices.add(request_names=d.request_names, pool_name=d.pool, device_name=d.device,
+                                         cdi_device_ids=d.cdi_ids)
+                if self.has_share_id and d.share_id:
+                    device.share_id = d.share_id
+        return reply
+
+    async def NodeUnprepareResources(self, request, context):  # noqa: N802
+        errors = await self.plugin.unprepare(_refs(request))
+        reply = self.pb2.NodeUnprepareResourcesResponse()
+        for uid, error in errors.items():
+            reply.claims[uid].error = error
+        return reply
+
+
+class DraV1(_DraService, dra_v1_pb2_grpc.DRAPluginServicer):
+    pass
+
+
+class DraV1beta1(_DraService, dra_v1beta1_pb2_grpc.DRAPluginServicer):
+    pb2 = dra_v1beta1_pb2
+    has_share_id = False
+
+
+async def _listen(server: grpc.aio.Server, socket: Path) -> None:
+    socket.parent.mkdir(parents=True, exist_ok=True)
+    socket.unlink(missing_ok=True)  # a socket left by a killed predecessor: listen anew
+    server.add_insecure_port(f"unix://{socket}")
+    await server.start()
+
+
+async def serve(plugin: DraPlugin, registry_dir: Path, plugin_dir: Path, ready: Callable[[], None]) -> None:
+    """Serve until cancelled: the DRA socket first, then the registration socket."""
+    dra_socket, registration_socket = plugin_dir / DRA_SOCKET, registry_dir / REGISTRATION_SOCKET
+    dra, registration = grpc.aio.server(), grpc.aio.server()
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraV1(plugin), dra)
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraV1beta1(plugin), dra)
+    registration_pb2_grpc.add_RegistrationServicer_to_server(Registration(dra_socket), registration)
+    try:
+        await _listen(dra, dra_socket)
+        await _listen(registration, registration_socket)
+        log.info("kubelet plugin %s: registration on %s, DRA (%s) on %s", DRIVER, registration_socket,
+                 ", ".join(SUPPORTED_VERSIONS), dra_socket)
+        ready()
+        await asyncio.Event().wait()
+    finally:
+        registration_socket.unlink(missing_ok=True)  # first: the kubelet sees the plugin go
+        await asyncio.gather(registration.stop(STOP_GRACE_SECONDS), dra.stop(STOP_GRACE_SECONDS))
+        dra_socket.unlink(missing_ok=True)
