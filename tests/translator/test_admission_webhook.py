@@ -101,8 +101,8 @@ GPU_LIMITS = {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1", "nvidia.com/g
 async def test_gpu_pod_is_rewritten_for_dra():
     seen: list[tuple[str, list[ContainerClaim]]] = []
 
-    async def hook(uid, claims):
-        seen.append((uid, claims))
+    async def hook(namespace, claims):
+        seen.append((namespace, claims))
 
     obj = pod([container("train", GPU_LIMITS)], {"nvidia.com/use-gputype": "H100"})
     status, body = await post(review(obj), hook)
@@ -130,8 +130,8 @@ async def test_gpu_pod_is_rewritten_for_dra():
     assert patched["metadata"]["annotations"]["nvidia.com/use-gputype"] == "H100"
     kubernetes_validate.validate(patched, K8S, strict=True)
 
-    ((uid, (claim,)),) = seen
-    assert uid == response["uid"]
+    ((namespace, (claim,)),) = seen
+    assert namespace == "team-a"  # the pod's namespace, never the review's uid
     assert (claim.namespace, claim.pod, claim.container, claim.index) == ("team-a", "trainer", "train", 0)
     assert claim.spec == expected and claim.template_name == name
     assert claim.template["metadata"]["name"] == name

@@ -50,8 +50,9 @@ class ContainerClaim:
     template: dict  # the ResourceClaimTemplate document (dra.resource_claim_template)
 
 
-# Called once per admitted pod with GPU containers, before the response is sent, unless the
-# request is a dry run. Create the ResourceClaimTemplates there; an exception denies the pod.
+# Called once per admitted pod with GPU containers, with the pod's namespace (the AdmissionReview's
+# request.namespace), before the response is sent, unless the request is a dry run. Create the
+# ResourceClaimTemplates there; an exception denies the pod.
 TranslateHook = Callable[[str, list[ContainerClaim]], Awaitable[None]]
 
 
@@ -260,6 +261,7 @@ def make_app(translate_hook: TranslateHook | None = None) -> web.Application:
         if not isinstance(obj, dict):
             text = "malformed AdmissionReview: request.object must be a Pod\n"
             return web.Response(status=400, text=text)
+        # The pod's namespace is the request's: a pod being created may not carry metadata.namespace.
         namespace = request.get("namespace") or (obj.get("metadata") or {}).get("namespace") or ""
         try:
             claims, present = _translate_pod(obj, namespace)
@@ -269,9 +271,12 @@ def make_app(translate_hook: TranslateHook | None = None) -> web.Application:
             return _deny(uid, str(exc))
         if not claims:
             return _review(uid, {"allowed": True})
+        if not namespace:
+            text = "malformed AdmissionReview: request.namespace is missing for a Pod\n"
+            return web.Response(status=400, text=text)
         if translate_hook is not None and not request.get("dryRun"):
             try:
-                await translate_hook(uid, claims)
+                await translate_hook(namespace, claims)
             except Exception as exc:  # the hook talks to Kubernetes; any failure denies, never 500s
                 log.exception("translate hook failed for %s", uid)
                 return _deny(
