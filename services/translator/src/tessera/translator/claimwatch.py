@@ -24,7 +24,7 @@ from tessera.shared.events import ClaimRecord, ClaimSpec
 from tessera.shared.kubeclaims import RESOURCE_API_VERSION, KubeClaimRef
 
 from tessera.translator import claimflow
-from tessera.translator.kube import Cluster, WatchExpired
+from tessera.translator.kube import Cluster
 
 log = logging.getLogger("tessera.translator.claims")
 
@@ -76,8 +76,6 @@ class ClaimWatcher:
                             await self.on_change(kind, obj)
             except TimeoutError:
                 continue  # the period is over: reconcile again
-            except WatchExpired as exc:
-                log.info("ResourceClaim watch expired (%s): listing again", exc)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # API server or NATS away: retry, never stop the service

@@ -37,8 +37,9 @@ from tessera.shared.events import (
     ClaimSpec,
     claim_decoder,
     encode,
+    now,
 )
-from tessera.shared.kubeclaims import KubeClaimRef
+from tessera.shared.kubeclaims import TENANT_LABEL, KubeClaimRef
 from tessera.shared.runner import ServiceContext
 from tessera.shared.settings import env_bool, env_float, env_int, env_str
 from tessera.shared.telemetry import inject
@@ -158,8 +159,9 @@ class TranslatorService:
                 tenant = claimflow.namespace_tenant(await cluster.namespace(namespace))
                 problem = claimflow.tenant_problem(namespace, tenant)
                 if problem is None and not await self._tenant_exists(tenant):
-                    problem = (f'namespace "{namespace}" names the tenant {tenant!r}, which does not exist in '
-                               f"Tessera: create it with 'tessera tenant create {tenant}' (or correct the label)")
+                    problem = (f'namespace "{namespace}" names the tenant {tenant!r} ({TENANT_LABEL}), which does '
+                               f"not exist in Tessera: create it with 'tessera tenant create {tenant}', or correct "
+                               f"the Namespace's {TENANT_LABEL}")
                 return problem
 
         ssl_context = certificate.context if certificate is not None else None
@@ -216,11 +218,16 @@ class TranslatorService:
 
     async def release_kube(self, claim: str, reason: str) -> bool:
         """Release the claim of a ResourceClaim that is gone; False if there is nothing to release."""
-        record, _ = await self.claims.get(claim)
-        if record is None or record.kube is None or record.state in TERMINAL or record.release_requested:
-            return False
-        await self._release(record, reason)
-        return True
+        # Marked by compare-and-set, and published only by the writer that marked it: two replicas
+        # that both see the ResourceClaim go publish one release between them.
+        while True:
+            record, revision = await self.claims.get(claim)
+            if record is None or record.kube is None or record.state in TERMINAL or record.release_requested:
+                return False
+            marked = msgspec.structs.replace(record, release_requested=True, reason=reason, updated=now())
+            if revision is not None and await self.claims.replace(marked, revision) is not None:
+                await self._publish_release(marked, reason)
+                return True
 
     def _spec_from(self, request: SubmitRequest) -> ClaimSpec:
         if request.spec is not None:
@@ -307,11 +314,14 @@ class TranslatorService:
         return api.ok({"claim": record.claim, "state": "releasing"})
 
     async def _release(self, record: ClaimRecord, reason: str) -> None:
-        marked = await self.claims.mark_release_requested(record.claim, reason) or record
+        await self._publish_release(await self.claims.mark_release_requested(record.claim, reason) or record, reason)
+
+    async def _publish_release(self, record: ClaimRecord, reason: str) -> None:
+        """The release of a claim whose record is marked ``release_requested`` (``record``)."""
         # Addressed to the node that holds the claim, if one does by now: its enforcer releases it.
         # Before allocation it concerns no node: placement ends it, and a placement that allocates
         # it meanwhile finds the request on the record (which is marked first).
-        node = marked.node if marked.state in ("allocated", "prepared", "running") else None
+        node = record.node if record.state in ("allocated", "prepared", "running") else None
         # The release continues the claim's own trace: one claim, one trace, request to release.
         parent = {"traceparent": record.traceparent} if record.traceparent else None
         with self.ctx.telemetry.span("translator release", parent_headers=parent,
