@@ -35,6 +35,23 @@ async def gpu_pod_with_claim(apiserver, translator, name: str, gpumem: str = "80
     return pod, claim
 
 
+async def requested_claim(apiserver, translator, name: str, gpumem: str = "8000") -> tuple[dict, dict, str]:
+    """A GPU pod with its claim, once the translator has published ``requested`` for it."""
+    pod, claim = await gpu_pod_with_claim(apiserver, translator, name, gpumem)
+    cid = claim_id(claim["metadata"]["uid"])
+    await translator.wait_for("requested", cid)
+    return pod, claim, cid
+
+
+@pytest.fixture
+async def translator(nats_url, apiserver, tmp_path):
+    """The translator of a cluster whose namespace ``ml`` belongs to the existing tenant ``alpha``."""
+    await tenant_namespace(apiserver)
+    async with kube_translator(nats_url, apiserver, tmp_path / "tls") as running:
+        await running.add_tenant("alpha")
+        yield running
+
+
 async def delete_pod(apiserver, pod: dict) -> None:
     """Pod deleted: the garbage collector deletes the claims it owns."""
     await apiserver.delete("v1", "pods", pod["metadata"]["name"], "ml")
@@ -50,59 +67,45 @@ async def wait_until(predicate) -> None:
             await asyncio.sleep(0.02)
 
 
-async def test_claim_is_requested_with_its_id_tenant_spec_and_kube_ref(nats_url, apiserver, tmp_path):
-    await tenant_namespace(apiserver)
-    async with kube_translator(nats_url, apiserver, tmp_path / "tls") as translator:
-        await translator.add_tenant("alpha")
-        pod, claim = await gpu_pod_with_claim(apiserver, translator, "trainer")
-        cid = claim_id(claim["metadata"]["uid"])
-        (event,) = await translator.wait_for("requested", cid)
-        assert event.tenant == "alpha"
-        assert event.spec == ClaimSpec(gpus=1, memory_mib=8000, cores=30)
-        assert event.source == "kubernetes"
-        ref = KubeClaimRef(namespace="ml", name=claim["metadata"]["name"], uid=claim["metadata"]["uid"],
-                           pod="trainer", pod_uid=pod["metadata"]["uid"])
-        assert event.kube == ref
-        record, revision = await translator.service.claims.get(cid)
-        assert record is not None and record.state == "requested" and record.kube == ref
-        assert event.record_revision == revision
-        subject = next(s for s, e in translator.published if e is event)
-        assert subject == f"tessera.claims.alpha.{cid}.requested._"
+async def test_claim_is_requested_with_its_id_tenant_spec_and_kube_ref(apiserver, translator):
+    pod, claim = await gpu_pod_with_claim(apiserver, translator, "trainer")
+    cid = claim_id(claim["metadata"]["uid"])
+    (event,) = await translator.wait_for("requested", cid)
+    assert event.tenant == "alpha"
+    assert event.spec == ClaimSpec(gpus=1, memory_mib=8000, cores=30)
+    assert event.source == "kubernetes"
+    ref = KubeClaimRef(namespace="ml", name=claim["metadata"]["name"], uid=claim["metadata"]["uid"],
+                       pod="trainer", pod_uid=pod["metadata"]["uid"])
+    assert event.kube == ref
+    record, revision = await translator.service.claims.get(cid)
+    assert record is not None and record.state == "requested" and record.kube == ref
+    assert event.record_revision == revision
+    subject = next(s for s, e in translator.published if e is event)
+    assert subject == f"tessera.claims.alpha.{cid}.requested._"
 
 
-async def test_pod_deleted_releases_its_claim(nats_url, apiserver, tmp_path):
-    await tenant_namespace(apiserver)
-    async with kube_translator(nats_url, apiserver, tmp_path / "tls") as translator:
-        await translator.add_tenant("alpha")
-        pod, claim = await gpu_pod_with_claim(apiserver, translator, "trainer")
-        cid = claim_id(claim["metadata"]["uid"])
-        await translator.wait_for("requested", cid)
-        await delete_pod(apiserver, pod)
-        assert apiserver.objects(*RC, "ml") == []  # the claim went with its pod
-        (release,) = await translator.wait_for("release", cid)
-        assert release.tenant == "alpha" and release.reason == "resourceclaim-deleted"
-        record, _ = await translator.service.claims.get(cid)
-        assert record.release_requested and record.reason == "resourceclaim-deleted"
+async def test_pod_deleted_releases_its_claim(apiserver, translator):
+    pod, _, cid = await requested_claim(apiserver, translator, "trainer")
+    await delete_pod(apiserver, pod)
+    assert apiserver.objects(*RC, "ml") == []  # the claim went with its pod
+    (release,) = await translator.wait_for("release", cid)
+    assert release.tenant == "alpha" and release.reason == "resourceclaim-deleted"
+    record, _ = await translator.service.claims.get(cid)
+    assert record.release_requested and record.reason == "resourceclaim-deleted"
 
 
-async def test_duplicate_watch_events_and_relists_publish_one_requested(nats_url, apiserver, tmp_path):
-    await tenant_namespace(apiserver)
-    async with kube_translator(nats_url, apiserver, tmp_path / "tls") as translator:
-        await translator.add_tenant("alpha")
-        _, claim = await gpu_pod_with_claim(apiserver, translator, "trainer")
-        cid = claim_id(claim["metadata"]["uid"])
-        await translator.wait_for("requested", cid)
-        # MODIFIED events (another writer's label), a watch cut by an API server restart (re-list
-        # and a new watch), and a watch resumed past the compacted history (410 Gone, re-list).
-        await apiserver.patch(*RC, claim["metadata"]["name"], {"metadata": {"labels": {"seen": "1"}}}, "ml")
-        await apiserver.stop()
-        await apiserver.start()
-        apiserver.compact()
-        await apiserver.patch(*RC, claim["metadata"]["name"], {"metadata": {"labels": {"seen": "2"}}}, "ml")
-        # A claim made after all that is seen only once everything before it was handled.
-        _, later = await gpu_pod_with_claim(apiserver, translator, "trainer-2", gpumem="4000")
-        await translator.wait_for("requested", claim_id(later["metadata"]["uid"]))
-        assert len(translator.events("requested", cid)) == 1
+async def test_duplicate_watch_events_and_relists_publish_one_requested(apiserver, translator):
+    _, claim, cid = await requested_claim(apiserver, translator, "trainer")
+    # MODIFIED events (another writer's label), a watch cut by an API server restart (re-list
+    # and a new watch), and a watch resumed past the compacted history (410 Gone, re-list).
+    await apiserver.patch(*RC, claim["metadata"]["name"], {"metadata": {"labels": {"seen": "1"}}}, "ml")
+    await apiserver.stop()
+    await apiserver.start()
+    apiserver.compact()
+    await apiserver.patch(*RC, claim["metadata"]["name"], {"metadata": {"labels": {"seen": "2"}}}, "ml")
+    # A claim made after all that is seen only once everything before it was handled.
+    await requested_claim(apiserver, translator, "trainer-2", gpumem="4000")
+    assert len(translator.events("requested", cid)) == 1
 
 
 async def test_two_replicas_publish_one_requested(nats_url, apiserver, tmp_path):
@@ -110,15 +113,12 @@ async def test_two_replicas_publish_one_requested(nats_url, apiserver, tmp_path)
     async with kube_translator(nats_url, apiserver, tmp_path / "a") as first, \
             kube_translator(nats_url, apiserver, tmp_path / "b") as second:
         await first.add_tenant("alpha")
-        pod, claim = await gpu_pod_with_claim(apiserver, first, "trainer")
-        cid = claim_id(claim["metadata"]["uid"])
-        await first.wait_for("requested", cid)
+        pod, _, cid = await requested_claim(apiserver, first, "trainer")
         await delete_pod(apiserver, pod)
         await first.wait_for("release", cid)
         # The second replica's own view has caught up when a later claim shows there.
-        _, later = await gpu_pod_with_claim(apiserver, second, "trainer-2", gpumem="4000")
-        await second.wait_for("requested", claim_id(later["metadata"]["uid"]))
-        await first.wait_for("requested", claim_id(later["metadata"]["uid"]))
+        _, _, later = await requested_claim(apiserver, second, "trainer-2", gpumem="4000")
+        await first.wait_for("requested", later)
         # Both subscriptions see every publish of either replica: one of each.
         assert len(first.events("requested", cid)) == 1
         assert len(first.events("release", cid)) == 1
@@ -128,8 +128,7 @@ async def test_reconciler_repairs_what_happened_while_the_translator_was_down(na
     await tenant_namespace(apiserver)
     async with kube_translator(nats_url, apiserver, tmp_path / "tls") as translator:
         await translator.add_tenant("alpha")
-        gone_pod, gone = await gpu_pod_with_claim(apiserver, translator, "finished")
-        await translator.wait_for("requested", claim_id(gone["metadata"]["uid"]))
+        gone_pod, _, gone = await requested_claim(apiserver, translator, "finished")
         # Admitted while the translator was up; its claim is made only after it stopped.
         waiting_pod = await apiserver.create(await translator.admit(gpu_pod("waiting", "4000"), "ml"))
     # Translator down: one pod (and claim) deleted, another claim created.
@@ -137,28 +136,24 @@ async def test_reconciler_repairs_what_happened_while_the_translator_was_down(na
     (new,) = await resourceclaim_controller(apiserver, waiting_pod)
     # Started again with a reconcile period far beyond the test: only the start repairs.
     async with kube_translator(nats_url, apiserver, tmp_path / "tls2", reconcile_seconds=3600) as restarted:
-        (release,) = await restarted.wait_for("release", claim_id(gone["metadata"]["uid"]))
+        (release,) = await restarted.wait_for("release", gone)
         assert release.reason == "resourceclaim-missing"
         (requested,) = await restarted.wait_for("requested", claim_id(new["metadata"]["uid"]))
         assert requested.kube.pod == "waiting" and requested.spec.memory_mib == 4000
-        record, _ = await restarted.service.claims.get(claim_id(gone["metadata"]["uid"]))
+        record, _ = await restarted.service.claims.get(gone)
         assert record.release_requested
 
 
-async def test_allocation_removed_by_someone_else_releases_the_claim(nats_url, apiserver, tmp_path):
-    await tenant_namespace(apiserver)
-    async with kube_translator(nats_url, apiserver, tmp_path / "tls") as translator:
-        await translator.add_tenant("alpha")
-        _, claim = await gpu_pod_with_claim(apiserver, translator, "trainer")
-        cid, name = claim_id(claim["metadata"]["uid"]), claim["metadata"]["name"]
-        await translator.wait_for("requested", cid)
-        allocation = {"devices": {"results": [{"request": "gpu", "driver": "gpu.tessera.dev", "pool": "node-a",
-                                               "device": "gpu-0"}]}}
-        await apiserver.patch(*RC, name, {"status": {"allocation": allocation}}, "ml", subresource="status")
-        await apiserver.patch(*RC, name, {"status": {"allocation": None}}, "ml", subresource="status")
-        (release,) = await translator.wait_for("release", cid)
-        assert release.reason == "resourceclaim-deallocated"
-        await wait_until(lambda: any(e["reason"] == "Deallocated" for e in events_about(apiserver, "ml", name)))
+async def test_allocation_removed_by_someone_else_releases_the_claim(apiserver, translator):
+    _, claim, cid = await requested_claim(apiserver, translator, "trainer")
+    name = claim["metadata"]["name"]
+    allocation = {"devices": {"results": [{"request": "gpu", "driver": "gpu.tessera.dev", "pool": "node-a",
+                                           "device": "gpu-0"}]}}
+    await apiserver.patch(*RC, name, {"status": {"allocation": allocation}}, "ml", subresource="status")
+    await apiserver.patch(*RC, name, {"status": {"allocation": None}}, "ml", subresource="status")
+    (release,) = await translator.wait_for("release", cid)
+    assert release.reason == "resourceclaim-deallocated"
+    await wait_until(lambda: any(e["reason"] == "Deallocated" for e in events_about(apiserver, "ml", name)))
 
 
 def hand_written_claim(name: str, namespace: str, spec: ClaimSpec | None, owner: dict | None = None) -> dict:
@@ -191,18 +186,14 @@ async def test_claim_in_a_namespace_without_tenant_gets_an_event_not_a_claim(nat
         assert (await translator.service.claims.get(claim_id(claim["metadata"]["uid"])))[0] is None
 
 
-async def test_claim_whose_spec_cannot_be_recovered_gets_an_event(nats_url, apiserver, tmp_path):
-    await tenant_namespace(apiserver)
-    async with kube_translator(nats_url, apiserver, tmp_path / "tls") as translator:
-        await translator.add_tenant("alpha")
-        await apiserver.create(hand_written_claim("by-hand", "ml", None))
-        await wait_until(lambda: events_about(apiserver, "ml", "by-hand"))
-        (event,) = events_about(apiserver, "ml", "by-hand")
-        assert event["reason"] == "InvalidClaim" and "GpuClaimParameters" in event["message"]
-        # The translator is still at work: a good claim after it is requested.
-        _, claim = await gpu_pod_with_claim(apiserver, translator, "trainer")
-        await translator.wait_for("requested", claim_id(claim["metadata"]["uid"]))
-        assert len(translator.events("requested")) == 1
+async def test_claim_whose_spec_cannot_be_recovered_gets_an_event(apiserver, translator):
+    await apiserver.create(hand_written_claim("by-hand", "ml", None))
+    await wait_until(lambda: events_about(apiserver, "ml", "by-hand"))
+    (event,) = events_about(apiserver, "ml", "by-hand")
+    assert event["reason"] == "InvalidClaim" and "GpuClaimParameters" in event["message"]
+    # The translator is still at work: a good claim after it is requested.
+    await requested_claim(apiserver, translator, "trainer")
+    assert len(translator.events("requested")) == 1
 
 
 @pytest.mark.parametrize("period", [0.2])
@@ -211,9 +202,7 @@ async def test_periodic_reconcile_keeps_reporting_nothing_new(nats_url, apiserve
     await tenant_namespace(apiserver)
     async with kube_translator(nats_url, apiserver, tmp_path / "tls", reconcile_seconds=period) as translator:
         await translator.add_tenant("alpha")
-        _, claim = await gpu_pod_with_claim(apiserver, translator, "trainer")
-        cid = claim_id(claim["metadata"]["uid"])
-        await translator.wait_for("requested", cid)
+        _, _, cid = await requested_claim(apiserver, translator, "trainer")
         lists = lambda: sum(1 for m, p, q in apiserver.requests if m == "GET" and p.endswith("/resourceclaims")
                             and "watch" not in q)
         before = lists()

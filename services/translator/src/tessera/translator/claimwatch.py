@@ -113,10 +113,11 @@ class ClaimWatcher:
         allocated = claimflow.is_allocated(claim)
         if uid in self.allocated and not allocated:
             self.allocated.discard(uid)
-            await self.release(claim, DEALLOCATED)
-            await self.report(claim, "Deallocated",
-                              "the allocation of this claim was removed outside Tessera; its GPUs were "
-                              "released. Delete and recreate the pod to get GPUs again")
+            # Tessera clears allocations itself when it releases a claim: only a live one is news.
+            if await self.release(claim, DEALLOCATED):
+                await self.report(claim, "Deallocated",
+                                  "the allocation of this claim was removed outside Tessera; its GPUs were "
+                                  "released. Delete and recreate the pod to get GPUs again")
             return
         if allocated:
             self.allocated.add(uid)
@@ -148,16 +149,18 @@ class ClaimWatcher:
             log.info("ResourceClaim %s/%s is claim %s of tenant %s", ref.namespace, ref.name, cid, tenant)
         self.recorded.add(cid)
 
-    async def release(self, claim: Mapping, reason: str) -> None:
+    async def release(self, claim: Mapping, reason: str) -> bool:
+        """Release the claim of this ResourceClaim; True if this call released a live claim."""
         try:
             cid = claimflow.tessera_id(claim)
         except ValueError:
-            return  # never admitted
-        self.recorded.discard(cid)
+            return False  # never admitted
         self.allocated.discard(claim["metadata"]["uid"])
-        if await self.sink.release_kube(cid, reason):
-            ref = claimflow.claim_ref(claim)
-            log.info("ResourceClaim %s/%s gone (%s): claim %s released", ref.namespace, ref.name, reason, cid)
+        if not await self.sink.release_kube(cid, reason):
+            return False
+        ref = claimflow.claim_ref(claim)
+        log.info("ResourceClaim %s/%s (%s): claim %s released", ref.namespace, ref.name, reason, cid)
+        return True
 
     async def report(self, claim: Mapping, reason: str, message: str) -> None:
         """A Warning Event on the claim and on its pod, once per process; never fatal."""
