@@ -184,6 +184,10 @@ async def test_claim_in_a_namespace_without_tenant_gets_an_event_not_a_claim(nat
         assert events_about(apiserver, "scratch", "p")[0]["involvedObject"]["kind"] == "Pod"
         assert translator.events("requested") == []
         assert (await translator.service.claims.get(claim_id(claim["metadata"]["uid"])))[0] is None
+    # Reported again after a restart: the same Event, counted, not a second one.
+    async with kube_translator(nats_url, apiserver, tmp_path / "tls2"):
+        await wait_until(lambda: events_about(apiserver, "scratch", "p-gpu")[0].get("count") == 2)
+    assert len(events_about(apiserver, "scratch", "p-gpu")) == 1
 
 
 async def test_claim_whose_spec_cannot_be_recovered_gets_an_event(apiserver, translator):

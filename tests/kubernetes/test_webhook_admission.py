@@ -100,3 +100,15 @@ async def test_template_writer_tolerates_the_template_already_there(apiserver, k
     await writer("ml", [claim])
     (stored,) = apiserver.objects(RESOURCE_API_VERSION, "resourceclaimtemplates")
     assert (stored["metadata"]["namespace"], stored["metadata"]["name"]) == ("ml", "tessera-main-abc")
+
+
+async def test_api_server_unreachable_denies_the_gpu_pod_as_retryable(apiserver, translator):
+    await apiserver.create({"apiVersion": "v1", "kind": "Namespace",
+                            "metadata": {"name": "ml", "labels": {TENANT_LABEL: "alpha"}}})
+    await translator.add_tenant("alpha")
+    apiserver.fail("GET", r"^/api/v1/namespaces/ml$", status=503)
+    response = await translator.review(gpu_pod("trainer", "ml"), "ml")
+    assert response["allowed"] is False and response["status"]["code"] == 503
+    assert "retry" in response["status"]["message"]
+    # Once it answers again, the same pod is admitted.
+    assert (await translator.admit(gpu_pod("trainer", "ml"), "ml"))["spec"]["schedulingGates"]

@@ -128,7 +128,8 @@ class TranslatorService:
 
             self.kube_api = self.kube_api or KubeApi()
             cluster = Cluster(self.kube_api, self.ctx.settings.instance or "")
-            tasks["resourceclaims"] = self._follow_claims(cluster)
+            # Not ready (so no webhook endpoint) until the first comparison with the claims bucket.
+            tasks["resourceclaims"] = self._follow_claims(cluster, self.ctx.gate("resourceclaims-synced"))
         if self.settings.webhook_port:
             certificate = None
             if self.settings.webhook_cert:
@@ -138,10 +139,9 @@ class TranslatorService:
             tasks["admission-webhook"] = self._serve_webhook(cluster, certificate)
         return tasks
 
-    async def _follow_claims(self, cluster) -> None:
+    async def _follow_claims(self, cluster, synced) -> None:
         from tessera.translator.claimwatch import ClaimWatcher
 
-        synced = self.ctx.gate("resourceclaims-synced")
         try:
             await ClaimWatcher(cluster, self, self.settings.reconcile_seconds, on_synced=synced).run()
         finally:
