@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from tessera.shared.errors import TemporaryError
 from tessera.shared.events import ClaimSpec
 from tessera.shared.kubeclaims import DEVICE_CLASS, RESOURCE_API_VERSION, TENANT_LABEL, KubeClaimRef, claim_id
 from tessera.translator import dra
@@ -212,3 +213,22 @@ async def test_periodic_reconcile_keeps_reporting_nothing_new(nats_url, apiserve
         before = lists()
         await wait_until(lambda: lists() >= before + 3)
         assert len(translator.events("requested", cid)) == 1 and translator.events("release") == []
+
+
+async def test_requested_lost_on_the_way_to_the_stream_is_sent_again(nats_url, apiserver, tmp_path):
+    """NATS fails the publish after the record was written: the next reconcile sends it."""
+    await tenant_namespace(apiserver)
+    async with kube_translator(nats_url, apiserver, tmp_path / "tls", reconcile_seconds=0.5) as translator:
+        await translator.add_tenant("alpha")
+        publish, failed = translator.service.bus.publish, []
+
+        async def flaky(subject, event, **kwargs):
+            if subject.endswith(".requested._") and not failed:
+                failed.append(subject)
+                raise TemporaryError("nats: timeout (injected)")
+            return await publish(subject, event, **kwargs)
+
+        translator.service.bus.publish = flaky
+        _, claim, cid = await requested_claim(apiserver, translator, "trainer")
+        assert failed and (await translator.service.claims.get(cid))[0] is not None
+        assert len(translator.events("requested", cid)) == 1

@@ -39,6 +39,9 @@ class ClaimSink(Protocol):
 
     async def records(self) -> list[ClaimRecord]: ...
 
+    async def flush(self) -> None:
+        """Send again what was recorded but could not be published."""
+
     async def request_kube(self, claim: str, tenant: str, spec: ClaimSpec, ref: KubeClaimRef) -> bool:
         """Record and publish ``requested``; False if the claim was recorded already (nothing sent)."""
 
@@ -86,6 +89,7 @@ class ClaimWatcher:
 
     async def reconcile(self) -> str:
         """Repair the claims bucket against a fresh list; the resourceVersion to watch from."""
+        await self.sink.flush()
         records = await self.sink.records()  # before the list: see claimflow.reconcile
         items, version = await self.cluster.list_claims()
         claims = [c for c in items if claimflow.is_tessera_claim(c)]

@@ -112,6 +112,8 @@ class TranslatorService:
         self.settings = settings
         self.kube_api = kube_api
         self.claims: ClaimStore
+        # Kubernetes claims recorded whose ``requested`` is not on the stream yet (see ``flush``).
+        self.unpublished: dict[str, ClaimRequested] = {}
 
     async def start(self) -> dict:
         self.claims = ClaimStore(await self.bus.kv(subjects.KV_CLAIMS))
@@ -205,6 +207,17 @@ class TranslatorService:
     async def records(self) -> list[ClaimRecord]:
         return await self.claims.all()
 
+    async def flush(self) -> None:
+        """Publish the ``requested`` events whose record was written but whose publish failed.
+
+        A re-seen ResourceClaim finds its record and publishes nothing, so an event lost between
+        the record and the stream would leave the claim requested forever; it is kept here and
+        sent again (same message id: the stream drops it if the first attempt did get through).
+        """
+        for claim, event in list(self.unpublished.items()):
+            await self._publish_requested(event)
+            del self.unpublished[claim]
+
     async def request_kube(self, claim: str, tenant: str, spec: ClaimSpec, ref: KubeClaimRef) -> bool:
         """A ResourceClaim's claim: recorded and published once; False if it was recorded already."""
         event = ClaimRequested(claim=claim, tenant=tenant, spec=spec, source="kubernetes", kube=ref)
@@ -213,7 +226,8 @@ class TranslatorService:
             fresh, _ = await self._record(event)
             if fresh is None:
                 return False
-            await self._publish_requested(fresh)
+            self.unpublished[claim] = fresh
+            await self.flush()
         return True
 
     async def release_kube(self, claim: str, reason: str) -> bool:
