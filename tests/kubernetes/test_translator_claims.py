@@ -215,20 +215,24 @@ async def test_periodic_reconcile_keeps_reporting_nothing_new(nats_url, apiserve
         assert len(translator.events("requested", cid)) == 1 and translator.events("release") == []
 
 
-async def test_requested_lost_on_the_way_to_the_stream_is_sent_again(nats_url, apiserver, tmp_path):
-    """NATS fails the publish after the record was written: the next reconcile sends it."""
+async def test_events_lost_on_the_way_to_the_stream_are_sent_again(nats_url, apiserver, tmp_path):
+    """NATS fails the publish after the record was written (created, marked for release): the next
+    reconcile sends it."""
     await tenant_namespace(apiserver)
     async with kube_translator(nats_url, apiserver, tmp_path / "tls", reconcile_seconds=0.5) as translator:
         await translator.add_tenant("alpha")
         publish, failed = translator.service.bus.publish, []
 
         async def flaky(subject, event, **kwargs):
-            if subject.endswith(".requested._") and not failed:
-                failed.append(subject)
-                raise TemporaryError("nats: timeout (injected)")
+            kind = subject.split(".")[4]
+            if kind not in failed:
+                failed.append(kind)
+                raise TemporaryError(f"nats: timeout publishing {kind} (injected)")
             return await publish(subject, event, **kwargs)
 
         translator.service.bus.publish = flaky
-        _, claim, cid = await requested_claim(apiserver, translator, "trainer")
-        assert failed and (await translator.service.claims.get(cid))[0] is not None
-        assert len(translator.events("requested", cid)) == 1
+        pod, _, cid = await requested_claim(apiserver, translator, "trainer")
+        await delete_pod(apiserver, pod)
+        await translator.wait_for("release", cid)
+        assert failed == ["requested", "release"]
+        assert len(translator.events("requested", cid)) == 1 and len(translator.events("release", cid)) == 1
