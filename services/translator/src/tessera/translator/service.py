@@ -339,6 +339,10 @@ class TranslatorService:
             subject, message, msg_id = self._release_message(marked, reason)
             await self.bus.publish(subject, message, msg_id=msg_id)
 
+    async def resend_release(self, record: ClaimRecord) -> None:
+        with self._release_span(record):
+            await self._deliver(*self._release_message(record, record.reason))
+
     def _release_span(self, record: ClaimRecord):
         # The release continues the claim's own trace: one claim, one trace, request to release.
         parent = {"traceparent": record.traceparent} if record.traceparent else None
