@@ -100,10 +100,13 @@ class ClaimWatcher:
         repairs = claimflow.reconcile(claims, records)
         live = {claimflow.tessera_id(c) for c in claims}
         self.recorded = {r.claim for r in records} & live
+        seen_allocated = self.allocated
         self.allocated = {c["metadata"]["uid"] for c in claims if claimflow.is_allocated(c)}
         for claim in claims:
             if claimflow.is_deleting(claim):
                 await self.release(claim, DELETED)
+            elif claim["metadata"]["uid"] in seen_allocated - self.allocated:  # between watch and list
+                await self.deallocated(claim)
         for record in repairs.release:
             if await self.sink.release_kube(record.claim, MISSING):
                 log.info("claim %s has no ResourceClaim any more: released", record.claim)
@@ -130,15 +133,18 @@ class ClaimWatcher:
         allocated = claimflow.is_allocated(claim)
         if uid in self.allocated and not allocated:
             self.allocated.discard(uid)
-            # Tessera clears allocations itself when it releases a claim: only a live one is news.
-            if await self.release(claim, DEALLOCATED):
-                await self.report(claim, "Deallocated",
-                                  "the allocation of this claim was removed outside Tessera; its GPUs were "
-                                  "released. Delete and recreate the pod to get GPUs again")
+            await self.deallocated(claim)
             return
         if allocated:
             self.allocated.add(uid)
         await self.admit(claim)
+
+    async def deallocated(self, claim: Mapping) -> None:
+        # Tessera clears allocations itself when it releases a claim: only a live one is news.
+        if await self.release(claim, DEALLOCATED):
+            await self.report(claim, "Deallocated",
+                              "the allocation of this claim was removed outside Tessera; its GPUs were "
+                              "released. Delete and recreate the pod to get GPUs again")
 
     async def admit(self, claim: Mapping) -> None:
         """Publish ``requested`` for a ResourceClaim not yet recorded, or say on it why not."""
