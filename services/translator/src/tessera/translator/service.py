@@ -126,10 +126,8 @@ class TranslatorService:
         cluster = None
         if self.settings.kubernetes:
             # kubernetes_asyncio only in Kubernetes mode: it costs start-up time and memory.
-            from tessera.shared.kubeapi import KubeApi
             from tessera.translator.kube import Cluster
 
-            self.kube_api = self.kube_api or KubeApi()
             cluster = Cluster(self.kube_api, self.ctx.settings.instance or "")
             # Not ready (so no webhook endpoint) until the first comparison with the claims bucket.
             tasks["resourceclaims"] = self._follow_claims(cluster, self.ctx.gate("resourceclaims-synced"))
