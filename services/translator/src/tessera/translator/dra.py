@@ -1,11 +1,15 @@
 """A ClaimSpec rendered as Kubernetes DRA documents (``resource.k8s.io/v1``).
 
-On Kubernetes a translated claim has to become something the scheduler's DRA allocator understands:
-a ResourceClaim (or a ResourceClaimTemplate a pod points at) whose request asks the Tessera device
-class for a number of GPUs and, through consumable capacity (KEP-5075), for a share of each one's
+On Kubernetes a translated claim has to become a DRA document: a ResourceClaim (or a
+ResourceClaimTemplate a pod points at) that says in DRA's own terms what Tessera's placement (the one
+allocator of these devices) will allocate and write into its status, so that kube-scheduler, the
+kubelet and ``kubectl`` read it as any other claim. Its request asks the Tessera device class for a
+number of GPUs and, through consumable capacity (KEP-5075), for a share of each one's
 ``memory`` and ``cores``. Type and UUID selectors become CEL expressions over the attributes that
-the capacity publisher puts in its ResourceSlices. Everything DRA cannot express (priority,
-scheduling policies, a memory percentage) travels to the node side as opaque driver config.
+the capacity publisher puts in its ResourceSlices. The opaque driver config carries the whole
+translated claim, including what DRA cannot express (priority, scheduling policies, a memory
+percentage): Tessera's placement, not the scheduler, allocates these claims, and the translator
+recovers the claim from a ResourceClaim's (immutable) spec with ``spec_from_parameters``.
 
 The contract with the capacity publisher's ResourceSlices (driver ``gpu.tessera.dev``):
 attributes ``model`` (string) and ``uuid`` (string); capacity ``memory`` (a quantity in bytes,
@@ -24,12 +28,12 @@ import json
 import re
 from collections.abc import Mapping
 
-from tessera.shared.events import ClaimSpec
+import msgspec
 
-DRIVER = "gpu.tessera.dev"
-DEVICE_CLASS = "gpu.tessera.dev"
-API_VERSION = "resource.k8s.io/v1"
-REQUEST_NAME = "gpu"
+from tessera.shared.events import ClaimSpec
+from tessera.shared.kubeclaims import DEVICE_CLASS, DRIVER, REQUEST_NAME
+from tessera.shared.kubeclaims import RESOURCE_API_VERSION as API_VERSION
+
 PARAMETERS_API_VERSION = "gpu.tessera.dev/v1alpha1"
 PARAMETERS_KIND = "GpuClaimParameters"
 MAX_SUBREQUESTS = 8  # DeviceRequest.firstAvailable limit
@@ -140,20 +144,60 @@ def device_request(
     return {"name": name, "exactly": exactly}
 
 
+# ClaimSpec field -> its key in the opaque parameters. The parameters carry the whole translated
+# claim, so that the translator can recover it from the ResourceClaim (whose spec is immutable; its
+# annotations are not) and placement allocates exactly what the webhook validated.
+_PARAMETER_KEYS = {
+    "gpus": "gpus",
+    "memory_mib": "memoryMiB",
+    "memory_percent": "memoryPercent",
+    "cores": "cores",
+    "use_types": "useTypes",
+    "nouse_types": "nouseTypes",
+    "use_uuids": "useUUIDs",
+    "nouse_uuids": "nouseUUIDs",
+    "node_policy": "nodePolicy",
+    "gpu_policy": "gpuPolicy",
+    "priority": "priority",
+    "cpu_millis": "cpuMillis",
+    "host_memory_mib": "hostMemoryMiB",
+    "node": "node",
+}
+_ALWAYS = ("gpus", "cores", "priority")
+
+
 def parameters(spec: ClaimSpec) -> dict:
-    """What the node side needs and DRA's allocator does not carry: the opaque config payload."""
+    """The opaque config payload: the whole claim, including what DRA's allocator cannot express."""
     params: dict = {"apiVersion": PARAMETERS_API_VERSION, "kind": PARAMETERS_KIND}
-    optional = {
-        "memoryMiB": spec.memory_mib,
-        "memoryPercent": spec.memory_percent,
-        "nodePolicy": spec.node_policy,
-        "gpuPolicy": spec.gpu_policy,
-        "node": spec.node,
-    }
-    params.update({k: v for k, v in optional.items() if v is not None})
-    params["cores"] = spec.cores
-    params["priority"] = spec.priority
+    for field, key in _PARAMETER_KEYS.items():
+        value = getattr(spec, field)
+        if field in _ALWAYS or value not in (None, [], 0):
+            params[key] = list(value) if isinstance(value, list) else value
     return params
+
+
+def spec_from_parameters(params: object) -> ClaimSpec:
+    """The ClaimSpec a ``parameters`` payload encodes; ValueError naming the key that is wrong."""
+    if not isinstance(params, dict):
+        raise ValueError("opaque parameters must be an object")
+    if (params.get("apiVersion"), params.get("kind")) != (PARAMETERS_API_VERSION, PARAMETERS_KIND):
+        raise ValueError(
+            f"opaque parameters must be apiVersion {PARAMETERS_API_VERSION} kind {PARAMETERS_KIND}, got "
+            f"{params.get('apiVersion')!r} / {params.get('kind')!r}"
+        )
+    fields = {v: k for k, v in _PARAMETER_KEYS.items()}
+    unknown = sorted(set(params) - set(fields) - {"apiVersion", "kind"})
+    if unknown:
+        raise ValueError(f"opaque parameters have unknown keys {unknown}; known: {sorted(fields)}")
+    values = {fields[k]: v for k, v in params.items() if k in fields}
+    try:
+        return msgspec.convert(values, ClaimSpec)
+    except msgspec.ValidationError as exc:
+        # msgspec names the ClaimSpec field; say the parameter key the claim actually carries.
+        message = str(exc)
+        for field, key in _PARAMETER_KEYS.items():
+            message = message.replace(f"$.{field}", f"parameters.{key}")
+        raise ValueError(f"opaque parameters are invalid: {message}") from None
 
 
 def claim_spec(spec: ClaimSpec, *, card_memory_mib: Mapping[str, int] | None = None) -> dict:
