@@ -16,7 +16,7 @@ from tessera.capacity.slices import devices as slice_devices
 from tessera.placement.claimstatus import allocation, node_selector, same_allocation, share_id
 from tessera.translator.dra import resource_claim
 
-K8S = "1.37.0"
+K8S = "1.35.0"  # what the API-server emulator of tests/kubernetes validates against
 CLAIM = "k8s-2f1e0c3a-9d4b-4c3e-8a1f-0b9e8d7c6a51"
 H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100-SXM4-40GB"
