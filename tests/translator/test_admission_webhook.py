@@ -101,8 +101,8 @@ GPU_LIMITS = {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1", "nvidia.com/g
 async def test_gpu_pod_is_rewritten_for_dra():
     seen: list[tuple[str, list[ContainerClaim]]] = []
 
-    async def hook(uid, claims):
-        seen.append((uid, claims))
+    async def hook(namespace, claims):
+        seen.append((namespace, claims))
 
     obj = pod([container("train", GPU_LIMITS)], {"nvidia.com/use-gputype": "H100"})
     status, body = await post(review(obj), hook)
@@ -125,13 +125,15 @@ async def test_gpu_pod_is_rewritten_for_dra():
     assert resources["requests"] == {"cpu": "4", "memory": "16Gi"}
     assert resources["claims"] == [{"name": name}]
     assert patched["spec"]["resourceClaims"] == [{"name": name, "resourceClaimTemplateName": name}]
+    # kube-scheduler must not bind the pod before placement has allocated its claim.
+    assert patched["spec"]["schedulingGates"] == [{"name": "gpu.tessera.dev/placement"}]
     recorded = json.loads(patched["metadata"]["annotations"][CLAIMS_ANNOTATION])
     assert msgspec.convert(recorded["train"], ClaimSpec) == expected
     assert patched["metadata"]["annotations"]["nvidia.com/use-gputype"] == "H100"
     kubernetes_validate.validate(patched, K8S, strict=True)
 
-    ((uid, (claim,)),) = seen
-    assert uid == response["uid"]
+    ((namespace, (claim,)),) = seen
+    assert namespace == "team-a"  # the pod's namespace, never the review's uid
     assert (claim.namespace, claim.pod, claim.container, claim.index) == ("team-a", "trainer", "train", 0)
     assert claim.spec == expected and claim.template_name == name
     assert claim.template["metadata"]["name"] == name
@@ -162,6 +164,37 @@ async def test_only_gpu_containers_change_and_existing_lists_are_appended_to():
     assert patched["metadata"]["annotations"]["team"] == "vision"
     assert "train" in json.loads(patched["metadata"]["annotations"][CLAIMS_ANNOTATION])
     kubernetes_validate.validate(patched, K8S, strict=True)
+
+
+async def test_existing_scheduling_gates_are_kept_and_ours_is_added_once():
+    other = {"name": "example.com/quota"}
+    obj = pod([container("train", GPU_LIMITS)], schedulingGates=[other])
+    _, body = await post(review(obj))
+    patched, _ = apply(obj, body["response"])
+    assert patched["spec"]["schedulingGates"] == [other, {"name": "gpu.tessera.dev/placement"}]
+    gated = pod([container("train", GPU_LIMITS)], schedulingGates=[{"name": "gpu.tessera.dev/placement"}])
+    _, body = await post(review(gated))
+    again, _ = apply(gated, body["response"])
+    assert again["spec"]["schedulingGates"] == [{"name": "gpu.tessera.dev/placement"}]
+
+
+async def test_pod_in_a_namespace_without_tenant_is_denied_before_any_template():
+    created = []
+
+    async def hook(namespace, claims):
+        created.append(namespace)
+
+    async def tenant_check(namespace):
+        return f'namespace "{namespace}" names no Tessera tenant: set the label tessera.io/tenant=<tenant>'
+
+    async with TestClient(TestServer(make_app(hook, tenant_check))) as client:
+        resp = await client.post("/mutate", json=review(pod([container("train", GPU_LIMITS)])))
+        response = (await resp.json())["response"]
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 403
+    assert 'namespace "team-a" names no Tessera tenant' in response["status"]["message"]
+    assert "tessera.io/tenant" in response["status"]["message"]
+    assert created == []
 
 
 async def test_bad_values_are_denied_naming_container_and_field():

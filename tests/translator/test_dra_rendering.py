@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import kubernetes_validate
 import pytest
 
@@ -93,6 +95,7 @@ def test_parameters_carry_what_dra_cannot_express():
     assert config["opaque"]["parameters"] == {
         "apiVersion": "gpu.tessera.dev/v1alpha1",
         "kind": "GpuClaimParameters",
+        "gpus": 1,
         "memoryPercent": 25,
         "cores": 0,
         "priority": 100,
@@ -133,3 +136,33 @@ def test_memory_percent_without_models_leaves_memory_to_the_opaque_config():
     request = dra.device_request(spec)
     assert request["exactly"]["capacity"] == {"requests": {"cores": "0"}}
     assert dra.parameters(spec)["memoryPercent"] == 30
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        ClaimSpec(),
+        ClaimSpec(gpus=2, memory_mib=8000, cores=30, use_types=["H100"], nouse_uuids=["GPU-1"],
+                  node_policy="spread", gpu_policy="binpack", priority=1, cpu_millis=500,
+                  host_memory_mib=1024, node="n1"),
+        ClaimSpec(memory_percent=50, nouse_types=["T4"], use_uuids=["GPU-a", "GPU-b"]),
+    ],
+    ids=["defaults", "everything", "percent"],
+)
+def test_parameters_carry_the_whole_claim_back(spec):
+    assert dra.spec_from_parameters(dra.parameters(spec)) == spec
+
+
+@pytest.mark.parametrize(
+    ("params", "fragment"),
+    [
+        ("x", "must be an object"),
+        ({"apiVersion": "v1", "kind": "GpuClaimParameters"}, "apiVersion gpu.tessera.dev/v1alpha1"),
+        ({**dra.parameters(ClaimSpec()), "memmory": 1}, "unknown keys ['memmory']"),
+        ({**dra.parameters(ClaimSpec()), "gpus": 40}, "parameters.gpus"),
+    ],
+    ids=["not-object", "wrong-kind", "typo", "out-of-range"],
+)
+def test_bad_parameters_name_what_is_wrong(params, fragment):
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        dra.spec_from_parameters(params)

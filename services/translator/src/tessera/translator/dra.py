@@ -24,12 +24,12 @@ import json
 import re
 from collections.abc import Mapping
 
-from tessera.shared.events import ClaimSpec
+import msgspec
 
-DRIVER = "gpu.tessera.dev"
-DEVICE_CLASS = "gpu.tessera.dev"
-API_VERSION = "resource.k8s.io/v1"
-REQUEST_NAME = "gpu"
+from tessera.shared.events import ClaimSpec
+from tessera.shared.kubeclaims import DEVICE_CLASS, DRIVER, REQUEST_NAME
+from tessera.shared.kubeclaims import RESOURCE_API_VERSION as API_VERSION
+
 PARAMETERS_API_VERSION = "gpu.tessera.dev/v1alpha1"
 PARAMETERS_KIND = "GpuClaimParameters"
 MAX_SUBREQUESTS = 8  # DeviceRequest.firstAvailable limit
@@ -140,20 +140,60 @@ def device_request(
     return {"name": name, "exactly": exactly}
 
 
+# ClaimSpec field -> its key in the opaque parameters. The parameters carry the whole translated
+# claim, so that the translator can recover it from the ResourceClaim (whose spec is immutable; its
+# annotations are not) and placement allocates exactly what the webhook validated.
+_PARAMETER_KEYS = {
+    "gpus": "gpus",
+    "memory_mib": "memoryMiB",
+    "memory_percent": "memoryPercent",
+    "cores": "cores",
+    "use_types": "useTypes",
+    "nouse_types": "nouseTypes",
+    "use_uuids": "useUUIDs",
+    "nouse_uuids": "nouseUUIDs",
+    "node_policy": "nodePolicy",
+    "gpu_policy": "gpuPolicy",
+    "priority": "priority",
+    "cpu_millis": "cpuMillis",
+    "host_memory_mib": "hostMemoryMiB",
+    "node": "node",
+}
+_ALWAYS = ("gpus", "cores", "priority")
+
+
 def parameters(spec: ClaimSpec) -> dict:
-    """What the node side needs and DRA's allocator does not carry: the opaque config payload."""
+    """The opaque config payload: the whole claim, including what DRA's allocator cannot express."""
     params: dict = {"apiVersion": PARAMETERS_API_VERSION, "kind": PARAMETERS_KIND}
-    optional = {
-        "memoryMiB": spec.memory_mib,
-        "memoryPercent": spec.memory_percent,
-        "nodePolicy": spec.node_policy,
-        "gpuPolicy": spec.gpu_policy,
-        "node": spec.node,
-    }
-    params.update({k: v for k, v in optional.items() if v is not None})
-    params["cores"] = spec.cores
-    params["priority"] = spec.priority
+    for field, key in _PARAMETER_KEYS.items():
+        value = getattr(spec, field)
+        if field in _ALWAYS or value not in (None, [], 0):
+            params[key] = list(value) if isinstance(value, list) else value
     return params
+
+
+def spec_from_parameters(params: object) -> ClaimSpec:
+    """The ClaimSpec a ``parameters`` payload encodes; ValueError naming the key that is wrong."""
+    if not isinstance(params, dict):
+        raise ValueError("opaque parameters must be an object")
+    if (params.get("apiVersion"), params.get("kind")) != (PARAMETERS_API_VERSION, PARAMETERS_KIND):
+        raise ValueError(
+            f"opaque parameters must be apiVersion {PARAMETERS_API_VERSION} kind {PARAMETERS_KIND}, got "
+            f"{params.get('apiVersion')!r} / {params.get('kind')!r}"
+        )
+    fields = {v: k for k, v in _PARAMETER_KEYS.items()}
+    unknown = sorted(set(params) - set(fields) - {"apiVersion", "kind"})
+    if unknown:
+        raise ValueError(f"opaque parameters have unknown keys {unknown}; known: {sorted(fields)}")
+    values = {fields[k]: v for k, v in params.items() if k in fields}
+    try:
+        return msgspec.convert(values, ClaimSpec)
+    except msgspec.ValidationError as exc:
+        # msgspec names the ClaimSpec field; say the parameter key the claim actually carries.
+        message = str(exc)
+        for field, key in _PARAMETER_KEYS.items():
+            message = message.replace(f"$.{field}", f"parameters.{key}")
+        raise ValueError(f"opaque parameters are invalid: {message}") from None
 
 
 def claim_spec(spec: ClaimSpec, *, card_memory_mib: Mapping[str, int] | None = None) -> dict:

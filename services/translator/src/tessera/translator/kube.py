@@ -1,20 +1,41 @@
-"""The translator's only module that talks to Kubernetes: it creates ResourceClaimTemplates.
+"""The translator's only module that talks to Kubernetes (through ``tessera.shared.kubeapi``).
 
-The admission webhook rewrites a GPU pod to point at a ResourceClaimTemplate named after the
-translated claim (``tessera-<container>-<hash of the spec>``); this writer creates that template in
-the pod's namespace before the webhook answers. The name is derived from the spec, so an existing
-template with that name already says the same thing: a 409 is success, and retries are harmless.
+Three conversations with the API server, each small:
+
+- admission: the webhook rewrites a GPU pod to point at a ResourceClaimTemplate named after the
+  translated claim (``tessera-<container>-<hash of the spec>``); ``TemplateWriter`` creates that
+  template in the pod's namespace before the webhook answers. The name is derived from the spec, so
+  an existing template with that name already says the same thing: a 409 is success, and retries
+  are harmless. ``Cluster.namespace`` reads the Namespace whose label names the pod's tenant.
+- claims: ``Cluster.list_claims`` and ``Cluster.watch_claims`` follow the ResourceClaims of every
+  namespace, for the claim watcher (``tessera.translator.claimwatch``) to turn into claims.
+- reporting: ``Cluster.event`` records a Kubernetes Event on a claim or pod, so that what Tessera
+  refuses shows in ``kubectl describe``.
+
+``tessera.shared.kubeapi`` has no watch; ``watch_claims`` streams one with the client it holds.
 """
 
 from __future__ import annotations
 
+import datetime
+import hashlib
+import json
 import logging
+from collections.abc import AsyncIterator
 
 from tessera.shared.kubeapi import ApiException, KubeApi, object_path
+from tessera.shared.kubeclaims import RESOURCE_API_VERSION
 
 from tessera.translator.webhook import ContainerClaim
 
 log = logging.getLogger("tessera.translator.kube")
+
+COMPONENT = "tessera-translator"
+CLAIMS = object_path(RESOURCE_API_VERSION, "resourceclaims")
+
+
+class WatchExpired(Exception):
+    """The watch's resourceVersion is too old (410 Gone): list again, then watch from there."""
 
 
 class TemplateWriter:
@@ -28,7 +49,7 @@ class TemplateWriter:
     async def __call__(self, namespace: str, claims: list[ContainerClaim]) -> None:
         for claim in claims:
             try:
-                await self.kube.call("POST", object_path("resource.k8s.io/v1", "resourceclaimtemplates",
+                await self.kube.call("POST", object_path(RESOURCE_API_VERSION, "resourceclaimtemplates",
                                                          namespace=namespace), claim.template)
                 log.info("created ResourceClaimTemplate %s/%s", namespace, claim.template_name)
             except ApiException as exc:
@@ -37,3 +58,103 @@ class TemplateWriter:
 
     async def close(self) -> None:
         await self.kube.close()
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Cluster:
+    """Namespaces, ResourceClaims and Events, as the translator reads and writes them."""
+
+    def __init__(self, api: KubeApi | None = None, instance: str = "") -> None:
+        self.kube = api or KubeApi()
+        self.instance = instance
+
+    @classmethod
+    def for_url(cls, url: str, instance: str = "") -> "Cluster":
+        return cls(KubeApi.for_url(url), instance)
+
+    async def namespace(self, name: str) -> dict | None:
+        return await self.kube.get(object_path("v1", "namespaces", name))
+
+    async def list_claims(self) -> tuple[list[dict], str]:
+        """Every ResourceClaim of the cluster, and the resourceVersion to watch from."""
+        listing = await self.kube.call("GET", CLAIMS)
+        return list(listing.get("items") or []), (listing.get("metadata") or {}).get("resourceVersion", "")
+
+    async def watch_claims(self, resource_version: str, timeout: float) -> AsyncIterator[tuple[str, dict]]:
+        """ResourceClaim changes after ``resource_version``: (ADDED|MODIFIED|DELETED, object) pairs.
+
+        Ends when the server closes the stream (after about ``timeout`` seconds); raises
+        WatchExpired when the version is too old to resume from.
+        """
+        api = await self.kube.api()
+        query = [("watch", "true"), ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(int(timeout)))]
+        if resource_version:
+            query.append(("resourceVersion", resource_version))
+        response = await api.call_api(
+            CLAIMS, "GET", query_params=query, header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
+            _request_timeout=timeout + 30,
+        )
+        async with response:
+            while line := await response.content.readline():
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise WatchExpired(obj.get("message", "resourceVersion too old"))
+                    raise ApiException(status=obj.get("code") or 500, reason=obj.get("message", "watch error"))
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    yield kind, obj
+
+    async def event(self, obj: dict, reason: str, message: str, kind: str = "Warning") -> None:
+        """A core/v1 Event about ``obj`` (a ResourceClaim or a Pod), shown by ``kubectl describe``.
+
+        Named after the object and the message, so that repeating the same report bumps the count of
+        one Event rather than piling up new ones.
+        """
+        metadata = obj.get("metadata") or {}
+        namespace = metadata.get("namespace", "")
+        digest = hashlib.sha256(f"{metadata.get('uid')}/{reason}/{message}".encode()).hexdigest()[:16]
+        name = f"{metadata.get('name', 'object')[:200]}.{digest}"
+        path = object_path("v1", "events", name, namespace)
+        now = _now()
+        existing = await self.kube.get(path)
+        if existing is not None:
+            body = {"count": int(existing.get("count") or 1) + 1, "lastTimestamp": now}
+            await self.kube.call("PATCH", path, body, content_type="application/merge-patch+json")
+            return
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion", ""),
+                "kind": obj.get("kind", ""),
+                "name": metadata.get("name", ""),
+                "namespace": namespace,
+                "uid": metadata.get("uid", ""),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": kind,
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.instance or COMPONENT,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self.kube.call("POST", object_path("v1", "events", namespace=namespace), body)
+        except ApiException as exc:
+            if exc.status != 409:  # a peer reported the same thing at the same moment
+                raise
+
+    async def close(self) -> None:
+        await self.kube.close()
+

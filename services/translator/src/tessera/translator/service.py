@@ -5,6 +5,12 @@ It answers ``tessera.api.claims.submit`` (a request in HAMi's vocabulary, or a n
 anything is stored: a bad value is answered with an error naming the field, the allowed range and
 the fix, and nothing is published. A good one is recorded in the ``claims`` bucket and published as
 ``requested``; a retry with the same claim id is answered with the claim already recorded.
+
+In Kubernetes mode (``TESSERA_KUBERNETES``) it also serves the pods' admission webhook (which
+refuses GPU pods of namespaces without a tenant and creates their ResourceClaimTemplates) and
+follows the ResourceClaims made from them (``claimwatch``): each becomes a claim through the same
+record-then-publish path as a submit, with ``source="kubernetes"`` and the ResourceClaim it stands
+for, and its deletion becomes a release through the same path as a release request.
 """
 
 from __future__ import annotations
@@ -12,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import ssl
 import uuid
 from dataclasses import dataclass
 from typing import Mapping
@@ -22,6 +27,7 @@ from aiohttp import web
 
 from tessera.shared import api, subjects
 from tessera.shared.api import ReleaseRequest, SubmitRequest
+from tessera.shared.bus import KeyNotFoundError
 from tessera.shared.claimstore import TERMINAL, ClaimStore
 from tessera.shared.errors import ConfigError, TemporaryError
 from tessera.shared.events import (
@@ -32,10 +38,13 @@ from tessera.shared.events import (
     claim_decoder,
     encode,
 )
+from tessera.shared.kubeclaims import KubeClaimRef
 from tessera.shared.runner import ServiceContext
-from tessera.shared.settings import env_bool, env_int, env_str
+from tessera.shared.settings import env_bool, env_float, env_int, env_str
 from tessera.shared.telemetry import inject
 
+from tessera.translator import claimflow
+from tessera.translator.certs import ServingCertificate
 from tessera.translator.hami import TranslationError, translate
 from tessera.translator.webhook import make_app
 
@@ -53,13 +62,18 @@ def new_claim_id() -> str:
 
 @dataclass(frozen=True)
 class TranslatorSettings:
-    """The admission webhook is served only when a port is set (Kubernetes mode)."""
+    """The admission webhook is served only when a port is set; ``kubernetes`` turns on the
+    Kubernetes side (templates, the namespace's tenant, the ResourceClaim watcher)."""
 
     webhook_port: int = 0
     webhook_host: str = "0.0.0.0"
     webhook_cert: str = ""
     webhook_key: str = ""
-    create_templates: bool = False
+    # How often the certificate files are looked at for a renewal.
+    cert_poll_seconds: float = 10.0
+    kubernetes: bool = False
+    # Full comparison of the ResourceClaims with the claims bucket: at start and this often.
+    reconcile_seconds: float = 60.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "TranslatorSettings":
@@ -69,8 +83,15 @@ class TranslatorSettings:
             webhook_host=env_str(env, "TESSERA_WEBHOOK_HOST", cls.webhook_host),
             webhook_cert=env_str(env, "TESSERA_WEBHOOK_CERT", ""),
             webhook_key=env_str(env, "TESSERA_WEBHOOK_KEY", ""),
-            create_templates=env_bool(env, "TESSERA_KUBERNETES", False),
+            cert_poll_seconds=env_float(env, "TESSERA_WEBHOOK_CERT_POLL_SECONDS", cls.cert_poll_seconds),
+            kubernetes=env_bool(env, "TESSERA_KUBERNETES", False),
+            reconcile_seconds=env_float(env, "TESSERA_TRANSLATOR_RECONCILE_SECONDS", cls.reconcile_seconds),
         )
+        for name in ("cert_poll_seconds", "reconcile_seconds"):
+            if getattr(settings, name) <= 0:
+                var = "TESSERA_WEBHOOK_CERT_POLL_SECONDS" if name == "cert_poll_seconds" else \
+                    "TESSERA_TRANSLATOR_RECONCILE_SECONDS"
+                raise ConfigError(f"{var}={getattr(settings, name)} must be a positive number of seconds")
         if bool(settings.webhook_cert) != bool(settings.webhook_key):
             raise ConfigError("set both TESSERA_WEBHOOK_CERT and TESSERA_WEBHOOK_KEY (PEM files), or neither")
         for name in ("webhook_cert", "webhook_key"):
@@ -81,10 +102,14 @@ class TranslatorSettings:
 
 
 class TranslatorService:
-    def __init__(self, ctx: ServiceContext, settings: TranslatorSettings = TranslatorSettings()) -> None:
+    def __init__(self, ctx: ServiceContext, settings: TranslatorSettings = TranslatorSettings(),
+                 kube_api=None) -> None:
+        """``kube_api``: a ``tessera.shared.kubeapi.KubeApi`` to use in Kubernetes mode (tests point
+        it at an emulator); by default one configured in-cluster or from ~/.kube/config."""
         self.ctx = ctx
         self.bus = ctx.bus
         self.settings = settings
+        self.kube_api = kube_api
         self.claims: ClaimStore
 
     async def start(self) -> dict:
@@ -94,22 +119,51 @@ class TranslatorService:
             "api-submit": self.bus.serve(subjects.API_SUBMIT, self.submit),
             "api-release": self.bus.serve(subjects.API_RELEASE, self.release),
         }
+        cluster = None
+        if self.settings.kubernetes:
+            # kubernetes_asyncio only in Kubernetes mode: it costs start-up time and memory.
+            from tessera.shared.kubeapi import KubeApi
+            from tessera.translator.kube import Cluster
+
+            self.kube_api = self.kube_api or KubeApi()
+            cluster = Cluster(self.kube_api, self.ctx.settings.instance or "")
+            tasks["resourceclaims"] = self._follow_claims(cluster)
         if self.settings.webhook_port:
-            tasks["admission-webhook"] = self._serve_webhook()
+            certificate = None
+            if self.settings.webhook_cert:
+                certificate = ServingCertificate(self.settings.webhook_cert, self.settings.webhook_key,
+                                                 self.settings.cert_poll_seconds)
+                tasks["webhook-certificate"] = certificate.follow()
+            tasks["admission-webhook"] = self._serve_webhook(cluster, certificate)
         return tasks
 
-    async def _serve_webhook(self) -> None:
+    async def _follow_claims(self, cluster) -> None:
+        from tessera.translator.claimwatch import ClaimWatcher
+
+        synced = self.ctx.gate("resourceclaims-synced")
+        try:
+            await ClaimWatcher(cluster, self, self.settings.reconcile_seconds, on_synced=synced).run()
+        finally:
+            await cluster.close()
+
+    async def _serve_webhook(self, cluster, certificate: ServingCertificate | None) -> None:
         """AdmissionReview v1 over HTTPS (HTTP when no certificate is configured, for tests)."""
-        hook = None
-        if self.settings.create_templates:
+        hook = tenant_check = None
+        if cluster is not None:
             from tessera.translator.kube import TemplateWriter
 
-            hook = TemplateWriter()
-        ssl_context = None
-        if self.settings.webhook_cert:
-            ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            ssl_context.load_cert_chain(self.settings.webhook_cert, self.settings.webhook_key)
-        runner = web.AppRunner(make_app(hook), handle_signals=False, access_log=None)
+            hook = TemplateWriter(cluster.kube)
+
+            async def tenant_check(namespace: str) -> str | None:
+                tenant = claimflow.namespace_tenant(await cluster.namespace(namespace))
+                problem = claimflow.tenant_problem(namespace, tenant)
+                if problem is None and not await self._tenant_exists(tenant):
+                    problem = (f'namespace "{namespace}" names the tenant {tenant!r}, which does not exist in '
+                               f"Tessera: create it with 'tessera tenant create {tenant}' (or correct the label)")
+                return problem
+
+        ssl_context = certificate.context if certificate is not None else None
+        runner = web.AppRunner(make_app(hook, tenant_check), handle_signals=False, access_log=None)
         await runner.setup()
         try:
             site = web.TCPSite(runner, self.settings.webhook_host, self.settings.webhook_port, ssl_context=ssl_context)
@@ -119,15 +173,54 @@ class TranslatorService:
             await asyncio.Event().wait()
         finally:
             await runner.cleanup()
-            if hook is not None:
-                await hook.close()
 
     async def _tenant_exists(self, tenant: str) -> bool:
+        """Whether the tenant is in the ``tenants`` bucket; NATS errors propagate (not a 'no')."""
         try:
             await self.tenants.get(tenant)
             return True
-        except Exception:
+        except KeyNotFoundError:
             return False
+
+    async def _record(self, event: ClaimRequested) -> tuple[ClaimRequested | None, ClaimRecord | None]:
+        """Store the claim's record, create-only: (the event to publish, None) if this created it,
+        (None, the existing record) if the claim was recorded already."""
+        record = ClaimRecord(
+            claim=event.claim, tenant=event.tenant, state="requested", spec=event.spec,
+            traceparent=inject({}).get("traceparent", ""), kube=event.kube,
+        )
+        created = await self.claims.create(record)
+        if created is not None:
+            return msgspec.structs.replace(event, record_revision=created), None
+        existing, _ = await self.claims.get(event.claim)
+        return None, existing
+
+    async def _publish_requested(self, event: ClaimRequested) -> None:
+        await self.bus.publish(
+            subjects.claim(event.tenant, event.claim, "requested"), event, msg_id=f"{event.claim}:requested"
+        )
+
+    async def records(self) -> list[ClaimRecord]:
+        return await self.claims.all()
+
+    async def request_kube(self, claim: str, tenant: str, spec: ClaimSpec, ref: KubeClaimRef) -> bool:
+        """A ResourceClaim's claim: recorded and published once; False if it was recorded already."""
+        event = ClaimRequested(claim=claim, tenant=tenant, spec=spec, source="kubernetes", kube=ref)
+        claim_decoder.decode(encode(event))  # the events' own constraints, before anything is stored
+        with self.ctx.telemetry.span("translator resourceclaim", attributes={"tessera.claim": claim}):
+            fresh, _ = await self._record(event)
+            if fresh is None:
+                return False
+            await self._publish_requested(fresh)
+        return True
+
+    async def release_kube(self, claim: str, reason: str) -> bool:
+        """Release the claim of a ResourceClaim that is gone; False if there is nothing to release."""
+        record, _ = await self.claims.get(claim)
+        if record is None or record.kube is None or record.state in TERMINAL or record.release_requested:
+            return False
+        await self._release(record, reason)
+        return True
 
     def _spec_from(self, request: SubmitRequest) -> ClaimSpec:
         if request.spec is not None:
@@ -166,34 +259,27 @@ class TranslatorService:
             return api.error(message, field=path)
         except ValueError as exc:
             return api.error(str(exc), field="tenant" if "tenant" in str(exc) else "claim")
-        if not await self._tenant_exists(event.tenant):
+        try:
+            exists = await self._tenant_exists(event.tenant)
+        except Exception as exc:  # the tenants bucket unreadable: say so, not "no such tenant"
+            return api.error(f"cannot read the tenants bucket ({exc!r}); retry", code="unavailable")
+        if not exists:
             return api.error(
                 f"tenant {event.tenant!r} does not exist: create it first with"
                 f" 'tessera tenant create {event.tenant}'",
                 field="tenant",
                 code="not-found",
             )
-        record = ClaimRecord(
-            claim=event.claim, tenant=event.tenant, state="requested", spec=spec,
-            traceparent=inject({}).get("traceparent", ""),
-        )
         try:
-            created = await self.claims.create(record)
-            if created is not None:
-                event = msgspec.structs.replace(event, record_revision=created)
-            else:
-                existing, _ = await self.claims.get(event.claim)
-                if existing is not None and existing.tenant != event.tenant:
-                    return api.error(
-                        f"claim id {event.claim!r} belongs to another tenant; choose another id",
-                        field="claim",
-                        code="conflict",
-                    )
-            await self.bus.publish(
-                subjects.claim(event.tenant, event.claim, "requested"),
-                event,
-                msg_id=f"{event.claim}:requested",
-            )
+            fresh, existing = await self._record(event)
+            if existing is not None and existing.tenant != event.tenant:
+                return api.error(
+                    f"claim id {event.claim!r} belongs to another tenant; choose another id",
+                    field="claim",
+                    code="conflict",
+                )
+            # A retry republishes under the same message id: the stream drops it if the first got through.
+            await self._publish_requested(fresh or event)
         except TemporaryError as exc:
             return api.error(str(exc), code="unavailable")
         log.info("claim %s for tenant %s requested: %s", event.claim, event.tenant, spec)
@@ -217,7 +303,11 @@ class TranslatorService:
             )
         if record.state in TERMINAL:
             return api.ok({"claim": record.claim, "state": record.state})
-        marked = await self.claims.mark_release_requested(record.claim, request.reason) or record
+        await self._release(record, request.reason)
+        return api.ok({"claim": record.claim, "state": "releasing"})
+
+    async def _release(self, record: ClaimRecord, reason: str) -> None:
+        marked = await self.claims.mark_release_requested(record.claim, reason) or record
         # Addressed to the node that holds the claim, if one does by now: its enforcer releases it.
         # Before allocation it concerns no node: placement ends it, and a placement that allocates
         # it meanwhile finds the request on the record (which is marked first).
@@ -228,10 +318,9 @@ class TranslatorService:
                                      attributes={"tessera.claim": record.claim}):
             await self.bus.publish(
                 subjects.claim(record.tenant, record.claim, "release", node),
-                ClaimReleaseRequested(claim=record.claim, tenant=record.tenant, reason=request.reason),
+                ClaimReleaseRequested(claim=record.claim, tenant=record.tenant, reason=reason),
                 msg_id=f"{record.claim}:release",
             )
-        return api.ok({"claim": record.claim, "state": "releasing"})
 
 
 def configure():

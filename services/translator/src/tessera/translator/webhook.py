@@ -4,13 +4,16 @@ Pods written for HAMi keep their ``nvidia.com/*`` resources and annotations. At 
 webhook validates each GPU container with ``hami.translate`` and, instead of leaving extended
 resources for a device plugin, rewrites the pod for DRA: the ``nvidia.com/*`` entries leave the
 container, a ``spec.resourceClaims`` entry points at a ResourceClaimTemplate named after the
-container and the claim's content, the container claims it, and the translated claim is recorded
-in an annotation. Bad values are denied with the container and field named, which is the whole
-point: HAMi admits them and then drops, clamps or strands them.
+container and the claim's content, the container claims it, the pod gets the scheduling gate
+``gpu.tessera.dev/placement`` (placement lifts it once it has allocated the claim, so kube-scheduler
+never binds the pod before Tessera chose its GPUs), and the translated claim is recorded in an
+annotation for people to read. Bad values are denied with the container and field named, which is
+the whole point: HAMi admits them and then drops, clamps or strands them. A pod whose namespace
+names no tenant is denied saying which label to set.
 
-The templates themselves are created by whoever passes ``translate_hook`` (the service, which
-holds the Kubernetes client); this module only speaks HTTP and JSON, so it is tested with real
-AdmissionReview documents and no cluster.
+The templates are created, and the namespace's tenant is checked, by whoever passes
+``translate_hook`` and ``tenant_check`` (the service, which holds the Kubernetes client); this
+module only speaks HTTP and JSON, so it is tested with real AdmissionReview documents and no cluster.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import msgspec
 from aiohttp import web
 
 from tessera.shared.events import ClaimSpec
+from tessera.shared.kubeclaims import SCHEDULING_GATE
 
 from . import dra, hami
 
@@ -50,9 +54,15 @@ class ContainerClaim:
     template: dict  # the ResourceClaimTemplate document (dra.resource_claim_template)
 
 
-# Called once per admitted pod with GPU containers, before the response is sent, unless the
-# request is a dry run. Create the ResourceClaimTemplates there; an exception denies the pod.
+# Called once per admitted pod with GPU containers, with the pod's namespace (the AdmissionReview's
+# request.namespace), before the response is sent, unless the request is a dry run. Create the
+# ResourceClaimTemplates there; an exception denies the pod.
 TranslateHook = Callable[[str, list[ContainerClaim]], Awaitable[None]]
+
+# Called with the namespace of a pod that asks for GPUs, before the templates are created: None if
+# its pods may have Tessera GPUs, else the reason they may not (the denial message). An exception
+# (the API server or NATS unreachable) denies the pod as unavailable, to be retried.
+TenantCheck = Callable[[str], Awaitable[str | None]]
 
 
 Present = dict[int, dict[str, set[str]]]  # container index -> "limits"/"requests" -> HAMi names
@@ -107,6 +117,13 @@ def _patch_for(pod: dict, claims: list[ContainerClaim], present: Present) -> lis
             ops.append({"op": "add", "path": f"{base}/claims/-", "value": entry})
         else:
             ops.append({"op": "add", "path": f"{base}/claims", "value": [entry]})
+    gates = pod["spec"].get("schedulingGates") or []
+    if not any(isinstance(g, dict) and g.get("name") == SCHEDULING_GATE for g in gates):
+        gate = {"name": SCHEDULING_GATE}
+        if gates:
+            ops.append({"op": "add", "path": "/spec/schedulingGates/-", "value": gate})
+        else:
+            ops.append({"op": "add", "path": "/spec/schedulingGates", "value": [gate]})
     pod_claims = [
         {"name": c.template_name, "resourceClaimTemplateName": c.template_name} for c in claims
     ]
@@ -230,7 +247,9 @@ def _parse_review(body: bytes) -> dict:
     return request
 
 
-def make_app(translate_hook: TranslateHook | None = None) -> web.Application:
+def make_app(
+    translate_hook: TranslateHook | None = None, tenant_check: TenantCheck | None = None
+) -> web.Application:
     """The webhook as an aiohttp application: ``POST /mutate``."""
 
     async def mutate(http: web.Request) -> web.Response:
@@ -260,6 +279,7 @@ def make_app(translate_hook: TranslateHook | None = None) -> web.Application:
         if not isinstance(obj, dict):
             text = "malformed AdmissionReview: request.object must be a Pod\n"
             return web.Response(status=400, text=text)
+        # The pod's namespace is the request's: a pod being created may not carry metadata.namespace.
         namespace = request.get("namespace") or (obj.get("metadata") or {}).get("namespace") or ""
         try:
             claims, present = _translate_pod(obj, namespace)
@@ -269,17 +289,24 @@ def make_app(translate_hook: TranslateHook | None = None) -> web.Application:
             return _deny(uid, str(exc))
         if not claims:
             return _review(uid, {"allowed": True})
-        if translate_hook is not None and not request.get("dryRun"):
-            try:
-                await translate_hook(uid, claims)
-            except Exception as exc:  # the hook talks to Kubernetes; any failure denies, never 500s
-                log.exception("translate hook failed for %s", uid)
-                return _deny(
-                    uid,
-                    f"could not prepare the GPU claims ({exc.__class__.__name__}: {exc}); retry",
-                    code=503,
-                    reason="ServiceUnavailable",
-                )
+        if not namespace:
+            text = "malformed AdmissionReview: request.namespace is missing for a Pod\n"
+            return web.Response(status=400, text=text)
+        try:
+            problem = await tenant_check(namespace) if tenant_check is not None else None
+            if problem is None and translate_hook is not None and not request.get("dryRun"):
+                await translate_hook(namespace, claims)
+        except Exception as exc:  # the hooks talk to Kubernetes and NATS; a failure denies, never 500s
+            log.exception("admission of a GPU pod in %s failed (review %s)", namespace, uid)
+            return _deny(
+                uid,
+                f"could not prepare the GPU claims ({exc.__class__.__name__}: {exc}); retry",
+                code=503,
+                reason="ServiceUnavailable",
+            )
+        if problem is not None:
+            log.info("GPU pod in %s denied: %s", namespace, problem)
+            return _deny(uid, problem, code=403, reason="Forbidden")
         patch = _patch_for(obj, claims, present)
         return _review(
             uid,

@@ -1,0 +1,160 @@
+"""The translator's decisions on the Kubernetes path, pure: no client, no bus.
+
+On Kubernetes a GPU pod's claim reaches Tessera as a ResourceClaim that Kubernetes' resourceclaim
+controller makes from the webhook's template. Which tenant a namespace names, whether a
+ResourceClaim is Tessera's, which Tessera claim and pod it stands for, what it asks for, and what a
+reconciler must repair when the claims bucket and the API server disagree are decided here, so that
+the watcher (``tessera.translator.kube`` does its I/O) and the tests share one answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import msgspec
+
+from tessera.shared.claimstore import TERMINAL
+from tessera.shared.events import ClaimRecord, ClaimSpec, TenantName
+from tessera.shared.kubeclaims import DEVICE_CLASS, DRIVER, REQUEST_NAME, TENANT_LABEL, KubeClaimRef, claim_id
+
+from tessera.translator import dra
+
+
+class Unrecoverable(ValueError):
+    """A ResourceClaim of the Tessera device class that Tessera cannot turn into a claim (the reason)."""
+
+
+def namespace_tenant(namespace: Mapping | None) -> str | None:
+    """The tenant a Namespace object names: its TENANT_LABEL label, else the annotation of that key."""
+    metadata = (namespace or {}).get("metadata") or {}
+    for field in ("labels", "annotations"):
+        value = ((metadata.get(field) or {}).get(TENANT_LABEL) or "").strip()
+        if value:
+            return value
+    return None
+
+
+def tenant_problem(namespace: str, tenant: str | None) -> str | None:
+    """Why pods of ``namespace`` cannot have Tessera GPUs with this tenant, or None if they can."""
+    fix = (
+        f"set the label {TENANT_LABEL}=<tenant> on the Namespace "
+        f"(kubectl label namespace {namespace} {TENANT_LABEL}=<tenant>), or an annotation of that key"
+    )
+    if tenant is None:
+        return f'namespace "{namespace}" names no Tessera tenant: {fix}'
+    try:
+        msgspec.convert(tenant, TenantName)
+    except msgspec.ValidationError:
+        return (
+            f'namespace "{namespace}" names the tenant {tenant!r}, which is not a tenant name '
+            f"(lowercase letters, digits and '-', at most 32): {fix}"
+        )
+    return None
+
+
+def _device_requests(claim: Mapping) -> list[Mapping]:
+    devices = ((claim.get("spec") or {}).get("devices") or {})
+    return [r for r in devices.get("requests") or [] if isinstance(r, Mapping)]
+
+
+def _classes(request: Mapping) -> list[str]:
+    if isinstance(request.get("exactly"), Mapping):
+        return [request["exactly"].get("deviceClassName", "")]
+    return [s.get("deviceClassName", "") for s in request.get("firstAvailable") or [] if isinstance(s, Mapping)]
+
+
+def is_tessera_claim(claim: Mapping) -> bool:
+    """Whether any request of the ResourceClaim asks for the Tessera device class."""
+    return any(DEVICE_CLASS in _classes(r) for r in _device_requests(claim))
+
+
+def claim_ref(claim: Mapping) -> KubeClaimRef:
+    """The ResourceClaim's identity, with the pod that owns it (the resourceclaim controller's owner)."""
+    metadata = claim.get("metadata") or {}
+    owner = next(
+        (o for o in metadata.get("ownerReferences") or [] if o.get("kind") == "Pod" and o.get("apiVersion") == "v1"),
+        {},
+    )
+    return KubeClaimRef(
+        namespace=metadata.get("namespace", ""),
+        name=metadata.get("name", ""),
+        uid=metadata.get("uid", ""),
+        pod=owner.get("name", ""),
+        pod_uid=owner.get("uid", ""),
+    )
+
+
+def tessera_id(claim: Mapping) -> str:
+    return claim_id((claim.get("metadata") or {}).get("uid", ""))
+
+
+def is_deleting(claim: Mapping) -> bool:
+    return bool((claim.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def is_allocated(claim: Mapping) -> bool:
+    return bool((claim.get("status") or {}).get("allocation"))
+
+
+def recover_spec(claim: Mapping) -> ClaimSpec:
+    """The translated claim a ResourceClaim carries in its (immutable) opaque config.
+
+    The webhook's templates put the whole ClaimSpec there (``dra.parameters``); the request's count
+    must agree with it, so that what placement allocates is what the ResourceClaim asks for.
+    """
+    devices = ((claim.get("spec") or {}).get("devices") or {})
+    configs = [
+        c["opaque"] for c in devices.get("config") or []
+        if isinstance(c, Mapping) and isinstance(c.get("opaque"), Mapping) and c["opaque"].get("driver") == DRIVER
+        and REQUEST_NAME in (c.get("requests") or [REQUEST_NAME])
+    ]
+    if len(configs) != 1:
+        raise Unrecoverable(
+            f"spec.devices.config must hold exactly one opaque config of driver {DRIVER} for request "
+            f"{REQUEST_NAME!r} (kind {dra.PARAMETERS_KIND}, as the Tessera webhook's templates do); found "
+            f"{len(configs)}. Ask for GPUs with HAMi resource names on the pod instead of a hand-written claim"
+        )
+    try:
+        spec = dra.spec_from_parameters(configs[0].get("parameters"))
+    except ValueError as exc:
+        raise Unrecoverable(f"spec.devices.config[].opaque: {exc}") from None
+    request = next((r for r in _device_requests(claim) if r.get("name") == REQUEST_NAME), None)
+    if request is None:
+        raise Unrecoverable(f"spec.devices.requests has no request named {REQUEST_NAME!r}")
+    counts = (
+        [request["exactly"].get("count", 1)] if isinstance(request.get("exactly"), Mapping)
+        else [s.get("count", 1) for s in request.get("firstAvailable") or []]
+    )
+    if not counts or any(c != spec.gpus for c in counts):
+        raise Unrecoverable(
+            f"spec.devices.requests[{REQUEST_NAME!r}] asks for {counts} devices but its parameters say "
+            f"gpus={spec.gpus}"
+        )
+    return spec
+
+
+@dataclass(frozen=True)
+class Repairs:
+    """What the reconciler publishes: ``requested`` for unrecorded claims, releases for orphans."""
+
+    request: list[Mapping]
+    release: list[ClaimRecord]
+
+
+def reconcile(claims: Iterable[Mapping], records: Iterable[ClaimRecord]) -> Repairs:
+    """Compare the ResourceClaims of the Tessera device class with the ``claims`` bucket.
+
+    ``records`` must have been read *before* ``claims`` were listed: then a live record whose
+    ResourceClaim is missing from the list really lost it (its claim existed when the record was
+    written), and a claim created in between shows up as unrecorded, which a create-only record
+    write makes harmless.
+    """
+    live = {tessera_id(c): c for c in claims if not is_deleting(c)}
+    recorded = {r.claim: r for r in records}
+    request = [c for cid, c in live.items() if cid not in recorded]
+    release = [
+        r for r in recorded.values()
+        if r.kube is not None and r.state not in TERMINAL and not r.release_requested and r.claim not in live
+    ]
+    return Repairs(request=request, release=release)

@@ -1,0 +1,179 @@
+"""ResourceClaims become Tessera claims, and their end becomes a release.
+
+In Kubernetes mode a GPU pod's claim is a ResourceClaim that Kubernetes' resourceclaim controller
+makes from the webhook's template. This loop follows the ResourceClaims of the Tessera device class
+in every namespace: a new one is published as ``requested`` (claim id from its uid, tenant from its
+namespace, spec from its opaque config, the ResourceClaim and pod it stands for); one deleted, being
+deleted, or whose allocation someone else removed is released. Watches miss things (a translator
+down, a stream broken, a resourceVersion expired), so before every watch, at start and then every
+reconcile period, the claims bucket is compared with a fresh list and both sides repaired.
+
+Decisions are ``claimflow``'s, Kubernetes I/O is ``kube.Cluster``'s, and the bus is the service's
+(``ClaimSink``): this module only sequences them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from tessera.shared.events import ClaimRecord, ClaimSpec
+from tessera.shared.kubeclaims import RESOURCE_API_VERSION, KubeClaimRef
+
+from tessera.translator import claimflow
+from tessera.translator.kube import Cluster, WatchExpired
+
+log = logging.getLogger("tessera.translator.claims")
+
+# Release reasons, as they appear on the release event and the claim's record.
+DELETED = "resourceclaim-deleted"
+DEALLOCATED = "resourceclaim-deallocated"
+MISSING = "resourceclaim-missing"
+
+
+class ClaimSink(Protocol):
+    """What the service does with the claims the watcher finds (its submit and release paths)."""
+
+    async def records(self) -> list[ClaimRecord]: ...
+
+    async def request_kube(self, claim: str, tenant: str, spec: ClaimSpec, ref: KubeClaimRef) -> bool:
+        """Record and publish ``requested``; False if the claim was recorded already (nothing sent)."""
+
+    async def release_kube(self, claim: str, reason: str) -> bool:
+        """Publish the release of a live Kubernetes claim; False if there was nothing to release."""
+
+
+class ClaimWatcher:
+    def __init__(self, cluster: Cluster, sink: ClaimSink, period: float,
+                 on_synced: Callable[[], None] | None = None) -> None:
+        self.cluster = cluster
+        self.sink = sink
+        self.period = period
+        self.on_synced = on_synced
+        # Claim ids known to have a record: a MODIFIED event for one (placement writing its status)
+        # costs no namespace read and no bucket write.
+        self.recorded: set[str] = set()
+        # ResourceClaim uids last seen with status.allocation: losing it then is a deallocation.
+        self.allocated: set[str] = set()
+        # (uid, message) already reported as an Event by this process: one report, not one a period.
+        self.reported: set[tuple[str, str]] = set()
+
+    async def run(self) -> None:
+        """Forever: reconcile, then watch until the next reconcile is due (or the watch breaks)."""
+        failures = 0
+        while True:
+            try:
+                version = await self.reconcile()
+                failures = 0
+                if self.on_synced is not None:
+                    self.on_synced()
+                async with asyncio.timeout(self.period):
+                    async with contextlib.aclosing(self.cluster.watch_claims(version, self.period)) as changes:
+                        async for kind, obj in changes:
+                            await self.on_change(kind, obj)
+            except TimeoutError:
+                continue  # the period is over: reconcile again
+            except WatchExpired as exc:
+                log.info("ResourceClaim watch expired (%s): listing again", exc)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # API server or NATS away: retry, never stop the service
+                failures += 1
+                delay = min(30.0, 0.5 * 2 ** min(failures, 6))
+                log.warning("ResourceClaim sync failed (%r); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+
+    async def reconcile(self) -> str:
+        """Repair the claims bucket against a fresh list; the resourceVersion to watch from."""
+        records = await self.sink.records()  # before the list: see claimflow.reconcile
+        items, version = await self.cluster.list_claims()
+        claims = [c for c in items if claimflow.is_tessera_claim(c)]
+        repairs = claimflow.reconcile(claims, records)
+        live = {claimflow.tessera_id(c) for c in claims}
+        self.recorded = {r.claim for r in records} & live
+        self.allocated = {c["metadata"]["uid"] for c in claims if claimflow.is_allocated(c)}
+        for claim in claims:
+            if claimflow.is_deleting(claim):
+                await self.release(claim, DELETED)
+        for record in repairs.release:
+            if await self.sink.release_kube(record.claim, MISSING):
+                log.info("claim %s has no ResourceClaim any more: released", record.claim)
+        for claim in repairs.request:
+            await self.admit(claim)
+        return version
+
+    async def on_change(self, kind: str, claim: Mapping) -> None:
+        if not claimflow.is_tessera_claim(claim):
+            return
+        uid = claim["metadata"]["uid"]
+        if kind == "DELETED" or claimflow.is_deleting(claim):
+            await self.release(claim, DELETED)
+            return
+        allocated = claimflow.is_allocated(claim)
+        if uid in self.allocated and not allocated:
+            self.allocated.discard(uid)
+            await self.release(claim, DEALLOCATED)
+            await self.report(claim, "Deallocated",
+                              "the allocation of this claim was removed outside Tessera; its GPUs were "
+                              "released. Delete and recreate the pod to get GPUs again")
+            return
+        if allocated:
+            self.allocated.add(uid)
+        await self.admit(claim)
+
+    async def admit(self, claim: Mapping) -> None:
+        """Publish ``requested`` for a ResourceClaim not yet recorded, or say on it why not."""
+        try:
+            cid = claimflow.tessera_id(claim)
+        except ValueError as exc:
+            await self.report(claim, "NotATesseraClaim", str(exc))
+            return
+        if cid in self.recorded:
+            return
+        ref = claimflow.claim_ref(claim)
+        namespace = await self.cluster.namespace(ref.namespace)
+        tenant = claimflow.namespace_tenant(namespace)
+        problem = claimflow.tenant_problem(ref.namespace, tenant)
+        if problem is not None:
+            await self.report(claim, "NoTenant", problem)
+            return
+        try:
+            spec = claimflow.recover_spec(claim)
+        except claimflow.Unrecoverable as exc:
+            await self.report(claim, "InvalidClaim", f"Tessera cannot allocate this claim: {exc}")
+            return
+        assert tenant is not None
+        if await self.sink.request_kube(cid, tenant, spec, ref):
+            log.info("ResourceClaim %s/%s is claim %s of tenant %s", ref.namespace, ref.name, cid, tenant)
+        self.recorded.add(cid)
+
+    async def release(self, claim: Mapping, reason: str) -> None:
+        try:
+            cid = claimflow.tessera_id(claim)
+        except ValueError:
+            return  # never admitted
+        self.recorded.discard(cid)
+        self.allocated.discard(claim["metadata"]["uid"])
+        if await self.sink.release_kube(cid, reason):
+            ref = claimflow.claim_ref(claim)
+            log.info("ResourceClaim %s/%s gone (%s): claim %s released", ref.namespace, ref.name, reason, cid)
+
+    async def report(self, claim: Mapping, reason: str, message: str) -> None:
+        """A Warning Event on the claim and on its pod, once per process; never fatal."""
+        uid = (claim.get("metadata") or {}).get("uid", "")
+        if (uid, message) in self.reported:
+            return
+        log.warning("ResourceClaim %s/%s: %s", (claim.get("metadata") or {}).get("namespace"),
+                    (claim.get("metadata") or {}).get("name"), message)
+        ref = claimflow.claim_ref(claim)
+        # List items and watch objects need not say their kind: name it for involvedObject.
+        targets = [{**claim, "apiVersion": RESOURCE_API_VERSION, "kind": "ResourceClaim"}]
+        if ref.pod:
+            targets.append({"apiVersion": "v1", "kind": "Pod",
+                            "metadata": {"name": ref.pod, "namespace": ref.namespace, "uid": ref.pod_uid}})
+        for target in targets:
+            await self.cluster.event(target, reason, message)
+        self.reported.add((uid, message))
