@@ -10,11 +10,20 @@ does with the objects Tessera reads and writes, through the emulator's strict ch
   allocation; otherwise reserves each claim for the pod (``status.reservedFor``) and binds the pod
   (``pods/binding``) to the node the allocations' node selectors name.
 - `Kubelet.start(pod)`: a bound pod whose claims are reserved for it becomes Running.
+- `admit(pod, ...)`: the API server's mutating-admission step, for as long as the emulator does not
+  call webhooks itself: a real AdmissionReview sent to the translator's webhook over TLS, and its
+  JSONPatch applied to the pod.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import secrets
+import uuid
+
+import kube_patches
+from webhook_tls import Authority, post_review, served_serial
 
 from tessera.shared.kubeapi import KubeApi, object_path
 from tessera.shared.kubeclaims import RESOURCE_API_VERSION
@@ -159,3 +168,30 @@ class Kubelet:
                   + [{"type": "Ready", "status": "True"}, {"type": "ContainersReady", "status": "True"}]}
         return await self.apiserver.patch("v1", "pods", meta["name"], {"status": status}, meta["namespace"],
                                           kind="merge", subresource="status")
+
+
+class Denied(Exception):
+    """The webhook refused the pod; the message is what ``kubectl apply`` would print."""
+
+
+async def admit(pod: dict, port: int, authority: Authority) -> dict:
+    """The pod as the mutating webhook at ``port`` leaves it (verified TLS, AdmissionReview v1)."""
+    uid = str(uuid.uuid4())
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+              "request": {"uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                          "resource": {"group": "", "version": "v1", "resource": "pods"},
+                          "namespace": pod["metadata"]["namespace"], "operation": "CREATE", "object": pod,
+                          "userInfo": {"username": "alice"}}}
+    _, reader, writer = await served_serial(port, authority)
+    try:
+        answer = (await post_review(reader, writer, review))["response"]
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    assert answer["uid"] == uid
+    if not answer["allowed"]:
+        raise Denied((answer.get("status") or {}).get("message", "denied"))
+    if not answer.get("patch"):
+        return pod
+    assert answer["patchType"] == "JSONPatch"
+    return kube_patches.json_patch(pod, json.loads(base64.b64decode(answer["patch"])))

@@ -1,0 +1,107 @@
+"""One GPU pod's life on Kubernetes, through every real service: admitted by the translator's webhook
+over TLS, its claim requested by the translator, allocated by placement (status written, gate
+lifted), bound by the scheduler to the allocated node, and after the pod is deleted its claim gone
+and the ledger and the tenant's quota back to empty.
+
+The services run as processes (control-plane manager, capacity publisher on tests/profiles/tiny.yaml,
+translator with its webhook, placement, an enforcer per node) against a real nats-server and the
+API-server emulator, which validates every object written. The test plays what no emulator runs:
+the API server's call to the webhook, the resourceclaim controller, kube-scheduler and the kubelet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tessera.shared.events import GpuQuota
+from tessera.shared.kubeclaims import SCHEDULING_GATE, claim_id
+from tessera.shared.natsserver import free_port
+
+from tessera.cli.client import Client
+from tessera.placement.claimstatus import allocation, same_allocation
+
+from kubeparts import Kubelet, Refused, ResourceClaimController, Scheduler, admit, claims_of, gpu_pod
+from kubeparts import allocated_node, namespace, node
+from kubetessera import create_tenant, eventually, ledgers, quota_in_use, start_services
+from webhook_tls import Authority, project_secret
+
+RC = "resource.k8s.io/v1"
+
+
+@pytest.fixture
+async def tessera(apiserver, nats_url, tmp_path):
+    """The whole of Tessera in Kubernetes mode; yields (client, webhook port, CA)."""
+    authority = Authority()
+    cert, key, _ = authority.issue()
+    secret = tmp_path / "webhook-tls"
+    project_secret(secret, {"tls.crt": cert, "tls.key": key, "ca.crt": authority.pem})
+    port = free_port()
+    for name in ("gpu-0", "gpu-1"):
+        await apiserver.create(node(name))
+    cluster = await start_services(
+        tmp_path / "tessera", nats_url, apiserver.url,
+        services=("controlplane", "capacity", "translator", "placement"),
+        env={"TESSERA_WEBHOOK_PORT": str(port), "TESSERA_WEBHOOK_HOST": "127.0.0.1",
+             "TESSERA_WEBHOOK_CERT": str(secret / "tls.crt"), "TESSERA_WEBHOOK_KEY": str(secret / "tls.key")})
+    client = await Client.connect(nats_url)
+    try:
+        yield client, port, authority
+    finally:
+        await client.close()
+        await asyncio.to_thread(cluster.stop)
+
+
+async def test_a_gpu_pod_from_creation_to_deletion(tessera, apiserver, kube):
+    client, port, authority = tessera
+    await create_tenant(client, "alpha", GpuQuota(gpus=2))
+    await apiserver.create(namespace("team-a", "alpha"))
+
+    # kubectl apply: the API server sends the pod to the webhook and stores what comes back.
+    pod = await admit(gpu_pod("train", "team-a", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 20000,
+                                                  "nvidia.com/gpucores": 30}), port, authority)
+    pod = await apiserver.create(pod)
+    assert [g["name"] for g in pod["spec"]["schedulingGates"]] == [SCHEDULING_GATE]
+    [entry] = pod["spec"]["resourceClaims"]
+    assert apiserver.object(RC, "resourceclaimtemplates", entry["resourceClaimTemplateName"], "team-a")
+    with pytest.raises(Refused, match="gated"):
+        await Scheduler(apiserver, kube).bind(pod)
+
+    # The resourceclaim controller makes the claim; the translator requests it; placement allocates.
+    [claim] = await ResourceClaimController(apiserver).claims_for(pod)
+    cid = claim_id(claim["metadata"]["uid"])
+    record = await client.wait_for(cid, {"allocated", "prepared", "running"}, timeout=30)
+    assert record.kube is not None and record.kube.pod == "train" and record.tenant == "alpha"
+
+    def written():
+        current = apiserver.object(RC, "resourceclaims", claim["metadata"]["name"], "team-a")
+        return ((current or {}).get("status") or {}).get("allocation")
+
+    assert await eventually(written), "no allocation written"
+    entry_in_ledger = (await ledgers(client))[record.node].entries[cid]
+    assert same_allocation(written(), allocation(cid, record.node, entry_in_ledger.shares))
+
+    def ungated():
+        return not apiserver.object("v1", "pods", "train", "team-a")["spec"].get("schedulingGates")
+
+    assert await eventually(ungated), "the gate was not lifted"
+    bound_to = await Scheduler(apiserver, kube).bind(pod)
+    assert bound_to == record.node == allocated_node(claims_of(apiserver, apiserver.object("v1", "pods", "train",
+                                                                                            "team-a"))[0])
+    running = await Kubelet(apiserver).start(pod)
+    assert running["status"]["phase"] == "Running" and running["spec"]["nodeName"] == record.node
+    assert set((await quota_in_use(client, "alpha")).claims) == {cid}
+
+    # kubectl delete pod: the garbage collector deletes its claim; everything is given back.
+    await apiserver.delete("v1", "pods", "train", "team-a")
+    assert apiserver.object(RC, "resourceclaims", claim["metadata"]["name"], "team-a") is None
+    released = await client.wait_for(cid, {"released"}, timeout=30)
+    assert released.state == "released"
+
+    async def empty():
+        return all(not lg.entries for lg in (await ledgers(client)).values()) \
+            and not (await quota_in_use(client, "alpha")).claims
+
+    assert await eventually(empty), (await ledgers(client), await quota_in_use(client, "alpha"))
+
