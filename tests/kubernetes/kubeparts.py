@@ -23,6 +23,7 @@ import secrets
 import uuid
 
 import kube_patches
+from kube_objects import binding
 from webhook_tls import Authority, post_review, served_serial
 
 from tessera.shared.kubeapi import KubeApi, object_path
@@ -39,11 +40,6 @@ def node(name: str) -> dict:
     """A Node as a kubelet registers it."""
     return {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}
-
-
-def namespace(name: str, tenant: str | None) -> dict:
-    labels = {"tessera.io/tenant": tenant} if tenant else {}
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
 
 
 def gpu_pod(name: str, ns: str, resources: dict[str, int | str], annotations: dict[str, str] | None = None) -> dict:
@@ -144,9 +140,8 @@ class Scheduler:
         if not nodes:
             raise Refused(f"pod {meta['name']} has no claims: not a Tessera pod")
         target = nodes.pop()
-        binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": meta["name"]},
-                   "target": {"apiVersion": "v1", "kind": "Node", "name": target}}
-        await self.kube.call("POST", object_path("v1", "pods", meta["name"], meta["namespace"]) + "/binding", binding)
+        await self.kube.create(object_path("v1", "pods", meta["name"], meta["namespace"]) + "/binding",
+                               binding(meta["name"], target))
         return target
 
 

@@ -16,14 +16,15 @@ import asyncio
 import pytest
 
 from tessera.shared.events import GpuQuota
-from tessera.shared.kubeclaims import SCHEDULING_GATE, claim_id
+from tessera.shared.kubeclaims import SCHEDULING_GATE, TENANT_LABEL, claim_id
 from tessera.shared.natsserver import free_port
 
 from tessera.cli.client import Client
 from tessera.placement.claimstatus import allocation, same_allocation
 
-from kubeparts import Kubelet, Refused, ResourceClaimController, Scheduler, admit, claims_of, gpu_pod
-from kubeparts import allocated_node, namespace, node
+from kube_objects import namespace
+from kubeparts import Kubelet, Refused, ResourceClaimController, Scheduler, admit, allocated_node, claims_of, gpu_pod
+from kubeparts import node
 from kubetessera import create_tenant, eventually, ledgers, quota_in_use, start_services
 from webhook_tls import Authority, project_secret
 
@@ -56,7 +57,7 @@ async def tessera(apiserver, nats_url, tmp_path):
 async def test_a_gpu_pod_from_creation_to_deletion(tessera, apiserver, kube):
     client, port, authority = tessera
     await create_tenant(client, "alpha", GpuQuota(gpus=2))
-    await apiserver.create(namespace("team-a", "alpha"))
+    await apiserver.create(namespace("team-a", {TENANT_LABEL: "alpha"}))
 
     # kubectl apply: the API server sends the pod to the webhook and stores what comes back.
     pod = await admit(gpu_pod("train", "team-a", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 20000,

@@ -16,14 +16,15 @@ import asyncio
 import pytest
 
 from tessera.shared.events import ClaimSpec, GpuQuota
-from tessera.shared.kubeclaims import DRIVER, SCHEDULING_GATE, claim_id
+from tessera.shared.kubeclaims import DRIVER, SCHEDULING_GATE, TENANT_LABEL, claim_id
 from tessera.shared.ledger import device_totals
 
 from tessera.cli.client import Client
 from tessera.placement.claimstatus import allocation, same_allocation
 from tessera.translator.dra import resource_claim_template
 
-from kubeparts import Kubelet, Refused, ResourceClaimController, Scheduler, claims_of, namespace, node
+from kube_objects import namespace
+from kubeparts import Kubelet, Refused, ResourceClaimController, Scheduler, claims_of, node
 from kubetessera import eventually, ledgers, quota_in_use, request_claim, start_services, create_tenant
 
 RC = "resource.k8s.io/v1"
@@ -36,7 +37,7 @@ async def world(apiserver, kube, nats_url, tmp_path):
     """Nodes and a tenant's namespace in the cluster, the services running, a client on the bus."""
     for name in ("gpu-0", "gpu-1"):
         await apiserver.create(node(name))
-    await apiserver.create(namespace("team-a", "alpha"))
+    await apiserver.create(namespace("team-a", {TENANT_LABEL: "alpha"}))
     started = []
 
     async def start(**kwargs):

@@ -4,11 +4,11 @@ What placement decided in the ledger has to reach the cluster: the ResourceClaim
 ``status.allocation`` (an update with the claim's resourceVersion, so a concurrent writer is a 409,
 not a lost write), the pod's scheduling gate lifted (only ours), Events on the pod that
 ``kubectl describe pod`` shows, and a pod condition of Tessera's own saying whether the pod's GPUs
-are placed. Every call goes through `tessera.shared.kubeapi`, has a time limit (an API server that
-accepts a connection and never answers must not hold a worker forever), and its failure is
-classified by what the caller should do next: `ClaimGone` and `PermanentError` (give the
-allocation back), `ConflictError` (re-read, try again now), `TemporaryError` (the API server is
-unreachable or overloaded: back off, try again).
+are placed. Every call goes through `tessera.shared.kubeapi`, whose errors say what to do next —
+a `PermanentError` (here also `ClaimGone`: give the allocation back), a `ConflictError` (re-read,
+try again now), a `TemporaryError` (unreachable or overloaded: back off, try again) — and has a time
+limit, past which it counts as unreachable: an API server that accepts a connection and never
+answers must not hold a worker forever.
 """
 
 from __future__ import annotations
@@ -17,38 +17,17 @@ import asyncio
 import logging
 from datetime import datetime, timezone
 
-from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
-from tessera.shared.kubeapi import ApiException, KubeApi, object_path
+from tessera.shared.errors import ConflictError, PermanentError
+from tessera.shared.kubeapi import AlreadyExists, Invalid, KubeApi, NotFound, Unavailable, object_path
 from tessera.shared.kubeclaims import RESOURCE_API_VERSION, SCHEDULING_GATE, KubeClaimRef
 
 from tessera.placement.podreport import condition_patch, event
 
 log = logging.getLogger("tessera.placement.kube")
 
-JSON_PATCH = "application/json-patch+json"
-MERGE_PATCH = "application/merge-patch+json"
-
 
 class ClaimGone(PermanentError):
     """The ResourceClaim no longer exists (or a new one of the same name does): nothing to write."""
-
-
-def _classify(exc: BaseException, what: str) -> Exception | None:
-    """The classified error for a failed call, or None for an error that is not the API's."""
-    if isinstance(exc, ApiException):
-        if exc.status == 409:
-            return ConflictError(f"{what}: changed since read (409)")
-        if exc.status in (400, 422):
-            return PermanentError(f"{what}: the API server refused it ({exc.status}): {_body(exc)}")
-        return TemporaryError(f"{what}: API server answered {exc.status} {exc.reason or ''}".rstrip())
-    if isinstance(exc, (OSError, asyncio.TimeoutError, TimeoutError)) or type(exc).__module__.startswith("aiohttp"):
-        return TemporaryError(f"{what}: API server unreachable ({type(exc).__name__}: {exc})")
-    return None
-
-
-def _body(exc: ApiException) -> str:
-    text = exc.body.decode("utf-8", "replace") if isinstance(exc.body, bytes) else str(exc.body or "")
-    return text[:400]
 
 
 def _now() -> str:
@@ -61,28 +40,26 @@ class KubeWriter:
         self.timeout = timeout
         self.instance = instance or "tessera-placement"
 
-    async def _call(self, what: str, method: str, path: str, body=None, content_type: str = "application/json"):
+    async def _bounded(self, what: str, call):
+        """``call`` (a coroutine of the seam) within the time limit; the seam classifies its errors,
+        a call past the limit counts as the API server unreachable."""
         try:
             async with asyncio.timeout(self.timeout):
-                return await self.api.call(method, path, body, content_type=content_type)
-        except Exception as exc:
-            if isinstance(exc, ApiException) and exc.status == 404:
-                return None
-            classified = _classify(exc, what)
-            if classified is None:
-                raise
-            raise classified from exc
+                return await call
+        except TimeoutError:
+            raise Unavailable(0, f"{what}: no answer from the API server within {self.timeout:g}s",
+                              "Timeout") from None
 
     # --- the ResourceClaim -----------------------------------------------------------------
 
     @staticmethod
-    def claim_path(ref: KubeClaimRef, status: bool = False) -> str:
-        path = object_path(RESOURCE_API_VERSION, "resourceclaims", ref.name, ref.namespace)
-        return path + "/status" if status else path
+    def claim_path(ref: KubeClaimRef) -> str:
+        return object_path(RESOURCE_API_VERSION, "resourceclaims", ref.name, ref.namespace)
 
     async def read_claim(self, ref: KubeClaimRef) -> dict:
         """The claim as it is now; `ClaimGone` if it was deleted or replaced by a namesake."""
-        claim = await self._call(f"read ResourceClaim {ref.namespace}/{ref.name}", "GET", self.claim_path(ref))
+        claim = await self._bounded(f"read ResourceClaim {ref.namespace}/{ref.name}",
+                                    self.api.get(self.claim_path(ref)))
         if claim is None or (claim.get("metadata") or {}).get("uid") != ref.uid:
             raise ClaimGone(f"ResourceClaim {ref.namespace}/{ref.name} (uid {ref.uid}) no longer exists")
         if (claim.get("metadata") or {}).get("deletionTimestamp"):
@@ -98,20 +75,21 @@ class KubeWriter:
         else:
             status["allocation"] = allocation
         body = {**claim, "status": status}
-        written = await self._call(f"write status of ResourceClaim {ref.namespace}/{ref.name}", "PUT",
-                                   self.claim_path(ref, status=True), body)
-        if written is None:
-            raise ClaimGone(f"ResourceClaim {ref.namespace}/{ref.name} was deleted before its status was written")
-        return written
+        try:
+            return await self._bounded(f"write status of ResourceClaim {ref.namespace}/{ref.name}",
+                                       self.api.replace_status(self.claim_path(ref), body))
+        except NotFound:
+            raise ClaimGone(f"ResourceClaim {ref.namespace}/{ref.name} was deleted before its status was "
+                            "written") from None
 
     # --- the pod ---------------------------------------------------------------------------
 
-    def _pod_path(self, ref: KubeClaimRef, status: bool = False) -> str:
-        return object_path("v1", "pods", ref.pod, ref.namespace) + ("/status" if status else "")
+    def _pod_path(self, ref: KubeClaimRef) -> str:
+        return object_path("v1", "pods", ref.pod, ref.namespace)
 
     async def read_pod(self, ref: KubeClaimRef) -> dict | None:
         """The claim's pod, or None if it is gone (or a new pod of the same name stands there)."""
-        pod = await self._call(f"read pod {ref.namespace}/{ref.pod}", "GET", self._pod_path(ref))
+        pod = await self._bounded(f"read pod {ref.namespace}/{ref.pod}", self.api.get(self._pod_path(ref)))
         if pod is None or (ref.pod_uid and (pod.get("metadata") or {}).get("uid") != ref.pod_uid):
             return None
         return pod
@@ -130,8 +108,7 @@ class KubeWriter:
         patch = [{"op": "test", "path": "/metadata/resourceVersion", "value": pod["metadata"]["resourceVersion"]},
                  {"op": "replace", "path": "/spec/schedulingGates", "value": rest} if rest
                  else {"op": "remove", "path": "/spec/schedulingGates"}]
-        done = await self._patch_pod(ref, patch, status=False, what="lift the scheduling gate of")
-        return done is not None
+        return await self._patch_pod(ref, patch, status=False, what="lift the scheduling gate of")
 
     async def set_condition(self, ref: KubeClaimRef, placed: bool, reason: str, message: str) -> None:
         """Set Tessera's pod condition (see `tessera.placement.podreport`), keeping every other one."""
@@ -142,27 +119,31 @@ class KubeWriter:
         if patch:
             await self._patch_pod(ref, patch, status=True, what="set the placement condition of")
 
-    async def _patch_pod(self, ref: KubeClaimRef, patch: list, *, status: bool, what: str):
+    async def _patch_pod(self, ref: KubeClaimRef, patch: list, *, status: bool, what: str) -> bool:
+        """Apply a JSON patch that tests the pod's resourceVersion: False if the pod is gone."""
+        path = self._pod_path(ref)
+        call = self.api.patch_status(path, patch, "json") if status else self.api.patch(path, patch, "json")
         try:
-            return await self._call(f"{what} pod {ref.namespace}/{ref.pod}", "PATCH", self._pod_path(ref, status),
-                                    patch, content_type=JSON_PATCH)
-        except PermanentError as exc:  # a failed "test" op: the pod moved since it was read
-            raise ConflictError(str(exc)) from exc
+            await self._bounded(f"{what} pod {ref.namespace}/{ref.pod}", call)
+        except NotFound:
+            return False
+        except Invalid as exc:  # the "test" operation failed: the pod moved since it was read
+            raise ConflictError(f"{what} pod {ref.namespace}/{ref.pod}: {exc}") from exc
+        return True
 
     # --- Events ----------------------------------------------------------------------------
 
     async def report(self, ref: KubeClaimRef, *, reason: str, message: str, warning: bool) -> None:
         """An Event on the claim's pod (on the claim itself when it has no pod). The same reason
-        and message again raise the count of the one Event rather than adding another."""
+        and message again update that one Event's time rather than adding another."""
         now = _now()
         doc = event(ref, reason=reason, message=message, warning=warning, now=now, instance=self.instance)
-        events = object_path("v1", "events", namespace=ref.namespace)
+        what = f"report {reason} on {ref.namespace}/{ref.pod or ref.name}"
         try:
-            await self._call(f"report {reason} on {ref.namespace}/{ref.pod or ref.name}", "POST", events, doc)
-        except ConflictError:  # the Event exists (its name is the dedup key): say it again
-            await self._call(f"report {reason} again", "PATCH", object_path("v1", "events", doc["metadata"]["name"],
-                                                                            ref.namespace),
-                             {"lastTimestamp": now, "message": doc["message"]}, content_type=MERGE_PATCH)
+            await self._bounded(what, self.api.create(object_path("v1", "events", namespace=ref.namespace), doc))
+        except AlreadyExists:  # the Event exists (its name is the dedup key): say it again
+            path = object_path("v1", "events", doc["metadata"]["name"], ref.namespace)
+            await self._bounded(what, self.api.patch(path, {"lastTimestamp": now, "message": doc["message"]}))
 
     async def close(self) -> None:
         await self.api.close()
