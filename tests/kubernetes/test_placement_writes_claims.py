@@ -101,9 +101,11 @@ async def test_the_allocation_is_written_only_our_gate_is_lifted_and_the_pod_bin
     await create_tenant(client, "alpha", GpuQuota(gpus=4))
     spec = ClaimSpec(gpus=2, memory_mib=20000, cores=30)
     pod, claim = await gated_pod(apiserver, "train", spec, other_gate=True)
+    conflicts = apiserver.fail("PUT", r"/resourceclaims/[^/]+/status$", 409, times=2)  # as if written meanwhile
     cid = await request_claim(client, "alpha", claim, pod, spec)
 
     assert await eventually(lambda: allocation_of(apiserver, claim)), "placement wrote no allocation"
+    assert conflicts.hits == 2  # each 409 was re-read and retried
     record = await client.wait_for(cid, {"allocated", "prepared", "running"})
     entry = (await ledgers(client))[record.node].entries[cid]
     written = allocation_of(apiserver, claim)
