@@ -14,7 +14,7 @@ from tessera.shared.kubeclaims import SCHEDULING_GATE, claim_id
 
 from tessera.placement.claimstatus import allocation
 from tessera.placement.kube import KubeWriter
-from tessera.placement.kubesync import Allocated, ClaimStatusSync
+from tessera.placement.kubesync import Allocated, ClaimStatusSync, Unschedulable
 from tessera.translator.dra import resource_claim_template
 
 from kube_objects import namespace, pod as kube_pod
@@ -106,3 +106,15 @@ async def test_a_gate_that_cannot_be_lifted_takes_the_allocation_out_again(apise
     current = apiserver.object(RC, "resourceclaims", claim["metadata"]["name"], "team-a")
     assert not (current.get("status") or {}).get("allocation")  # withdrawn: the claim shows nothing
     assert len(status_writes(apiserver)) == 2  # written, then taken out
+
+
+async def test_a_newer_job_of_a_claim_replaces_the_one_still_queued(apiserver, sync):
+    worker, given_back = sync
+    pod, claim = await made_claim(apiserver)
+    ref = kube_ref(claim, pod)
+    worker.submit(Unschedulable(claim=job(pod, claim).claim, kube=ref, reason="tenant quota exceeded: gpus 2 > 1 GPUs"))
+    worker.submit(job(pod, claim))  # decided again before the first job ran: only this one is carried out
+    events = await eventually(lambda: apiserver.objects("v1", "events", "team-a"))
+    assert await eventually(lambda: worker.counts["reported"] == 1)
+    assert [e["reason"] for e in apiserver.objects("v1", "events", "team-a")] == ["Allocated"], events
+    assert given_back == []

@@ -70,7 +70,7 @@ class ClaimStatusSync:
         self.max_backoff = max_backoff
         self.queue: asyncio.Queue[str] = asyncio.Queue()
         self.latest: dict[str, Job] = {}  # claim -> its job not yet started
-        self.locks: dict[str, asyncio.Lock] = {}
+        self.locks: dict[str, tuple[asyncio.Lock, int]] = {}  # claim -> its lock, workers holding or awaiting it
         self.counts = {"written": 0, "given_back": 0, "reported": 0}
 
     def submit(self, job: Job) -> None:
@@ -90,15 +90,19 @@ class ClaimStatusSync:
             job = self.latest.pop(claim, None)
             if job is None:
                 continue
-            lock = self.locks.setdefault(claim, asyncio.Lock())
+            lock, users = self.locks.get(claim, (asyncio.Lock(), 0))
+            self.locks[claim] = (lock, users + 1)
             try:
                 async with lock:
                     await (self._allocated(job) if isinstance(job, Allocated) else self._unschedulable(job))
             except Exception as exc:  # one claim's trouble must not stop the worker
                 log.warning("Kubernetes update for %s failed: %r", claim, exc)
             finally:
-                if not lock.locked() and claim not in self.latest:
-                    self.locks.pop(claim, None)
+                lock, users = self.locks[claim]
+                if users == 1:
+                    del self.locks[claim]
+                else:
+                    self.locks[claim] = (lock, users - 1)
 
     async def _retrying(self, seconds: float, step: Callable[[], Awaitable]):
         """Run ``step`` until it succeeds: now again after a conflict (a bounded number of times),
