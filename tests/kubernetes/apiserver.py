@@ -35,6 +35,7 @@ from aiohttp import web
 
 import kube_patches
 import kube_schemas
+from kube_admission import MutatingAdmission, Refused, compile_errors
 from kube_selectors import SelectorError, field_selector, label_selector
 
 NOT_MODELLED = """
@@ -48,6 +49,7 @@ NOT_MODELLED = """
 - pod lifecycle (no kubelet: phase stays Pending unless a test writes status), graceful deletion
 - controllers other than the garbage collector and the namespace finalizer
 - ValidatingAdmissionPolicy and validating webhooks; CEL x-kubernetes-validations of CRDs
+- mutating webhooks: no reinvocation, no calls for DELETE/CONNECT/pods/binding (see kube_admission)
 """
 
 CORE_FIELDS = frozenset({"metadata.name", "metadata.namespace"})
@@ -136,7 +138,12 @@ REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFo
            409: "Conflict", 410: "Expired", 415: "UnsupportedMediaType", 422: "Invalid",
            429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # apimachinery's generateName alphabet
+TRUE = ("1", "t", "T", "true", "TRUE", "True")  # what Go's strconv.ParseBool reads as true
 POD_MUTABLE = ("activeDeadlineSeconds", "terminationGracePeriodSeconds", "tolerations", "schedulingGates")
+
+
+class _Raced(Exception):
+    """The object changed while a write to it waited for admission."""
 
 
 class ApiError(Exception):
@@ -238,7 +245,7 @@ class ApiServer:
         self._applied: dict[tuple[str, str], dict] = {}  # (uid, field manager) -> last applied config
         self._port = 0
         self._runner: web.AppRunner | None = None
-        self._admission = None  # the admission chain (set by kube_admission), run on create and update
+        self.admission = MutatingAdmission()  # the stored MutatingWebhookConfigurations, run on each write
         for ns in SYSTEM_NAMESPACES:
             self._create_now(self._res("v1", "namespaces"), "", {"apiVersion": "v1", "kind": "Namespace",
                                                                  "metadata": {"name": ns}})
@@ -292,6 +299,11 @@ class ApiServer:
                 headers = {"Retry-After": "1"} if fault.status == 429 else None
                 return web.json_response(error.status(), status=fault.status, headers=headers)
         return await handler(request)
+
+    def route_service(self, namespace: str, name: str, port: int, url: str) -> None:
+        """Make webhook ``clientConfig.service`` {namespace, name, port} reach ``url`` (https://host:port);
+        the TLS server name checked is still ``<name>.<namespace>.svc``, as in a cluster."""
+        self.admission.route_service(namespace, name, port, url)
 
     # ---- direct access for the parts the tests play ---------------------------------------------
 
@@ -412,11 +424,12 @@ class ApiServer:
 
     def _create_now(self, res: Resource, ns: str, obj: dict) -> dict:
         """Create without admission (system objects made at start)."""
-        obj = self._prepare_create(res, ns, obj)
+        obj = self._assign_identity(res, self._normalize_create(res, ns, obj))
         self._validate(res, obj, None)
         return self._commit(res, ns, obj, None, "ADDED")
 
-    def _prepare_create(self, res: Resource, ns: str, obj: dict) -> dict:
+    def _normalize_create(self, res: Resource, ns: str, obj: dict) -> dict:
+        """The object as admission sees it: kind and namespace checked, server-owned fields gone."""
         if not isinstance(obj, dict):
             raise ApiError(400, "the body of the request was not a JSON object")
         obj.setdefault("apiVersion", res.api_version)
@@ -434,20 +447,26 @@ class ApiServer:
             meta["namespace"] = ns
         else:
             meta.pop("namespace", None)
-        if not meta.get("name"):
-            if meta.get("generateName"):
-                meta["name"] = meta["generateName"] + "".join(random.choice(_NAME_CHARS) for _ in range(5))
-            else:
-                raise invalid(res, "", [("metadata.name", "Required value: name or generateName is required")])
+        if not meta.get("name") and not meta.get("generateName"):
+            raise invalid(res, "", [("metadata.name", "Required value: name or generateName is required")])
         for server_owned in ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "generation",
                              "deletionGracePeriodSeconds", "managedFields", "selfLink"):
             meta.pop(server_owned, None)
+        if res.status:
+            obj.pop("status", None)
+        if res.kind == "Namespace":  # the label every namespace carries, for namespaceSelectors
+            meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
+        return obj
+
+    def _assign_identity(self, res: Resource, obj: dict) -> dict:
+        """What the registry fills in after admission: name from generateName, uid, times, status."""
+        meta = obj["metadata"]
+        if not meta.get("name"):
+            meta["name"] = meta["generateName"] + "".join(random.choice(_NAME_CHARS) for _ in range(5))
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now()
         if res.kind not in NO_GENERATION:
             meta["generation"] = 1
-        if res.status:
-            obj.pop("status", None)
         if res.kind == "Pod":
             obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
         elif res.kind == "Namespace":
@@ -483,15 +502,15 @@ class ApiServer:
             raise ApiError(403, f"{res.kind.lower()}s \"{namespace['metadata']['name']}\" is forbidden: unable to "
                                 f"create new content in namespace {ns} because it is being terminated")
 
-    async def _create(self, res: Resource, ns: str, obj: dict, method: str, path: str,
-                      manager: str | None = None) -> dict:
-        obj = self._prepare_create(res, ns, obj)
+    async def _create(self, res: Resource, ns: str, obj: dict, method: str, path: str) -> dict:
+        obj = self._normalize_create(res, ns, obj)
         self._check_namespace(res, ns)
+        obj = await self._admit("CREATE", res, ns, obj, None, "")
+        obj = self._assign_identity(res, obj)
         if (*res.key, ns, obj["metadata"]["name"]) in self._store:
             name = obj["metadata"]["name"]
             raise ApiError(409, f'{res.qualified} "{name}" already exists', "AlreadyExists",
                            {"name": name, "group": res.group, "kind": res.plural})
-        obj = await self._admit("CREATE", res, obj, None)
         self._validate(res, obj, None)
         stored = self._commit(res, ns, obj, None, "ADDED")
         self.writes.append(Write(method, path, copy.deepcopy(stored)))
@@ -549,17 +568,40 @@ class ApiServer:
         if wanted not in (None, "") and str(wanted) != old["metadata"]["resourceVersion"]:
             raise conflict(res, old["metadata"]["name"])
 
+    async def _retrying(self, res: Resource, name: str, attempt):
+        """Run a read-modify-write again when another write landed while admission ran (the real
+        server's GuaranteedUpdate does the same); a precondition then fails as a Conflict."""
+        for _ in range(8):
+            try:
+                return await attempt()
+            except _Raced:
+                continue
+        raise conflict(res, name)
+
     async def _update(self, res: Resource, ns: str, name: str, body: dict, subresource: str, method: str,
                       path: str) -> dict:
+        return await self._retrying(res, name, lambda: self._update_once(res, ns, name, copy.deepcopy(body),
+                                                                         subresource, method, path))
+
+    async def _update_once(self, res: Resource, ns: str, name: str, body: dict, subresource: str, method: str,
+                           path: str) -> dict:
         old = self._current(res, ns, name)
         if not isinstance(body, dict):
             raise ApiError(400, "the body of the request was not a JSON object")
-        self._check_rv(res, old, (body.get("metadata") or {}).get("resourceVersion"))
-        return await self._write_update(res, ns, old, self._merge_update(res, old, body, subresource), method, path)
+        wanted = (body.get("metadata") or {}).get("resourceVersion")
+        if res.custom is not None and not wanted:  # custom resources allow no unconditional update
+            raise invalid(res, name, [("metadata.resourceVersion",
+                                       "Invalid value: 0x0: must be specified for an update")])
+        self._check_rv(res, old, wanted)
+        return await self._write_update(res, ns, old, self._merge_update(res, old, body, subresource), method, path,
+                                        subresource)
 
-    async def _write_update(self, res: Resource, ns: str, old: dict, new: dict, method: str, path: str) -> dict:
+    async def _write_update(self, res: Resource, ns: str, old: dict, new: dict, method: str, path: str,
+                            subresource: str) -> dict:
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         self._default(res, new)
+        if res.kind == "Namespace":
+            new["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = new["metadata"]["name"]
         if old["metadata"].get("deletionTimestamp"):
             added = set(new["metadata"].get("finalizers") or []) - set(old["metadata"].get("finalizers") or [])
             if added:
@@ -567,7 +609,9 @@ class ApiServer:
                     "metadata.finalizers", f"Forbidden: no new finalizers can be added if the object is being "
                                            f"deleted, found new finalizers {sorted(added)}")])
         if new != old:
-            new = await self._admit("UPDATE", res, new, old)
+            new = await self._admit("UPDATE", res, ns, new, old, subresource)
+            if self._store.get((*res.key, ns, old["metadata"]["name"])) is not old:
+                raise _Raced()
         self._validate(res, new, old)
         if new == old:  # a no-op write changes nothing, not even the resourceVersion
             self.writes.append(Write(method, path, copy.deepcopy(old)))
@@ -583,6 +627,11 @@ class ApiServer:
 
     async def _patch(self, res: Resource, ns: str, name: str, raw: bytes, content_type: str, subresource: str,
                      query, path: str) -> tuple[int, dict]:
+        return await self._retrying(res, name, lambda: self._patch_once(res, ns, name, raw, content_type,
+                                                                        subresource, query, path))
+
+    async def _patch_once(self, res: Resource, ns: str, name: str, raw: bytes, content_type: str,
+                          subresource: str, query, path: str) -> tuple[int, dict]:
         media = content_type.split(";")[0].strip()
         if media == "application/apply-patch+yaml":
             return await self._apply(res, ns, name, raw, subresource, query, path)
@@ -590,6 +639,9 @@ class ApiServer:
             patch = json.loads(raw or b"null")
         except ValueError as exc:
             raise ApiError(400, f"error decoding patch: {exc}") from None
+        if media == "application/strategic-merge-patch+json" and res.custom is not None:
+            raise ApiError(415, f"strategic merge patch is not supported for custom resources "
+                                f"({res.qualified}); use a merge patch")
         old = self._current(res, ns, name)
         try:
             if media == "application/merge-patch+json":
@@ -597,9 +649,6 @@ class ApiServer:
             elif media == "application/json-patch+json":
                 patched = kube_patches.json_patch(old, patch)
             elif media == "application/strategic-merge-patch+json":
-                if res.custom is not None:
-                    raise ApiError(415, f"strategic merge patch is not supported for custom resources "
-                                        f"({res.qualified}); use a merge patch")
                 patched = kube_patches.strategic_merge(old, patch)
             else:
                 raise ApiError(415, f"the body of the request was in an unknown format - accepted media types "
@@ -612,7 +661,7 @@ class ApiServer:
         if not isinstance(patched, dict):
             raise ApiError(400, "the patch does not leave an object")
         merged = self._merge_update(res, old, copy.deepcopy(patched), subresource)
-        return 200, await self._write_update(res, ns, old, merged, "PATCH", path)
+        return 200, await self._write_update(res, ns, old, merged, "PATCH", path, subresource)
 
     async def _apply(self, res: Resource, ns: str, name: str, raw: bytes, subresource: str, query,
                      path: str) -> tuple[int, dict]:
@@ -642,7 +691,7 @@ class ApiServer:
         key = (old["metadata"]["uid"], manager + "/" + subresource if subresource else manager)
         patched = kube_patches.server_side_apply(old, applied, self._applied.get(key))
         merged = self._merge_update(res, old, patched, subresource)
-        stored = await self._write_update(res, ns, old, merged, "PATCH", path)
+        stored = await self._write_update(res, ns, old, merged, "PATCH", path, subresource)
         self._applied[key] = applied
         return 200, stored
 
@@ -775,12 +824,26 @@ class ApiServer:
         self.writes.append(Write("POST", path, copy.deepcopy(binding)))
         return stored
 
-    # ---- admission (the chain is installed by kube_admission; none here by default) --------------
+    # ---- admission -------------------------------------------------------------------------------
 
-    async def _admit(self, operation: str, res: Resource, obj: dict, old: dict | None) -> dict:
-        if self._admission is None:
+    async def _admit(self, operation: str, res: Resource, ns: str, obj: dict, old: dict | None,
+                     subresource: str) -> dict:
+        if res.group == "admissionregistration.k8s.io":
+            return obj  # never sent to webhooks, so that a broken webhook can always be removed
+        configurations = [o for (_, _, _, _), o in self._items(self._res("admissionregistration.k8s.io/v1",
+                                                                          "mutatingwebhookconfigurations"))]
+        if not configurations:
             return obj
-        return await self._admission(self, operation, res, obj, old)
+        namespace = self._store.get(("v1", "namespaces", "", ns)) if ns else None
+        try:
+            return await self.admission.admit(
+                configurations=configurations, operation=operation, group=res.group, version=res.version,
+                kind=res.kind, resource=f"{res.plural}/{subresource}" if subresource else res.plural,
+                namespaced=res.namespaced, namespace=ns,
+                namespace_labels=((namespace or {}).get("metadata") or {}).get("labels") or {},
+                obj=copy.deepcopy(obj), old=copy.deepcopy(old) if old is not None else None)
+        except Refused as exc:
+            raise ApiError(exc.code, exc.message, exc.reason or None) from None
 
     # ---- custom resources -----------------------------------------------------------------------
 
@@ -860,7 +923,7 @@ class ApiServer:
         method = request.method
         if not name:
             if method == "GET":
-                if request.query.get("watch") in ("true", "1"):
+                if request.query.get("watch") in TRUE:
                     return await self._watch(request, res, ns if res.namespaced and ns else None)
                 return web.json_response(self._list(res, ns if ns else None, request.query))
             if method == "POST":
@@ -1035,6 +1098,8 @@ def _semantic_errors(res: Resource, obj: dict, old: dict | None) -> list[tuple[s
         return _pod_errors(obj, old)
     if res.kind == "ResourceClaim":
         return _claim_errors(obj, old)
+    if res.kind == "MutatingWebhookConfiguration":
+        return compile_errors(obj.get("webhooks") or [])
     return []
 
 

@@ -161,9 +161,11 @@ async def test_patch_types_json_and_strategic_merge_by_key(http):
     status, patched = await send(http, "PATCH", f"{PODS}/p", {"spec": {"schedulingGates": [
         {"name": "b", "$patch": "delete"}]}}, strategic)
     assert status == 200 and not patched["spec"].get("schedulingGates")
-    status, _ = await send(http, "PATCH", "/apis/tessera.io/v1alpha1/namespaces/default/tenantcontrolplanes/x",
-                           {"spec": {}}, strategic)
-    assert status in (404, 415)
+    tcps = "/apis/tessera.io/v1alpha1/namespaces/default/tenantcontrolplanes"
+    await send(http, "POST", tcps, {"apiVersion": "tessera.io/v1alpha1", "kind": "TenantControlPlane",
+                                    "metadata": {"name": "x"}, "spec": {}})
+    status, refused = await send(http, "PATCH", f"{tcps}/x", {"spec": {}}, strategic)
+    assert status == 415 and refused["reason"] == "UnsupportedMediaType"
 
 
 async def test_server_side_apply_creates_merges_and_drops_what_it_no_longer_applies(http):
@@ -347,6 +349,12 @@ async def test_label_and_field_selectors(http):
     assert status == 400 and "field label not supported" in refused["message"]
     status, listed = await send(http, "GET", PODS)
     assert int(listed["metadata"]["resourceVersion"]) > 0 and listed["kind"] == "PodList"
+    assert "kind" not in listed["items"][0]  # built-in list items carry no kind, as from a real server
+    await send(http, "POST", "/api/v1/namespaces", namespace("team"))
+    await send(http, "POST", "/api/v1/namespaces/team/pods", pod("a", "team", labels={"tier": "gpu"}))
+    status, everywhere = await send(http, "GET", "/api/v1/pods", labelSelector="tier=gpu")
+    assert [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in everywhere["items"]] == [
+        ("default", "a"), ("team", "a")]
     slices = "/apis/resource.k8s.io/v1/resourceslices"
     for node in ("n1", "n2"):
         await send(http, "POST", slices, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
@@ -395,6 +403,11 @@ async def test_crd_installs_its_custom_resource_with_schema_defaults_and_status(
     assert status == 200 and updated["status"]["phase"] == "Ready"
     status, ignored = await send(http, "PATCH", f"{path}/alpha", {"status": {"phase": "Failed"}}, MERGE)
     assert ignored["status"]["phase"] == "Ready"
+    unconditional = dict(ignored, metadata=dict(ignored["metadata"], resourceVersion=None))
+    status, refused = await send(http, "PUT", f"{path}/alpha", unconditional)
+    assert status == 422 and "metadata.resourceVersion" in refused["message"]
+    status, _ = await send(http, "PUT", f"{path}/alpha", ignored)
+    assert status == 200
     status, resources = await send(http, "GET", "/apis/tessera.io/v1alpha1")
     assert {r["name"] for r in resources["resources"]} == {"tenantcontrolplanes", "tenantcontrolplanes/status"}
 
