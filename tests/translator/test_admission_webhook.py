@@ -197,6 +197,21 @@ async def test_pod_in_a_namespace_without_tenant_is_denied_before_any_template()
     assert created == []
 
 
+async def test_namespace_comes_from_the_request_not_the_object():
+    seen = []
+
+    async def hook(namespace, claims):
+        seen.append((namespace, {c.template["metadata"]["namespace"] for c in claims}))
+
+    obj = pod([container("train", GPU_LIMITS)])
+    del obj["metadata"]["namespace"]  # a pod being created need not say where it goes
+    _, body = await post(review(obj, namespace="team-b"), hook)
+    assert body["response"]["allowed"] is True
+    assert seen == [("team-b", {"team-b"})]
+    status, text = await post(review(obj, namespace=""), hook)
+    assert status == 400 and "request.namespace is missing" in text
+
+
 async def test_bad_values_are_denied_naming_container_and_field():
     obj = pod([container("sidecar"), container("train", {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "150"})])
     status, body = await post(review(obj))

@@ -1,5 +1,5 @@
-"""The translator process serves the admission webhook, and its template writer creates the
-ResourceClaimTemplates the patched pod points at (against kmock's Kubernetes emulator)."""
+"""The translator process serves the admission webhook. (Its Kubernetes side, the template writer
+and the namespace's tenant, is tested against the API-server emulator in tests/kubernetes.)"""
 
 from __future__ import annotations
 
@@ -11,14 +11,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from aiohttp.test_utils import TestClient, TestServer
 
 from tessera.shared.natsserver import free_port
 
-from tessera.translator import dra
-from tessera.translator.hami import translate
-from tessera.translator.kube import TemplateWriter
-from tessera.translator.webhook import ContainerClaim, make_app
 
 
 def review(uid: str) -> dict:
@@ -58,40 +53,3 @@ def test_translator_process_answers_admission_reviews(nats_url):
     finally:
         proc.terminate()
         proc.wait(20)
-
-
-async def test_template_writer_creates_templates_and_tolerates_existing_ones(kmock):
-    kmock.resources["resource.k8s.io/v1/resourceclaimtemplates"] = {}
-    spec = translate({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 8000})
-    template = dra.resource_claim_template(spec, "tessera-main-abc", "ml")
-    claim = ContainerClaim(namespace="ml", pod="train", container="main", index=0, spec=spec,
-                           template_name="tessera-main-abc", template=template)
-    writer = TemplateWriter.for_url(str(kmock.url).rstrip("/"))
-    try:
-        await writer("ml", [claim])
-        await writer("ml", [claim])  # a retry of the same admission: already there, still fine
-    finally:
-        await writer.close()
-    posts = [r for r in kmock if r.method == "POST"]
-    assert posts and all("/namespaces/ml/resourceclaimtemplates" in str(r.url) for r in posts)
-    names = {o.raw["metadata"]["name"] for _, o in kmock.objects.items() if not o.deleted}
-    assert names == {"tessera-main-abc"}
-
-
-async def test_webhook_creates_the_template_in_the_pods_namespace(kmock):
-    """The real webhook wired to the real writer: the template lands where the pod is, not under
-    the AdmissionReview's uid, and the patched pod points at it."""
-    kmock.resources["resource.k8s.io/v1/resourceclaimtemplates"] = {}
-    writer = TemplateWriter.for_url(str(kmock.url).rstrip("/"))
-    try:
-        async with TestClient(TestServer(make_app(writer))) as client:
-            resp = await client.post("/mutate", json=review("0df28fbd-1a3c-4b3e-9d1b-3c8f2a7e5b10"))
-            answer = await resp.json()
-    finally:
-        await writer.close()
-    assert answer["response"]["allowed"] is True, answer["response"].get("status")
-    posts = [str(r.url) for r in kmock if r.method == "POST"]
-    assert posts and all("/namespaces/ml/resourceclaimtemplates" in url for url in posts), posts
-    (template,) = [o.raw for _, o in kmock.objects.items() if not o.deleted]
-    assert template["metadata"]["namespace"] == "ml"
-    assert template["metadata"]["name"].startswith("tessera-main-")

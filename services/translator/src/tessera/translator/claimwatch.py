@@ -24,7 +24,7 @@ from tessera.shared.events import ClaimRecord, ClaimSpec
 from tessera.shared.kubeclaims import RESOURCE_API_VERSION, KubeClaimRef
 
 from tessera.translator import claimflow
-from tessera.translator.kube import Cluster, WatchExpired
+from tessera.translator.kube import Cluster
 
 log = logging.getLogger("tessera.translator.claims")
 
@@ -38,6 +38,9 @@ class ClaimSink(Protocol):
     """What the service does with the claims the watcher finds (its submit and release paths)."""
 
     async def records(self) -> list[ClaimRecord]: ...
+
+    async def flush(self) -> None:
+        """Send again what was recorded but could not be published."""
 
     async def request_kube(self, claim: str, tenant: str, spec: ClaimSpec, ref: KubeClaimRef) -> bool:
         """Record and publish ``requested``; False if the claim was recorded already (nothing sent)."""
@@ -76,8 +79,6 @@ class ClaimWatcher:
                             await self.on_change(kind, obj)
             except TimeoutError:
                 continue  # the period is over: reconcile again
-            except WatchExpired as exc:
-                log.info("ResourceClaim watch expired (%s): listing again", exc)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # API server or NATS away: retry, never stop the service
@@ -88,6 +89,7 @@ class ClaimWatcher:
 
     async def reconcile(self) -> str:
         """Repair the claims bucket against a fresh list; the resourceVersion to watch from."""
+        await self.sink.flush()
         records = await self.sink.records()  # before the list: see claimflow.reconcile
         items, version = await self.cluster.list_claims()
         claims = [c for c in items if claimflow.is_tessera_claim(c)]
@@ -115,10 +117,11 @@ class ClaimWatcher:
         allocated = claimflow.is_allocated(claim)
         if uid in self.allocated and not allocated:
             self.allocated.discard(uid)
-            await self.release(claim, DEALLOCATED)
-            await self.report(claim, "Deallocated",
-                              "the allocation of this claim was removed outside Tessera; its GPUs were "
-                              "released. Delete and recreate the pod to get GPUs again")
+            # Tessera clears allocations itself when it releases a claim: only a live one is news.
+            if await self.release(claim, DEALLOCATED):
+                await self.report(claim, "Deallocated",
+                                  "the allocation of this claim was removed outside Tessera; its GPUs were "
+                                  "released. Delete and recreate the pod to get GPUs again")
             return
         if allocated:
             self.allocated.add(uid)
@@ -150,16 +153,18 @@ class ClaimWatcher:
             log.info("ResourceClaim %s/%s is claim %s of tenant %s", ref.namespace, ref.name, cid, tenant)
         self.recorded.add(cid)
 
-    async def release(self, claim: Mapping, reason: str) -> None:
+    async def release(self, claim: Mapping, reason: str) -> bool:
+        """Release the claim of this ResourceClaim; True if this call released a live claim."""
         try:
             cid = claimflow.tessera_id(claim)
         except ValueError:
-            return  # never admitted
-        self.recorded.discard(cid)
+            return False  # never admitted
         self.allocated.discard(claim["metadata"]["uid"])
-        if await self.sink.release_kube(cid, reason):
-            ref = claimflow.claim_ref(claim)
-            log.info("ResourceClaim %s/%s gone (%s): claim %s released", ref.namespace, ref.name, reason, cid)
+        if not await self.sink.release_kube(cid, reason):
+            return False
+        ref = claimflow.claim_ref(claim)
+        log.info("ResourceClaim %s/%s (%s): claim %s released", ref.namespace, ref.name, reason, cid)
+        return True
 
     async def report(self, claim: Mapping, reason: str, message: str) -> None:
         """A Warning Event on the claim and on its pod, once per process; never fatal."""

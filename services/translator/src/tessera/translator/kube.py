@@ -11,19 +11,16 @@ Three conversations with the API server, each small:
   namespace, for the claim watcher (``tessera.translator.claimwatch``) to turn into claims.
 - reporting: ``Cluster.event`` records a Kubernetes Event on a claim or pod, so that what Tessera
   refuses shows in ``kubectl describe``.
-
-``tessera.shared.kubeapi`` has no watch; ``watch_claims`` streams one with the client it holds.
 """
 
 from __future__ import annotations
 
 import datetime
 import hashlib
-import json
 import logging
 from collections.abc import AsyncIterator
 
-from tessera.shared.kubeapi import ApiException, KubeApi, object_path
+from tessera.shared.kubeapi import AlreadyExists, KubeApi, object_path
 from tessera.shared.kubeclaims import RESOURCE_API_VERSION
 
 from tessera.translator.webhook import ContainerClaim
@@ -32,10 +29,6 @@ log = logging.getLogger("tessera.translator.kube")
 
 COMPONENT = "tessera-translator"
 CLAIMS = object_path(RESOURCE_API_VERSION, "resourceclaims")
-
-
-class WatchExpired(Exception):
-    """The watch's resourceVersion is too old (410 Gone): list again, then watch from there."""
 
 
 class TemplateWriter:
@@ -49,12 +42,11 @@ class TemplateWriter:
     async def __call__(self, namespace: str, claims: list[ContainerClaim]) -> None:
         for claim in claims:
             try:
-                await self.kube.call("POST", object_path(RESOURCE_API_VERSION, "resourceclaimtemplates",
-                                                         namespace=namespace), claim.template)
+                await self.kube.create(object_path(RESOURCE_API_VERSION, "resourceclaimtemplates",
+                                                   namespace=namespace), claim.template)
                 log.info("created ResourceClaimTemplate %s/%s", namespace, claim.template_name)
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
+            except AlreadyExists:
+                pass
 
     async def close(self) -> None:
         await self.kube.close()
@@ -80,36 +72,12 @@ class Cluster:
 
     async def list_claims(self) -> tuple[list[dict], str]:
         """Every ResourceClaim of the cluster, and the resourceVersion to watch from."""
-        listing = await self.kube.call("GET", CLAIMS)
-        return list(listing.get("items") or []), (listing.get("metadata") or {}).get("resourceVersion", "")
+        return await self.kube.list(CLAIMS)
 
-    async def watch_claims(self, resource_version: str, timeout: float) -> AsyncIterator[tuple[str, dict]]:
-        """ResourceClaim changes after ``resource_version``: (ADDED|MODIFIED|DELETED, object) pairs.
-
-        Ends when the server closes the stream (after about ``timeout`` seconds); raises
-        WatchExpired when the version is too old to resume from.
-        """
-        api = await self.kube.api()
-        query = [("watch", "true"), ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(int(timeout)))]
-        if resource_version:
-            query.append(("resourceVersion", resource_version))
-        response = await api.call_api(
-            CLAIMS, "GET", query_params=query, header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"], _preload_content=False, _return_http_data_only=True,
-            _request_timeout=timeout + 30,
-        )
-        async with response:
-            while line := await response.content.readline():
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        raise WatchExpired(obj.get("message", "resourceVersion too old"))
-                    raise ApiException(status=obj.get("code") or 500, reason=obj.get("message", "watch error"))
-                if kind in ("ADDED", "MODIFIED", "DELETED"):
-                    yield kind, obj
+    def watch_claims(self, resource_version: str, timeout: float) -> AsyncIterator[tuple[str, dict]]:
+        """ResourceClaim changes after ``resource_version`` as (ADDED|MODIFIED|DELETED, object),
+        resumed across dropped connections and 410s by ``KubeApi.watch`` (which re-lists)."""
+        return self.kube.watch(CLAIMS, resource_version, timeout_seconds=max(1, int(timeout)))
 
     async def event(self, obj: dict, reason: str, message: str, kind: str = "Warning") -> None:
         """A core/v1 Event about ``obj`` (a ResourceClaim or a Pod), shown by ``kubectl describe``.
@@ -126,7 +94,7 @@ class Cluster:
         existing = await self.kube.get(path)
         if existing is not None:
             body = {"count": int(existing.get("count") or 1) + 1, "lastTimestamp": now}
-            await self.kube.call("PATCH", path, body, content_type="application/merge-patch+json")
+            await self.kube.patch(path, body)
             return
         body = {
             "apiVersion": "v1",
@@ -150,10 +118,9 @@ class Cluster:
             "count": 1,
         }
         try:
-            await self.kube.call("POST", object_path("v1", "events", namespace=namespace), body)
-        except ApiException as exc:
-            if exc.status != 409:  # a peer reported the same thing at the same moment
-                raise
+            await self.kube.create(object_path("v1", "events", namespace=namespace), body)
+        except AlreadyExists:  # a peer reported the same thing at the same moment
+            pass
 
     async def close(self) -> None:
         await self.kube.close()

@@ -37,8 +37,9 @@ from tessera.shared.events import (
     ClaimSpec,
     claim_decoder,
     encode,
+    now,
 )
-from tessera.shared.kubeclaims import KubeClaimRef
+from tessera.shared.kubeclaims import TENANT_LABEL, KubeClaimRef
 from tessera.shared.runner import ServiceContext
 from tessera.shared.settings import env_bool, env_float, env_int, env_str
 from tessera.shared.telemetry import inject
@@ -111,6 +112,8 @@ class TranslatorService:
         self.settings = settings
         self.kube_api = kube_api
         self.claims: ClaimStore
+        # Kubernetes claims recorded whose ``requested`` is not on the stream yet (see ``flush``).
+        self.unpublished: dict[str, ClaimRequested] = {}
 
     async def start(self) -> dict:
         self.claims = ClaimStore(await self.bus.kv(subjects.KV_CLAIMS))
@@ -127,7 +130,8 @@ class TranslatorService:
 
             self.kube_api = self.kube_api or KubeApi()
             cluster = Cluster(self.kube_api, self.ctx.settings.instance or "")
-            tasks["resourceclaims"] = self._follow_claims(cluster)
+            # Not ready (so no webhook endpoint) until the first comparison with the claims bucket.
+            tasks["resourceclaims"] = self._follow_claims(cluster, self.ctx.gate("resourceclaims-synced"))
         if self.settings.webhook_port:
             certificate = None
             if self.settings.webhook_cert:
@@ -137,10 +141,9 @@ class TranslatorService:
             tasks["admission-webhook"] = self._serve_webhook(cluster, certificate)
         return tasks
 
-    async def _follow_claims(self, cluster) -> None:
+    async def _follow_claims(self, cluster, synced) -> None:
         from tessera.translator.claimwatch import ClaimWatcher
 
-        synced = self.ctx.gate("resourceclaims-synced")
         try:
             await ClaimWatcher(cluster, self, self.settings.reconcile_seconds, on_synced=synced).run()
         finally:
@@ -158,8 +161,9 @@ class TranslatorService:
                 tenant = claimflow.namespace_tenant(await cluster.namespace(namespace))
                 problem = claimflow.tenant_problem(namespace, tenant)
                 if problem is None and not await self._tenant_exists(tenant):
-                    problem = (f'namespace "{namespace}" names the tenant {tenant!r}, which does not exist in '
-                               f"Tessera: create it with 'tessera tenant create {tenant}' (or correct the label)")
+                    problem = (f'namespace "{namespace}" names the tenant {tenant!r} ({TENANT_LABEL}), which does '
+                               f"not exist in Tessera: create it with 'tessera tenant create {tenant}', or correct "
+                               f"the Namespace's {TENANT_LABEL}")
                 return problem
 
         ssl_context = certificate.context if certificate is not None else None
@@ -203,6 +207,17 @@ class TranslatorService:
     async def records(self) -> list[ClaimRecord]:
         return await self.claims.all()
 
+    async def flush(self) -> None:
+        """Publish the ``requested`` events whose record was written but whose publish failed.
+
+        A re-seen ResourceClaim finds its record and publishes nothing, so an event lost between
+        the record and the stream would leave the claim requested forever; it is kept here and
+        sent again (same message id: the stream drops it if the first attempt did get through).
+        """
+        for claim, event in list(self.unpublished.items()):
+            await self._publish_requested(event)
+            del self.unpublished[claim]
+
     async def request_kube(self, claim: str, tenant: str, spec: ClaimSpec, ref: KubeClaimRef) -> bool:
         """A ResourceClaim's claim: recorded and published once; False if it was recorded already."""
         event = ClaimRequested(claim=claim, tenant=tenant, spec=spec, source="kubernetes", kube=ref)
@@ -211,16 +226,22 @@ class TranslatorService:
             fresh, _ = await self._record(event)
             if fresh is None:
                 return False
-            await self._publish_requested(fresh)
+            self.unpublished[claim] = fresh
+            await self.flush()
         return True
 
     async def release_kube(self, claim: str, reason: str) -> bool:
         """Release the claim of a ResourceClaim that is gone; False if there is nothing to release."""
-        record, _ = await self.claims.get(claim)
-        if record is None or record.kube is None or record.state in TERMINAL or record.release_requested:
-            return False
-        await self._release(record, reason)
-        return True
+        # Marked by compare-and-set, and published only by the writer that marked it: two replicas
+        # that both see the ResourceClaim go publish one release between them.
+        while True:
+            record, revision = await self.claims.get(claim)
+            if record is None or record.kube is None or record.state in TERMINAL or record.release_requested:
+                return False
+            marked = msgspec.structs.replace(record, release_requested=True, reason=reason, updated=now())
+            if revision is not None and await self.claims.replace(marked, revision) is not None:
+                await self._publish_release(marked, reason)
+                return True
 
     def _spec_from(self, request: SubmitRequest) -> ClaimSpec:
         if request.spec is not None:
@@ -307,11 +328,14 @@ class TranslatorService:
         return api.ok({"claim": record.claim, "state": "releasing"})
 
     async def _release(self, record: ClaimRecord, reason: str) -> None:
-        marked = await self.claims.mark_release_requested(record.claim, reason) or record
+        await self._publish_release(await self.claims.mark_release_requested(record.claim, reason) or record, reason)
+
+    async def _publish_release(self, record: ClaimRecord, reason: str) -> None:
+        """The release of a claim whose record is marked ``release_requested`` (``record``)."""
         # Addressed to the node that holds the claim, if one does by now: its enforcer releases it.
         # Before allocation it concerns no node: placement ends it, and a placement that allocates
         # it meanwhile finds the request on the record (which is marked first).
-        node = marked.node if marked.state in ("allocated", "prepared", "running") else None
+        node = record.node if record.state in ("allocated", "prepared", "running") else None
         # The release continues the claim's own trace: one claim, one trace, request to release.
         parent = {"traceparent": record.traceparent} if record.traceparent else None
         with self.ctx.telemetry.span("translator release", parent_headers=parent,
