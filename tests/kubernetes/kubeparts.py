@@ -2,29 +2,20 @@
 kube-scheduler (its binding side) and the kubelet (its status side), each doing what the real one
 does with the objects Tessera reads and writes, through the emulator's strict checks.
 
-- `ResourceClaimController.claims_for(pod)`: one ResourceClaim per ``spec.resourceClaims`` entry
-  that names a template, made from the template in the pod's namespace, owned by the pod (so the
-  garbage collector deletes it with the pod) and annotated ``resource.kubernetes.io/pod-claim-name``;
-  the pod's ``status.resourceClaimStatuses`` names it.
+- `make_claims(apiserver, pod)`: the translator tests' resourceclaim controller (one ResourceClaim
+  per template entry, from the template in the pod's namespace, owned by the pod so the garbage
+  collector deletes it with the pod, annotated ``resource.kubernetes.io/pod-claim-name``), plus what
+  kube-scheduler and the kubelet read of it: the pod's ``status.resourceClaimStatuses``.
 - `Scheduler.bind(pod)`: refuses a pod that still has scheduling gates or a claim without an
   allocation; otherwise reserves each claim for the pod (``status.reservedFor``) and binds the pod
   (``pods/binding``) to the node the allocations' node selectors name.
 - `Kubelet.start(pod)`: a bound pod whose claims are reserved for it becomes Running.
-- `admit(pod, ...)`: the API server's mutating-admission step, for as long as the emulator does not
-  call webhooks itself: a real AdmissionReview sent to the translator's webhook over TLS, and its
-  JSONPatch applied to the pod.
 """
 
 from __future__ import annotations
 
-import base64
-import json
-import secrets
-import uuid
-
-import kube_patches
 from kube_objects import binding
-from webhook_tls import Authority, post_review, served_serial
+from translator_harness import resourceclaim_controller
 
 from tessera.shared.kubeapi import KubeApi, object_path
 from tessera.shared.kubeclaims import RESOURCE_API_VERSION
@@ -74,40 +65,17 @@ def allocated_node(claim: dict) -> str:
     return names.pop()
 
 
-class ResourceClaimController:
-    def __init__(self, apiserver) -> None:
-        self.apiserver = apiserver
-
-    async def claims_for(self, pod: dict) -> list[dict]:
+async def make_claims(apiserver, pod: dict) -> list[dict]:
+    """The pod's ResourceClaims as Kubernetes' resourceclaim controller makes them, named in the
+    pod's ``status.resourceClaimStatuses``; the claims made."""
+    made = await resourceclaim_controller(apiserver, pod)
+    statuses = [{"name": c["metadata"]["annotations"][POD_CLAIM_NAME], "resourceClaimName": c["metadata"]["name"]}
+                for c in made]
+    if statuses:
         meta = pod["metadata"]
-        ns = meta["namespace"]
-        made, statuses = [], []
-        for entry in pod["spec"].get("resourceClaims") or []:
-            template_name = entry.get("resourceClaimTemplateName")
-            if not template_name:
-                continue
-            template = self.apiserver.object(RESOURCE_API_VERSION, "resourceclaimtemplates", template_name, ns)
-            if template is None:
-                raise Refused(f"pod {ns}/{meta['name']}: ResourceClaimTemplate {template_name} not found in {ns}")
-            tmeta = template["spec"].get("metadata") or {}
-            claim = {
-                "apiVersion": RESOURCE_API_VERSION, "kind": "ResourceClaim",
-                "metadata": {
-                    "name": f"{meta['name']}-{entry['name']}-{secrets.token_hex(3)[:5]}",
-                    "namespace": ns,
-                    "labels": dict(tmeta.get("labels") or {}),
-                    "annotations": {**(tmeta.get("annotations") or {}), POD_CLAIM_NAME: entry["name"]},
-                    "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"],
-                                         "controller": True, "blockOwnerDeletion": True}],
-                },
-                "spec": template["spec"]["spec"],
-            }
-            made.append(await self.apiserver.create(claim))
-            statuses.append({"name": entry["name"], "resourceClaimName": claim["metadata"]["name"]})
-        if statuses:
-            await self.apiserver.patch("v1", "pods", meta["name"], {"status": {"resourceClaimStatuses": statuses}},
-                                       ns, kind="merge", subresource="status")
-        return made
+        await apiserver.patch("v1", "pods", meta["name"], {"status": {"resourceClaimStatuses": statuses}},
+                              meta["namespace"], kind="merge", subresource="status")
+    return made
 
 
 class Scheduler:
@@ -164,29 +132,3 @@ class Kubelet:
         return await self.apiserver.patch("v1", "pods", meta["name"], {"status": status}, meta["namespace"],
                                           kind="merge", subresource="status")
 
-
-class Denied(Exception):
-    """The webhook refused the pod; the message is what ``kubectl apply`` would print."""
-
-
-async def admit(pod: dict, port: int, authority: Authority) -> dict:
-    """The pod as the mutating webhook at ``port`` leaves it (verified TLS, AdmissionReview v1)."""
-    uid = str(uuid.uuid4())
-    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-              "request": {"uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                          "resource": {"group": "", "version": "v1", "resource": "pods"},
-                          "namespace": pod["metadata"]["namespace"], "operation": "CREATE", "object": pod,
-                          "userInfo": {"username": "alice"}}}
-    _, reader, writer = await served_serial(port, authority)
-    try:
-        answer = (await post_review(reader, writer, review))["response"]
-    finally:
-        writer.close()
-        await writer.wait_closed()
-    assert answer["uid"] == uid
-    if not answer["allowed"]:
-        raise Denied((answer.get("status") or {}).get("message", "denied"))
-    if not answer.get("patch"):
-        return pod
-    assert answer["patchType"] == "JSONPatch"
-    return kube_patches.json_patch(pod, json.loads(base64.b64decode(answer["patch"])))

@@ -18,7 +18,7 @@ from tessera.placement.kubesync import Allocated, ClaimStatusSync, Unschedulable
 from tessera.translator.dra import resource_claim_template
 
 from kube_objects import namespace, pod as kube_pod
-from kubeparts import ResourceClaimController
+from kubeparts import make_claims
 from kubetessera import eventually, kube_ref
 
 RC = "resource.k8s.io/v1"
@@ -49,7 +49,7 @@ async def made_claim(apiserver, name: str = "train") -> tuple[dict, dict]:
     pod = kube_pod(name, "team-a")
     pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": f"{name}-gpu"}]
     pod = await apiserver.create(pod)
-    [claim] = await ResourceClaimController(apiserver).claims_for(pod)
+    [claim] = await make_claims(apiserver, pod)
     return apiserver.object("v1", "pods", name, "team-a"), claim
 
 

@@ -5,15 +5,19 @@ and the ledger and the tenant's quota back to empty.
 
 The services run as processes (control-plane manager, capacity publisher on tests/profiles/tiny.yaml,
 translator with its webhook, placement, an enforcer per node) against a real nats-server and the
-API-server emulator, which validates every object written. The test plays what no emulator runs:
-the API server's call to the webhook, the resourceclaim controller, kube-scheduler and the kubelet.
+API-server emulator, which validates every object written and calls the webhook as deploy/k8s
+configures it (its MutatingWebhookConfiguration, matchConditions included, over TLS verified against
+the caBundle). The test plays what no emulator runs: the resourceclaim controller, kube-scheduler and
+the kubelet.
 """
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
+import yaml
 
 from tessera.shared.events import GpuQuota
 from tessera.shared.kubeclaims import SCHEDULING_GATE, TENANT_LABEL, claim_id
@@ -23,21 +27,28 @@ from tessera.cli.client import Client
 from tessera.placement.claimstatus import allocation, same_allocation
 
 from kube_objects import namespace
-from kubeparts import Kubelet, Refused, ResourceClaimController, Scheduler, admit, allocated_node, claims_of, gpu_pod
-from kubeparts import node
+from kubeparts import Kubelet, Refused, Scheduler, allocated_node, claims_of, gpu_pod, make_claims, node
 from kubetessera import create_tenant, eventually, ledgers, quota_in_use, start_services
-from webhook_tls import Authority, project_secret
+from webhook_server import CertificateAuthority
 
 RC = "resource.k8s.io/v1"
+WEBHOOK = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "webhook.yaml"
+SERVICE = ("tessera-system", "tessera-translator-webhook", 443)  # the webhook's clientConfig.service
+
+
+def webhook_configuration(ca: CertificateAuthority) -> dict:
+    """deploy/k8s's MutatingWebhookConfiguration with the caBundle cert-manager would inject."""
+    [config] = [d for d in yaml.safe_load_all(WEBHOOK.read_text()) if d and d["kind"] == "MutatingWebhookConfiguration"]
+    for hook in config["webhooks"]:
+        hook["clientConfig"]["caBundle"] = ca.bundle
+    return config
 
 
 @pytest.fixture
 async def tessera(apiserver, nats_url, tmp_path):
-    """The whole of Tessera in Kubernetes mode; yields (client, webhook port, CA)."""
-    authority = Authority()
-    cert, key, _ = authority.issue()
-    secret = tmp_path / "webhook-tls"
-    project_secret(secret, {"tls.crt": cert, "tls.key": key, "ca.crt": authority.pem})
+    """The whole of Tessera in Kubernetes mode, its webhook installed; yields a client on the bus."""
+    ca = CertificateAuthority()
+    cert, key = ca.issue(tmp_path / "webhook-tls", [f"{SERVICE[1]}.{SERVICE[0]}.svc"])
     port = free_port()
     for name in ("gpu-0", "gpu-1"):
         await apiserver.create(node(name))
@@ -45,24 +56,26 @@ async def tessera(apiserver, nats_url, tmp_path):
         tmp_path / "tessera", nats_url, apiserver.url,
         services=("controlplane", "capacity", "translator", "placement"),
         env={"TESSERA_WEBHOOK_PORT": str(port), "TESSERA_WEBHOOK_HOST": "127.0.0.1",
-             "TESSERA_WEBHOOK_CERT": str(secret / "tls.crt"), "TESSERA_WEBHOOK_KEY": str(secret / "tls.key")})
+             "TESSERA_WEBHOOK_CERT": str(cert), "TESSERA_WEBHOOK_KEY": str(key)})
+    apiserver.route_service(*SERVICE, f"https://127.0.0.1:{port}")
+    await apiserver.create(webhook_configuration(ca))
     client = await Client.connect(nats_url)
     try:
-        yield client, port, authority
+        yield client
     finally:
         await client.close()
         await asyncio.to_thread(cluster.stop)
 
 
 async def test_a_gpu_pod_from_creation_to_deletion(tessera, apiserver, kube):
-    client, port, authority = tessera
+    client = tessera
     await create_tenant(client, "alpha", GpuQuota(gpus=2))
     await apiserver.create(namespace("team-a", {TENANT_LABEL: "alpha"}))
 
     # kubectl apply: the API server sends the pod to the webhook and stores what comes back.
-    pod = await admit(gpu_pod("train", "team-a", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 20000,
-                                                  "nvidia.com/gpucores": 30}), port, authority)
-    pod = await apiserver.create(pod)
+    pod = await apiserver.create(gpu_pod("train", "team-a", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 20000,
+                                                             "nvidia.com/gpucores": 30}))
+    assert "nvidia.com/gpu" not in pod["spec"]["containers"][0]["resources"].get("limits", {})
     assert [g["name"] for g in pod["spec"]["schedulingGates"]] == [SCHEDULING_GATE]
     [entry] = pod["spec"]["resourceClaims"]
     assert apiserver.object(RC, "resourceclaimtemplates", entry["resourceClaimTemplateName"], "team-a")
@@ -70,7 +83,7 @@ async def test_a_gpu_pod_from_creation_to_deletion(tessera, apiserver, kube):
         await Scheduler(apiserver, kube).bind(pod)
 
     # The resourceclaim controller makes the claim; the translator requests it; placement allocates.
-    [claim] = await ResourceClaimController(apiserver).claims_for(pod)
+    [claim] = await make_claims(apiserver, pod)
     cid = claim_id(claim["metadata"]["uid"])
     record = await client.wait_for(cid, {"allocated", "prepared", "running"}, timeout=30)
     assert record.kube is not None and record.kube.pod == "train" and record.tenant == "alpha"

@@ -24,8 +24,8 @@ from tessera.placement.claimstatus import allocation, same_allocation
 from tessera.translator.dra import resource_claim_template
 
 from kube_objects import namespace
-from kubeparts import Kubelet, Refused, ResourceClaimController, Scheduler, claims_of, node
-from kubetessera import eventually, ledgers, quota_in_use, request_claim, start_services, create_tenant
+from kubeparts import Kubelet, Refused, Scheduler, claims_of, make_claims, node
+from kubetessera import create_tenant, eventually, ledgers, quota_in_use, request_claim, start_services
 
 RC = "resource.k8s.io/v1"
 CARD_MIB = 81559  # tests/profiles/tiny.yaml: 2 nodes x 2 H100 80GB
@@ -68,7 +68,7 @@ async def gated_pod(apiserver, name: str, spec: ClaimSpec, *, other_gate: bool =
                  "containers": [{"name": "main", "image": "registry.example/train:1",
                                  "resources": {"claims": [{"name": "gpu"}]}}]},
     })
-    [claim] = await ResourceClaimController(apiserver).claims_for(pod)
+    [claim] = await make_claims(apiserver, pod)
     return apiserver.object("v1", "pods", name, "team-a"), claim
 
 
