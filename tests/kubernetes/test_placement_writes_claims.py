@@ -38,15 +38,17 @@ async def world(apiserver, kube, nats_url, tmp_path):
     for name in ("gpu-0", "gpu-1"):
         await apiserver.create(node(name))
     await apiserver.create(namespace("team-a", {TENANT_LABEL: "alpha"}))
-    started = []
+    started, clusters = [], []
 
     async def start(**kwargs):
         cluster = await start_services(tmp_path / f"tessera{len(started)}", nats_url, apiserver.url, **kwargs)
         started.append(cluster)
+        clusters.append(cluster)
         client = await Client.connect(nats_url)
         started.append(client)
         return client
 
+    start.clusters = clusters
     yield start
     for thing in reversed(started):
         if isinstance(thing, Client):
@@ -217,3 +219,23 @@ async def test_an_unreachable_api_server_is_waited_for_then_the_allocation_is_gi
     assert event["type"] == "Warning" and "422" in event["message"]
     assert set((await quota_in_use(client, "alpha")).claims) == {cid}
     assert gates(apiserver, pod3) == [SCHEDULING_GATE]
+
+
+async def test_a_status_write_a_killed_replica_left_undone_is_done_by_the_next_one(world, apiserver):
+    client = await world()
+    await create_tenant(client, "alpha", GpuQuota(gpus=4))
+    cluster = world.clusters[-1]
+    spec = ClaimSpec(gpus=1, memory_mib=10000, cores=10)
+    pod, claim = await gated_pod(apiserver, "orphan", spec)
+    await apiserver.stop()  # the write cannot happen now...
+    cid = await request_claim(client, "alpha", claim, pod, spec)
+    await client.wait_for(cid, {"allocated", "prepared"})
+    placement = cluster.find("placement")
+    placement.proc.kill()  # ...and the replica that owed it is gone, SIGKILL, queue and all
+    await asyncio.to_thread(placement.proc.wait)
+    await apiserver.start()
+    cluster.spawn("placement", instance="placement-again")
+    assert await eventually(lambda: allocation_of(apiserver, claim)), "the restarted placement did not write it"
+    record = await client.claim(cid)
+    assert record.state in ("allocated", "prepared") and cid in (await ledgers(client))[record.node].entries
+    assert await eventually(lambda: SCHEDULING_GATE not in gates(apiserver, pod))

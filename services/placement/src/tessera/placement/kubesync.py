@@ -13,7 +13,7 @@ else pays anything), and a few workers carry the jobs out:
 - an unschedulable claim: an Event and the pod condition with the reason; the gate stays.
 
 One claim's jobs run one at a time and a newer job replaces a queued older one. Nothing here is
-remembered across restarts: on start placement re-queues every allocated claim that stands for a
+remembered across restarts: on start placement re-queues every placed claim that stands for a
 ResourceClaim (each step is idempotent), so a job lost with a stopped replica is done by the next.
 """
 
@@ -129,24 +129,28 @@ class ClaimStatusSync:
     async def _allocated(self, job: Allocated) -> None:
         ref = job.kube
         try:
-            await self._retrying(self.retry_seconds, lambda: self._write_status(job))
+            written = await self._retrying(self.retry_seconds, lambda: self._write_status(job))
         except PermanentError as exc:
             await self._fail(job, f"the allocation could not be written to ResourceClaim "
                                   f"{ref.namespace}/{ref.name}: {exc}", withdraw=False)
             return
-        self.counts["written"] += 1
+        lifted = False
         if ref.pod:
             try:
-                await self._retrying(self.retry_seconds, lambda: self.writer.lift_gate(ref))
+                lifted = await self._retrying(self.retry_seconds, lambda: self.writer.lift_gate(ref))
             except PermanentError as exc:
                 await self._fail(job, f"the scheduling gate of pod {ref.namespace}/{ref.pod} could not be "
                                       f"lifted: {exc}", withdraw=True)
                 return
+        if not (written or lifted):
+            return  # the claim and the pod said it all already (a repeat, a peer's, a restart's)
+        self.counts["written"] += 1
         devices = ", ".join(f"gpu-{s.index} ({s.memory_mib} MiB, {s.cores}% cores)" for s in job.shares)
         message = f"ResourceClaim {ref.name} allocated on node {job.node}: {devices}"
         await self._report(ref, "Allocated", message, warning=False, placed=True)
 
-    async def _write_status(self, job: Allocated) -> None:
+    async def _write_status(self, job: Allocated) -> bool:
+        """Write our allocation into the claim: True if written now, False if it was there."""
         ref = job.kube
         claim = await self.writer.read_claim(ref)
         try:
@@ -156,10 +160,11 @@ class ClaimStatusSync:
         current = (claim.get("status") or {}).get("allocation")
         if current:
             if same_allocation(current, wanted):
-                return  # written before (by us, a peer, or a write whose answer was lost)
+                return False  # written before (by us, a peer, or a write whose answer was lost)
             raise PermanentError(f"it already shows another allocation ({_where(current)}), written by "
                                  f"another allocator")
         await self.writer.write_allocation(ref, claim, wanted)
+        return True
 
     async def _withdraw(self, job: Allocated) -> None:
         """Take our allocation out of the claim's status again (before giving the GPUs back)."""

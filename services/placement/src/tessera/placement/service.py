@@ -244,9 +244,8 @@ class PlacementService:
                     claim=record.claim, tenant=record.tenant, spec=record.spec, kube=record.kube
                 )
                 self.traces[record.claim] = record.traceparent
-            elif record.state == "allocated" and not record.release_requested:
-                # A status write a stopped replica may not have finished: each step is idempotent.
-                self._kube_allocated(record.claim, record.tenant, record.node, record.devices, record.kube)
+            else:
+                self._kube_resume(record)
         if self.pending:
             self._retry_wanted.set()
 
@@ -525,9 +524,7 @@ class PlacementService:
         if record.state not in ("requested", "unschedulable") or record.release_requested:
             log.debug("%s is %s: nothing to place", event.claim, record.state)
             self._forget(event.claim)
-            if record.state == "allocated" and not record.release_requested:
-                # A redelivery after a crash may find the cluster side unfinished: finish it.
-                self._kube_allocated(record.claim, record.tenant, record.node, record.devices, record.kube)
+            self._kube_resume(record)  # a redelivery after a crash may find the cluster side unfinished
             return record.state not in ("released", "failed")
 
         existing = self.claim_nodes.get(event.claim)
@@ -735,6 +732,14 @@ class PlacementService:
         models = {d.index: d.model for d in inventory.devices} if inventory else {}
         self.kube.submit(Allocated(claim=claim, tenant=tenant, node=node, shares=list(shares), kube=kube,
                                    models=models))
+
+    def _kube_resume(self, record: ClaimRecord) -> None:
+        """Finish the cluster side of a claim placed earlier (by a replica that may have stopped
+        before it got there): each step is idempotent, and nothing is written or reported again
+        where the claim and the pod already say it. The node side (prepared, running) does not
+        prove the status was written: an enforcer may prepare on the ``allocated`` event alone."""
+        if record.state in ("allocated", "prepared", "running") and not record.release_requested:
+            self._kube_allocated(record.claim, record.tenant, record.node, record.devices, record.kube)
 
     def _kube_unschedulable(self, claim: str, kube, reason: str) -> None:
         if self.kube is not None and kube is not None:
