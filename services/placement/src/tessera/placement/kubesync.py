@@ -70,6 +70,7 @@ class ClaimStatusSync:
         self.max_backoff = max_backoff
         self.queue: asyncio.Queue[str] = asyncio.Queue()
         self.latest: dict[str, Job] = {}  # claim -> its job not yet started
+        self.queued_at: dict[str, float] = {}  # claim -> when that job was queued (its retry budget starts)
         self.locks: dict[str, tuple[asyncio.Lock, int]] = {}  # claim -> its lock, workers holding or awaiting it
         self.counts = {"written": 0, "given_back": 0, "reported": 0}
 
@@ -78,6 +79,7 @@ class ClaimStatusSync:
         if job.claim not in self.latest:
             self.queue.put_nowait(job.claim)
         self.latest[job.claim] = job
+        self.queued_at[job.claim] = asyncio.get_running_loop().time()
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as group:
@@ -88,13 +90,17 @@ class ClaimStatusSync:
         while True:
             claim = await self.queue.get()
             job = self.latest.pop(claim, None)
+            queued = self.queued_at.pop(claim, None)
             if job is None:
                 continue
             lock, users = self.locks.get(claim, (asyncio.Lock(), 0))
             self.locks[claim] = (lock, users + 1)
             try:
                 async with lock:
-                    await (self._allocated(job) if isinstance(job, Allocated) else self._unschedulable(job))
+                    if isinstance(job, Allocated):
+                        await self._allocated(job, queued + self.retry_seconds)
+                    else:
+                        await self._unschedulable(job)
             except Exception as exc:  # one claim's trouble must not stop the worker
                 log.warning("Kubernetes update for %s failed: %r", claim, exc)
             finally:
@@ -104,12 +110,12 @@ class ClaimStatusSync:
                 else:
                     self.locks[claim] = (lock, users - 1)
 
-    async def _retrying(self, seconds: float, step: Callable[[], Awaitable]):
+    async def _retrying(self, deadline: float, step: Callable[[], Awaitable]):
         """Run ``step`` until it succeeds: now again after a conflict (a bounded number of times),
-        with a growing delay while the API server is unreachable (for ``seconds`` at most). Whatever
-        cannot succeed ends as a PermanentError saying why."""
+        with a growing delay while the API server is unreachable (until ``deadline``, loop time).
+        Whatever cannot succeed ends as a PermanentError saying why."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + seconds
+        started = loop.time()
         delay, conflicts = 0.05, 0
         while True:
             try:
@@ -120,16 +126,19 @@ class ClaimStatusSync:
                     raise PermanentError(f"{exc}; still conflicting after {conflicts} attempts") from exc
             except TemporaryError as exc:
                 if loop.time() + delay > deadline:
-                    raise PermanentError(f"{exc}; gave up after {seconds:g}s of retries") from exc
+                    raise PermanentError(f"{exc}; gave up after {loop.time() - started:.0f}s of retries") from exc
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.max_backoff)
 
     # --- allocations -----------------------------------------------------------------------
 
-    async def _allocated(self, job: Allocated) -> None:
+    async def _allocated(self, job: Allocated, deadline: float) -> None:
+        """``deadline`` (loop time) ends the retries: counted from when the job was queued, so that
+        during an outage every waiting allocation is given back on time, not one worker-turn after
+        another."""
         ref = job.kube
         try:
-            written = await self._retrying(self.retry_seconds, lambda: self._write_status(job))
+            written = await self._retrying(deadline, lambda: self._write_status(job))
         except PermanentError as exc:
             await self._fail(job, f"the allocation could not be written to ResourceClaim "
                                   f"{ref.namespace}/{ref.name}: {exc}", withdraw=False)
@@ -137,7 +146,7 @@ class ClaimStatusSync:
         lifted = False
         if ref.pod:
             try:
-                lifted = await self._retrying(self.retry_seconds, lambda: self.writer.lift_gate(ref))
+                lifted = await self._retrying(deadline, lambda: self.writer.lift_gate(ref))
             except PermanentError as exc:
                 await self._fail(job, f"the scheduling gate of pod {ref.namespace}/{ref.pod} could not be "
                                       f"lifted: {exc}", withdraw=True)
@@ -178,12 +187,16 @@ class ClaimStatusSync:
         log.warning("%s: giving the allocation on %s back: %s", job.claim, job.node, reason)
         if withdraw:
             try:
-                await self._retrying(REPORT_SECONDS, lambda: self._withdraw(job))
+                await self._retrying(self._soon(), lambda: self._withdraw(job))
             except PermanentError as exc:
                 log.warning("%s: its allocation stays in the ResourceClaim's status: %s", job.claim, exc)
         await self.give_back(job, reason)
         self.counts["given_back"] += 1
         await self._report(job.kube, "AllocationFailed", f"GPUs given back: {reason}", warning=True, placed=False)
+
+    @staticmethod
+    def _soon() -> float:
+        return asyncio.get_running_loop().time() + REPORT_SECONDS
 
     # --- reports ---------------------------------------------------------------------------
 
@@ -194,10 +207,10 @@ class ClaimStatusSync:
     async def _report(self, ref: KubeClaimRef, reason: str, message: str, *, warning: bool, placed: bool) -> None:
         """The Event and the pod condition; best effort (they inform, they decide nothing)."""
         try:
-            await self._retrying(REPORT_SECONDS, lambda: self.writer.report(ref, reason=reason, message=message,
-                                                                            warning=warning))
+            await self._retrying(self._soon(), lambda: self.writer.report(ref, reason=reason, message=message,
+                                                                          warning=warning))
             if ref.pod:
-                await self._retrying(REPORT_SECONDS, lambda: self.writer.set_condition(ref, placed, reason, message))
+                await self._retrying(self._soon(), lambda: self.writer.set_condition(ref, placed, reason, message))
             self.counts["reported"] += 1
         except PermanentError as exc:
             log.warning("could not report %s on %s/%s: %s", reason, ref.namespace, ref.pod or ref.name, exc)
