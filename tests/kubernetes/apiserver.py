@@ -34,9 +34,10 @@ import yaml
 from aiohttp import web
 
 import kube_patches
+import kube_rules
 import kube_schemas
 from kube_admission import MutatingAdmission, Refused, compile_errors
-from kube_selectors import SelectorError, field_selector, label_selector
+from kube_selectors import SelectorError, dotted, field_selector, label_selector
 
 NOT_MODELLED = """
 - authentication, authorization (RBAC objects are stored, never enforced), API priority and fairness
@@ -56,6 +57,15 @@ CORE_FIELDS = frozenset({"metadata.name", "metadata.namespace"})
 
 
 @dataclasses.dataclass(frozen=True)
+class CustomKind:
+    """What a CRD version defines beyond the names: its schema and its ``kubectl get`` columns."""
+
+    validator: Any
+    schema: dict
+    columns: tuple[dict, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class Resource:
     api_version: str
     plural: str
@@ -64,8 +74,7 @@ class Resource:
     status: bool = False
     fields: frozenset[str] = CORE_FIELDS
     short_names: tuple[str, ...] = ()
-    # (validator, structural schema) of a custom resource
-    custom: Any = dataclasses.field(default=None, compare=False, hash=False)
+    custom: "CustomKind | None" = dataclasses.field(default=None, compare=False, hash=False)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -129,6 +138,7 @@ BUILTIN = [
     _r("apiextensions.k8s.io/v1", "customresourcedefinitions", "CustomResourceDefinition", False, True,
        short=("crd", "crds")),
     _r("coordination.k8s.io/v1", "leases", "Lease"),
+    _r("policy/v1", "poddisruptionbudgets", "PodDisruptionBudget", True, True, short=("pdb",)),
 ]
 # Kinds whose metadata.generation the real server leaves unset.
 NO_GENERATION = {"ConfigMap", "Secret", "Event", "ServiceAccount", "Namespace", "Node", "Service", "Lease",
@@ -139,7 +149,6 @@ REASONS = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFo
            429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # apimachinery's generateName alphabet
 TRUE = ("1", "t", "T", "true", "TRUE", "True")  # what Go's strconv.ParseBool reads as true
-POD_MUTABLE = ("activeDeadlineSeconds", "terminationGracePeriodSeconds", "tolerations", "schedulingGates")
 
 
 class _Raced(Exception):
@@ -246,6 +255,7 @@ class ApiServer:
         self._port = 0
         self._runner: web.AppRunner | None = None
         self.admission = MutatingAdmission()  # the stored MutatingWebhookConfigurations, run on each write
+        self._changed = asyncio.Event()
         for ns in SYSTEM_NAMESPACES:
             self._create_now(self._res("v1", "namespaces"), "", {"apiVersion": "v1", "kind": "Namespace",
                                                                  "metadata": {"name": ns}})
@@ -315,6 +325,14 @@ class ApiServer:
         """Forget the watch history, as etcd compaction does: a watch from before now gets 410."""
         self._history.clear()
         self._compacted = self._rv
+
+    async def wait_for(self, check, timeout: float = 10.0):
+        """The first truthy value of ``check()`` (a function of the stored state, e.g. a lambda over
+        ``objects``), re-evaluated after each write; TimeoutError if it stays falsy."""
+        async with asyncio.timeout(timeout):
+            while not (value := check()):
+                await self._changed.wait()
+            return value
 
     def resource(self, api_version: str, plural: str) -> Resource:
         return self._res(api_version, plural)
@@ -399,6 +417,8 @@ class ApiServer:
         if len(self._history) == self._history.maxlen:
             self._compacted = self._history[0].rv
         self._history.append(change)
+        self._changed.set()
+        self._changed = asyncio.Event()
         for watcher in list(self._watchers):
             event = self._event_for(watcher, change)
             if event is not None:
@@ -479,16 +499,18 @@ class ApiServer:
 
     def _default(self, res: Resource, obj: dict) -> None:
         if res.custom is not None:
-            kube_schemas.apply_defaults(res.custom[1], obj)
+            kube_schemas.apply_defaults(res.custom.schema, obj)
 
     def _validate(self, res: Resource, obj: dict, old: dict | None) -> None:
         name = obj.get("metadata", {}).get("name", "")
         if res.custom is not None:
-            validator = res.custom[0]
+            validator = res.custom.validator
         else:
             validator = kube_schemas.builtin_validator(res.kind, res.api_version, self.schema_version)
         causes = kube_schemas.errors(validator, obj)
-        causes += _semantic_errors(res, obj, old)
+        causes += kube_rules.errors(res.kind, obj, old)
+        if res.kind == "MutatingWebhookConfiguration":
+            causes += compile_errors(obj.get("webhooks") or [])
         if causes:
             raise invalid(res, name, causes)
 
@@ -868,7 +890,8 @@ class ApiServer:
             res = Resource(api_version, names["plural"], names["kind"], spec["scope"] == "Namespaced",
                            "status" in (version.get("subresources") or {}), CORE_FIELDS,
                            tuple(names.get("shortNames") or ()),
-                           (kube_schemas.custom_validator(schema, self.schema_version), schema))
+                           CustomKind(kube_schemas.custom_validator(schema, self.schema_version), schema,
+                                      tuple(version.get("additionalPrinterColumns") or ())))
             self._resources[(api_version, names["plural"])] = res
 
     # ---- HTTP -----------------------------------------------------------------------------------
@@ -892,6 +915,8 @@ class ApiServer:
         parts = [p for p in request.path.split("/") if p]
         if request.path in ("/healthz", "/readyz", "/livez"):
             return web.Response(text="ok")
+        if parts[:2] == ["openapi", "v3"]:
+            return web.json_response(self._openapi_v3("/".join(parts[2:])))
         if request.path == "/version":
             major, minor = self.schema_version.split(".")[:2]
             return web.json_response({"major": major, "minor": minor, "gitVersion": f"v{self.schema_version}",
@@ -925,7 +950,10 @@ class ApiServer:
             if method == "GET":
                 if request.query.get("watch") in TRUE:
                     return await self._watch(request, res, ns if res.namespaced and ns else None)
-                return web.json_response(self._list(res, ns if ns else None, request.query))
+                listed = self._list(res, ns if ns else None, request.query)
+                if _wants_table(request) and res.custom is not None:
+                    return web.json_response(_table(res, listed["items"], self._rv))
+                return web.json_response(listed)
             if method == "POST":
                 body = await self._body(request)
                 return web.json_response(await self._create(res, ns, body, "POST", request.path), status=201)
@@ -941,6 +969,8 @@ class ApiServer:
             return web.json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                                       "code": 201}, status=201)
         if method == "GET":
+            if _wants_table(request) and res.custom is not None:
+                return web.json_response(_table(res, [self._current(res, ns, name)], self._rv))
             return web.json_response(copy.deepcopy(self._current(res, ns, name)))
         if method == "PUT":
             return web.json_response(await self._update(res, ns, name, await self._body(request), sub, "PUT",
@@ -1059,6 +1089,33 @@ class ApiServer:
         return {"kind": "APIGroupList", "apiVersion": "v1",
                 "groups": [self._group(g) for g in sorted(self._groups())]}
 
+    def _openapi_v3(self, group_version: str) -> dict:
+        """Just enough OpenAPI v3 for kubectl: the group-version documents exist and their PATCH
+        operations take ``fieldValidation``, so kubectl leaves strict validation to this server
+        (which does it) instead of validating client-side against schemas served here (which are not)."""
+        versions = sorted({r.api_version for r in self._resources.values()})
+        if not group_version:
+            return {"paths": {(f"api/{v}" if "/" not in v else f"apis/{v}"): {
+                "serverRelativeURL": f"/openapi/v3/{'api' if '/' not in v else 'apis'}/{v}?hash={self._rv}"}
+                for v in versions}}
+        api_version = group_version.split("/", 1)[1] if "/" in group_version else group_version
+        paths = {}
+        for res in self._resources.values():
+            if res.api_version != api_version:
+                continue
+            gvk = {"group": res.group, "version": res.version, "kind": res.kind}
+            item = self._path(res, {"name": "{name}", "namespace": "{namespace}" if res.namespaced else ""},
+                              name=True)
+            paths[item] = {"patch": {
+                "x-kubernetes-group-version-kind": gvk, "x-kubernetes-action": "patch",
+                "parameters": [{"name": p, "in": "query", "schema": {"type": "string"}}
+                               for p in ("dryRun", "fieldManager", "fieldValidation", "force")],
+                "responses": {"200": {"description": "OK"}}}}
+        if not paths:
+            raise ApiError(404, f"the server could not find the requested resource (openapi {group_version})")
+        return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": f"v{self.schema_version}"},
+                "paths": paths, "components": {"schemas": {}}}
+
     def _resource_list(self, api_version: str) -> dict:
         out = []
         verbs = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
@@ -1081,6 +1138,26 @@ class ApiServer:
         return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": api_version, "resources": out}
 
 
+def _wants_table(request: web.Request) -> bool:
+    return "as=Table" in request.headers.get("Accept", "")
+
+
+def _table(res: Resource, objects: list[dict], rv: int) -> dict:
+    """The meta.k8s.io Table kubectl asks for: Name, then the CRD's additionalPrinterColumns (or Age)."""
+    columns = list(res.custom.columns) if res.custom and res.custom.columns else [
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}]
+    definitions = [{"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0}]
+    definitions += [{"name": c["name"], "type": c.get("type", "string"), "format": c.get("format", ""),
+                     "description": c.get("description", ""), "priority": c.get("priority", 0)} for c in columns]
+    rows = []
+    for obj in objects:
+        cells = [obj["metadata"]["name"]] + [dotted(obj, c["jsonPath"].lstrip(".")) for c in columns]
+        rows.append({"cells": cells, "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                                                "metadata": obj["metadata"]}})
+    return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": str(rv)},
+            "columnDefinitions": definitions, "rows": rows}
+
+
 def _crd_status(crd: dict) -> dict:
     names = (crd.get("spec") or {}).get("names") or {}
     stamp = now()
@@ -1090,63 +1167,3 @@ def _crd_status(crd: dict) -> dict:
                            for t, r, m in (("NamesAccepted", "NoConflicts", "no conflicts found"),
                                            ("Established", "InitialNamesAccepted",
                                             "the initial names have been accepted"))]}
-
-
-def _semantic_errors(res: Resource, obj: dict, old: dict | None) -> list[tuple[str, str]]:
-    """The rules beyond the schema that the real server's validation enforces and our tests meet."""
-    if res.kind == "Pod":
-        return _pod_errors(obj, old)
-    if res.kind == "ResourceClaim":
-        return _claim_errors(obj, old)
-    if res.kind == "MutatingWebhookConfiguration":
-        return compile_errors(obj.get("webhooks") or [])
-    return []
-
-
-def _pod_errors(pod: dict, old: dict | None) -> list[tuple[str, str]]:
-    spec = pod.get("spec") or {}
-    gates = [g.get("name") for g in spec.get("schedulingGates") or []]
-    if old is None:
-        if gates and spec.get("nodeName"):
-            return [("spec.nodeName", "Forbidden: cannot be set until all schedulingGates have been cleared")]
-        return []
-    old_spec = old.get("spec") or {}
-    old_gates = {g.get("name") for g in old_spec.get("schedulingGates") or []}
-    new_gates = [g for g in gates if g not in old_gates]
-    if new_gates:
-        return [("spec.schedulingGates", f"Forbidden: only deletion is allowed, but found new scheduling gate "
-                                         f"'{new_gates[0]}'")]
-
-    def frozen(s: dict) -> dict:
-        s = {k: v for k, v in s.items() if k not in POD_MUTABLE}
-        for field in ("containers", "initContainers"):
-            if field in s:
-                s[field] = [{k: v for k, v in c.items() if k != "image"} for c in s[field]]
-        return s
-
-    if frozen(spec) != frozen(old_spec):
-        return [("spec", "Forbidden: pod updates may not change fields other than `spec.containers[*].image`, "
-                         "`spec.initContainers[*].image`, `spec.activeDeadlineSeconds`, `spec.tolerations` "
-                         "(only additions to existing tolerations), `spec.terminationGracePeriodSeconds` (allow it "
-                         "to be set to 1 if it was previously negative), `spec.schedulingGates` (only deletion)")]
-    return []
-
-
-def _claim_errors(claim: dict, old: dict | None) -> list[tuple[str, str]]:
-    out = []
-    if old is not None and claim.get("spec") != old.get("spec"):
-        out.append(("spec", "Invalid value: field is immutable"))
-    status = claim.get("status") or {}
-    allocation = status.get("allocation")
-    old_allocation = ((old or {}).get("status") or {}).get("allocation")
-    if allocation is not None and old_allocation is not None and allocation != old_allocation:
-        out.append(("status.allocation", "Invalid value: field is immutable"))
-    if status.get("reservedFor") and allocation is None:
-        out.append(("status.reservedFor", "Forbidden: may not be specified when `allocated` is not set"))
-    requests = {r.get("name") for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []}
-    for i, result in enumerate(((allocation or {}).get("devices") or {}).get("results") or []):
-        request = str(result.get("request", "")).split("/")[0]
-        if request not in requests:
-            out.append((f"status.allocation.devices.results[{i}].request",
-                        f"Invalid value: \"{result.get('request')}\": must be the name of a request in the claim"))
-    return out

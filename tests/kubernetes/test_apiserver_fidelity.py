@@ -435,3 +435,66 @@ async def test_helpers_go_through_the_same_validation(apiserver):
     assert refused.value.code == 422
     written = [w for w in apiserver.writes if w.path.endswith("/resourceclaims")]
     assert [w.method for w in written] == ["POST"] and written[0].object["metadata"]["name"] == "c"
+
+
+async def test_wait_for_wakes_on_the_write_that_makes_it_true(apiserver):
+    waiting = asyncio.create_task(apiserver.wait_for(lambda: apiserver.object("v1", "pods", "p", "default")))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    await apiserver.create(pod("p"))
+    assert (await waiting)["metadata"]["name"] == "p"
+    with pytest.raises(TimeoutError):
+        await apiserver.wait_for(lambda: apiserver.object("v1", "pods", "q", "default"), timeout=0.05)
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda p: p["metadata"].update(name="Upper"), "metadata.name"),
+    (lambda p: p["metadata"].update(labels={"tessera.io/tenant": "x" * 64}), "metadata.labels"),
+    (lambda p: p["spec"]["containers"][0].update(resources={"claims": [{"name": "gpu"}]}),
+     "spec.containers[0].resources.claims[0].name"),
+    (lambda p: p["spec"].update(resourceClaims=[{"name": "gpu"}]), "spec.resourceClaims[0]"),
+    (lambda p: p["spec"]["containers"][0].update(resources={"requests": {"nvidia.com/gpu": "1"}}),
+     "spec.containers[0].resources.limits"),
+    (lambda p: p["spec"]["containers"][0].update(resources={"limits": {"nvidia.com/gpumem-percentage": "0.5"}}),
+     "spec.containers[0].resources.limits[nvidia.com/gpumem-percentage]"),
+])
+async def test_go_validation_beyond_the_schema_refuses_pods(apiserver, change, field):
+    body = pod("p")
+    change(body)
+    with pytest.raises(ApiError) as refused:
+        await apiserver.create(body)
+    assert refused.value.code == 422
+    assert field in [c["field"] for c in refused.value.details["causes"]], refused.value.message
+
+
+async def test_a_pod_may_claim_what_it_lists_and_a_slice_names_one_node_selection(apiserver):
+    body = pod("p")
+    body["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "t"}]
+    body["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    await apiserver.create(body)
+    resource_slice = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "s"},
+                      "spec": {"driver": "gpu.tessera.dev", "pool": {"name": "n1", "generation": 1,
+                                                                     "resourceSliceCount": 1},
+                               "devices": [{"name": "gpu-0"}]}}
+    with pytest.raises(ApiError) as refused:
+        await apiserver.create(resource_slice)
+    assert "exactly one of `nodeName`" in refused.value.message
+    resource_slice["spec"]["nodeName"] = "n1"
+    resource_slice["spec"]["devices"].append({"name": "GPU_1"})
+    with pytest.raises(ApiError) as refused:
+        await apiserver.create(resource_slice)
+    assert [c["field"] for c in refused.value.details["causes"]] == ["spec.devices[1].name"]
+
+
+async def test_the_shipped_manifests_are_accepted(apiserver):
+    """The emulator's rules refuse nothing a real server accepts, as far as deploy/k8s goes
+    (cert-manager's kinds aside: their CRDs are not installed here)."""
+    import yaml
+    from conftest import CRDS
+
+    docs = [d for p in sorted(CRDS.parent.glob("*.yaml")) if p.name != "kustomization.yaml"
+            for d in yaml.safe_load_all(p.read_text()) if d and not d["apiVersion"].startswith("cert-manager.io/")]
+    docs.sort(key=lambda d: d["kind"] != "Namespace")
+    for doc in docs:
+        await apiserver.create(doc)
+    assert len(apiserver.objects("apps/v1", "deployments", "tessera-system")) >= 2
