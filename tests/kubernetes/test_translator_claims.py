@@ -215,20 +215,49 @@ async def test_periodic_reconcile_keeps_reporting_nothing_new(nats_url, apiserve
         assert len(translator.events("requested", cid)) == 1 and translator.events("release") == []
 
 
-async def test_requested_lost_on_the_way_to_the_stream_is_sent_again(nats_url, apiserver, tmp_path):
-    """NATS fails the publish after the record was written: the next reconcile sends it."""
+async def test_events_lost_on_the_way_to_the_stream_are_sent_again(nats_url, apiserver, tmp_path):
+    """NATS fails the publish after the record was written (created, marked for release): the next
+    reconcile sends it."""
     await tenant_namespace(apiserver)
     async with kube_translator(nats_url, apiserver, tmp_path / "tls", reconcile_seconds=0.5) as translator:
         await translator.add_tenant("alpha")
         publish, failed = translator.service.bus.publish, []
 
         async def flaky(subject, event, **kwargs):
-            if subject.endswith(".requested._") and not failed:
-                failed.append(subject)
-                raise TemporaryError("nats: timeout (injected)")
+            kind = subject.split(".")[4]
+            if kind not in failed:
+                failed.append(kind)
+                raise TemporaryError(f"nats: timeout publishing {kind} (injected)")
             return await publish(subject, event, **kwargs)
 
         translator.service.bus.publish = flaky
-        _, claim, cid = await requested_claim(apiserver, translator, "trainer")
-        assert failed and (await translator.service.claims.get(cid))[0] is not None
-        assert len(translator.events("requested", cid)) == 1
+        pod, _, cid = await requested_claim(apiserver, translator, "trainer")
+        await delete_pod(apiserver, pod)
+        await translator.wait_for("release", cid)
+        assert failed == ["requested", "release"]
+        assert len(translator.events("requested", cid)) == 1 and len(translator.events("release", cid)) == 1
+
+
+async def test_release_marked_before_a_stop_is_sent_at_start(nats_url, apiserver, tmp_path):
+    """A translator stopped between marking a record for release and publishing the release (its
+    memory of what to resend is gone): the next one sends it at start."""
+    await tenant_namespace(apiserver)
+    async with kube_translator(nats_url, apiserver, tmp_path / "tls") as translator:
+        await translator.add_tenant("alpha")
+        pod, _, cid = await requested_claim(apiserver, translator, "trainer")
+        publish = translator.service.bus.publish
+
+        async def no_release(subject, event, **kwargs):
+            if subject.split(".")[4] == "release":
+                raise TemporaryError("nats: timeout (injected)")
+            return await publish(subject, event, **kwargs)
+
+        translator.service.bus.publish = no_release
+        await delete_pod(apiserver, pod)
+        async with asyncio.timeout(30):
+            while not (await translator.service.claims.get(cid))[0].release_requested:
+                await asyncio.sleep(0.02)
+        assert translator.events("release", cid) == []
+    async with kube_translator(nats_url, apiserver, tmp_path / "tls2", reconcile_seconds=3600) as restarted:
+        (release,) = await restarted.wait_for("release", cid)
+        assert release.reason == "resourceclaim-deleted"

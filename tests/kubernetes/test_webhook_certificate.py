@@ -35,7 +35,7 @@ async def serial_becomes(port: int, authority: Authority, serial: int) -> None:
 async def test_renewed_certificate_is_served_to_new_connections(nats_url, tmp_path, caplog):
     authority = Authority()
     secret = tmp_path / "webhook-tls"
-    first_cert, first_key, first = authority.issue()
+    first_cert, first_key, first = authority.serving()
     project_secret(secret, {"tls.crt": first_cert, "tls.key": first_key, "ca.crt": authority.pem})
     port = free_port()
     settings = TranslatorSettings(webhook_port=port, webhook_host="127.0.0.1", webhook_cert=str(secret / "tls.crt"),
@@ -45,7 +45,7 @@ async def test_renewed_certificate_is_served_to_new_connections(nats_url, tmp_pa
         assert serial == first
         assert (await post_review(old_reader, old_writer, review("a")))["response"]["allowed"] is True
 
-        second_cert, second_key, second = authority.issue()
+        second_cert, second_key, second = authority.serving()
         project_secret(secret, {"tls.crt": second_cert, "tls.key": second_key, "ca.crt": authority.pem})
         await serial_becomes(port, authority, second)
         # The connection made before the renewal still answers reviews, on the old certificate.
@@ -68,6 +68,6 @@ async def test_renewed_certificate_is_served_to_new_connections(nats_url, tmp_pa
         await writer.wait_closed()
 
         # ...and the next good renewal is picked up.
-        third_cert, third_key, third = authority.issue()
+        third_cert, third_key, third = authority.serving()
         project_secret(secret, {"tls.crt": third_cert, "tls.key": third_key, "ca.crt": authority.pem})
         await serial_becomes(port, authority, third)

@@ -118,7 +118,7 @@ async def kube_translator(nats_url: str, apiserver, secrets: Path, *, reconcile_
     recorded from a core NATS subscription (which sees each publish, even one the stream drops as a
     duplicate)."""
     authority = Authority()
-    cert, key, _ = authority.issue()
+    cert, key, _ = authority.serving()
     project_secret(secrets, {"tls.crt": cert, "tls.key": key, "ca.crt": authority.pem})
     port = free_port()
     settings = TranslatorSettings(webhook_port=port, webhook_host="127.0.0.1", webhook_cert=str(secrets / "tls.crt"),

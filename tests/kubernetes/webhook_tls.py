@@ -1,67 +1,45 @@
-"""Real TLS for the webhook tests: a self-signed CA, serving certificates it issues, written the way
-the kubelet projects a Secret volume (files behind a ``..data`` symlink that is swapped at once),
-and a client that reads the certificate a server presents."""
+"""Real TLS for the translator's webhook in tests: serving certificates from the tests' CA
+(``webhook_server.CertificateAuthority``), written the way the kubelet projects a Secret volume
+(files behind a ``..data`` symlink that is swapped at once), and a client that reads the
+certificate a server presents."""
 
 from __future__ import annotations
 
 import asyncio
-import datetime
 import itertools
 import json
 import os
 import ssl
+import tempfile
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+
+from webhook_server import CertificateAuthority
 
 _versions = itertools.count(1)
 
 
-class Authority:
-    """A CA that issues serving certificates for 127.0.0.1 / localhost."""
+# The name the API server checks on the translator's certificate (its webhook Service), as
+# deploy/k8s/webhook.yaml's Certificate issues it; and localhost for the tests' own calls.
+SERVING_NAMES = ("tessera-translator-webhook.tessera-system.svc", "localhost")
+
+
+class Authority(CertificateAuthority):
+    """The test CA, issuing serving certificates as cert-manager would at each renewal."""
 
     def __init__(self) -> None:
-        self.key = ec.generate_private_key(ec.SECP256R1())
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tessera-test-ca")])
-        now = datetime.datetime.now(datetime.timezone.utc)
-        self.cert = (
-            x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(self.key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(self.key, hashes.SHA256())
-        )
+        super().__init__()
+        self._scratch = Path(tempfile.mkdtemp(prefix="tessera-ca-"))
 
-    @property
-    def pem(self) -> bytes:
-        return self.cert.public_bytes(serialization.Encoding.PEM)
-
-    def issue(self) -> tuple[bytes, bytes, int]:
-        """(certificate PEM, key PEM, serial) of a new serving certificate with a new key."""
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
-        serial = x509.random_serial_number()
-        import ipaddress
-
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tessera-translator-webhook")]))
-            .issuer_name(self.cert.subject).public_key(key.public_key()).serial_number(serial)
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(x509.SubjectAlternativeName([
-                x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .sign(self.key, hashes.SHA256())
-        )
-        key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption())
-        return cert.public_bytes(serialization.Encoding.PEM), key_pem, serial
+    def serving(self) -> tuple[bytes, bytes, int]:
+        """(certificate chain PEM, key PEM, serial) of a new serving certificate with a new key."""
+        cert_path, key_path = self.issue(self._scratch / str(next(_versions)), list(SERVING_NAMES))
+        chain = cert_path.read_bytes()
+        return chain, key_path.read_bytes(), x509.load_pem_x509_certificate(chain).serial_number
 
     def client_context(self) -> ssl.SSLContext:
-        context = ssl.create_default_context(cadata=self.pem.decode())
-        return context
+        return ssl.create_default_context(cadata=self.pem.decode())
 
 
 def project_secret(directory: Path, files: dict[str, bytes]) -> None:

@@ -84,11 +84,12 @@ def test_reconcile_requests_unrecorded_claims_and_releases_orphans():
         record(gone, "running"),                                  # its ResourceClaim is gone: release
         record("k8s-99999999-1111-4222-8333-444444444444", "released"),  # over already
         record("c-0123456789abcdef", kube=False),                 # a CLI claim: none of our business
-        record("k8s-88888888-1111-4222-8333-444444444444", release_requested=True),  # releasing already
+        record("k8s-88888888-1111-4222-8333-444444444444", release_requested=True),  # marked, maybe not sent
     ]
     repairs = claimflow.reconcile([live, fresh], records)
     assert repairs.request == [fresh]
     assert [r.claim for r in repairs.release] == [gone]
+    assert [r.claim for r in repairs.resend] == ["k8s-88888888-1111-4222-8333-444444444444"]
 
 
 def test_a_claim_being_deleted_is_not_requested():

@@ -35,10 +35,15 @@ def _stamp(paths: tuple[str, ...]) -> Stamp:
     return tuple(out)
 
 
+_END = "-----END CERTIFICATE-----"
+
+
 def fingerprint(cert_file: str) -> str:
-    """SHA-256 of the first certificate in a PEM file (what the logs name a certificate by)."""
+    """SHA-256 of the first certificate of a PEM chain (what the logs name a certificate by)."""
     with open(cert_file, encoding="ascii", errors="replace") as f:
-        return hashlib.sha256(ssl.PEM_cert_to_DER_cert(f.read())).hexdigest()[:16]
+        text = f.read()
+    first = text[: text.index(_END) + len(_END)] if _END in text else text
+    return hashlib.sha256(ssl.PEM_cert_to_DER_cert(first)).hexdigest()[:16]
 
 
 def _context(cert_file: str, key_file: str) -> ssl.SSLContext:

@@ -136,10 +136,13 @@ def recover_spec(claim: Mapping) -> ClaimSpec:
 
 @dataclass(frozen=True)
 class Repairs:
-    """What the reconciler publishes: ``requested`` for unrecorded claims, releases for orphans."""
+    """What the reconciler publishes: ``requested`` for unrecorded claims, releases for orphans,
+    and (``resend``) the releases of orphans already marked, which a translator that stopped between
+    marking and publishing may never have sent."""
 
     request: list[Mapping]
     release: list[ClaimRecord]
+    resend: list[ClaimRecord]
 
 
 def reconcile(claims: Iterable[Mapping], records: Iterable[ClaimRecord]) -> Repairs:
@@ -153,8 +156,6 @@ def reconcile(claims: Iterable[Mapping], records: Iterable[ClaimRecord]) -> Repa
     live = {tessera_id(c): c for c in claims if not is_deleting(c)}
     recorded = {r.claim: r for r in records}
     request = [c for cid, c in live.items() if cid not in recorded]
-    release = [
-        r for r in recorded.values()
-        if r.kube is not None and r.state not in TERMINAL and not r.release_requested and r.claim not in live
-    ]
-    return Repairs(request=request, release=release)
+    orphans = [r for r in recorded.values() if r.kube is not None and r.state not in TERMINAL and r.claim not in live]
+    return Repairs(request=request, release=[r for r in orphans if not r.release_requested],
+                   resend=[r for r in orphans if r.release_requested])

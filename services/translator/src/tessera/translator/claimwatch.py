@@ -48,6 +48,9 @@ class ClaimSink(Protocol):
     async def release_kube(self, claim: str, reason: str) -> bool:
         """Publish the release of a live Kubernetes claim; False if there was nothing to release."""
 
+    async def resend_release(self, record: ClaimRecord) -> None:
+        """Publish again the release of a claim whose record is marked ``release_requested``."""
+
 
 class ClaimWatcher:
     def __init__(self, cluster: Cluster, sink: ClaimSink, period: float,
@@ -63,6 +66,7 @@ class ClaimWatcher:
         self.allocated: set[str] = set()
         # (uid, message) already reported as an Event by this process: one report, not one a period.
         self.reported: set[tuple[str, str]] = set()
+        self.started = False
 
     async def run(self) -> None:
         """Forever: reconcile, then watch until the next reconcile is due (or the watch breaks)."""
@@ -96,13 +100,25 @@ class ClaimWatcher:
         repairs = claimflow.reconcile(claims, records)
         live = {claimflow.tessera_id(c) for c in claims}
         self.recorded = {r.claim for r in records} & live
+        seen_allocated = self.allocated
         self.allocated = {c["metadata"]["uid"] for c in claims if claimflow.is_allocated(c)}
         for claim in claims:
             if claimflow.is_deleting(claim):
                 await self.release(claim, DELETED)
+            elif claim["metadata"]["uid"] in seen_allocated - self.allocated:  # between watch and list
+                await self.deallocated(claim)
         for record in repairs.release:
             if await self.sink.release_kube(record.claim, MISSING):
                 log.info("claim %s has no ResourceClaim any more: released", record.claim)
+        if not self.started:
+            # Only at start: a release marked by a translator that stopped before it was sent. (Later
+            # the release is on its way or kept for ``flush``; the repeat is dropped by message id or
+            # ignored by placement, a released claim being released.)
+            for record in repairs.resend:
+                log.info("claim %s was marked for release before a restart: sending its release again",
+                         record.claim)
+                await self.sink.resend_release(record)
+            self.started = True
         for claim in repairs.request:
             await self.admit(claim)
         return version
@@ -117,15 +133,18 @@ class ClaimWatcher:
         allocated = claimflow.is_allocated(claim)
         if uid in self.allocated and not allocated:
             self.allocated.discard(uid)
-            # Tessera clears allocations itself when it releases a claim: only a live one is news.
-            if await self.release(claim, DEALLOCATED):
-                await self.report(claim, "Deallocated",
-                                  "the allocation of this claim was removed outside Tessera; its GPUs were "
-                                  "released. Delete and recreate the pod to get GPUs again")
+            await self.deallocated(claim)
             return
         if allocated:
             self.allocated.add(uid)
         await self.admit(claim)
+
+    async def deallocated(self, claim: Mapping) -> None:
+        # Tessera clears allocations itself when it releases a claim: only a live one is news.
+        if await self.release(claim, DEALLOCATED):
+            await self.report(claim, "Deallocated",
+                              "the allocation of this claim was removed outside Tessera; its GPUs were "
+                              "released. Delete and recreate the pod to get GPUs again")
 
     async def admit(self, claim: Mapping) -> None:
         """Publish ``requested`` for a ResourceClaim not yet recorded, or say on it why not."""

@@ -1,11 +1,15 @@
 """A ClaimSpec rendered as Kubernetes DRA documents (``resource.k8s.io/v1``).
 
-On Kubernetes a translated claim has to become something the scheduler's DRA allocator understands:
-a ResourceClaim (or a ResourceClaimTemplate a pod points at) whose request asks the Tessera device
-class for a number of GPUs and, through consumable capacity (KEP-5075), for a share of each one's
+On Kubernetes a translated claim has to become a DRA document: a ResourceClaim (or a
+ResourceClaimTemplate a pod points at) that says in DRA's own terms what Tessera's placement (the one
+allocator of these devices) will allocate and write into its status, so that kube-scheduler, the
+kubelet and ``kubectl`` read it as any other claim. Its request asks the Tessera device class for a
+number of GPUs and, through consumable capacity (KEP-5075), for a share of each one's
 ``memory`` and ``cores``. Type and UUID selectors become CEL expressions over the attributes that
-the capacity publisher puts in its ResourceSlices. Everything DRA cannot express (priority,
-scheduling policies, a memory percentage) travels to the node side as opaque driver config.
+the capacity publisher puts in its ResourceSlices. The opaque driver config carries the whole
+translated claim, including what DRA cannot express (priority, scheduling policies, a memory
+percentage): Tessera's placement, not the scheduler, allocates these claims, and the translator
+recovers the claim from a ResourceClaim's (immutable) spec with ``spec_from_parameters``.
 
 The contract with the capacity publisher's ResourceSlices (driver ``gpu.tessera.dev``):
 attributes ``model`` (string) and ``uuid`` (string); capacity ``memory`` (a quantity in bytes,

@@ -112,8 +112,9 @@ class TranslatorService:
         self.settings = settings
         self.kube_api = kube_api
         self.claims: ClaimStore
-        # Kubernetes claims recorded whose ``requested`` is not on the stream yet (see ``flush``).
-        self.unpublished: dict[str, ClaimRequested] = {}
+        # Kubernetes path: events whose record change is written but which are not on the stream
+        # yet, by message id (see ``flush``).
+        self.unpublished: dict[str, tuple[str, msgspec.Struct]] = {}
 
     async def start(self) -> dict:
         self.claims = ClaimStore(await self.bus.kv(subjects.KV_CLAIMS))
@@ -125,10 +126,8 @@ class TranslatorService:
         cluster = None
         if self.settings.kubernetes:
             # kubernetes_asyncio only in Kubernetes mode: it costs start-up time and memory.
-            from tessera.shared.kubeapi import KubeApi
             from tessera.translator.kube import Cluster
 
-            self.kube_api = self.kube_api or KubeApi()
             cluster = Cluster(self.kube_api, self.ctx.settings.instance or "")
             # Not ready (so no webhook endpoint) until the first comparison with the claims bucket.
             tasks["resourceclaims"] = self._follow_claims(cluster, self.ctx.gate("resourceclaims-synced"))
@@ -199,24 +198,28 @@ class TranslatorService:
         existing, _ = await self.claims.get(event.claim)
         return None, existing
 
-    async def _publish_requested(self, event: ClaimRequested) -> None:
-        await self.bus.publish(
-            subjects.claim(event.tenant, event.claim, "requested"), event, msg_id=f"{event.claim}:requested"
-        )
+    @staticmethod
+    def _requested_message(event: ClaimRequested) -> tuple[str, ClaimRequested, str]:
+        return subjects.claim(event.tenant, event.claim, "requested"), event, f"{event.claim}:requested"
 
     async def records(self) -> list[ClaimRecord]:
         return await self.claims.all()
 
     async def flush(self) -> None:
-        """Publish the ``requested`` events whose record was written but whose publish failed.
+        """Publish the events whose record change was written but whose publish failed.
 
-        A re-seen ResourceClaim finds its record and publishes nothing, so an event lost between
-        the record and the stream would leave the claim requested forever; it is kept here and
-        sent again (same message id: the stream drops it if the first attempt did get through).
+        A re-seen ResourceClaim finds its record (created, or marked for release) and publishes
+        nothing, so an event lost between the record and the stream would leave the claim requested,
+        or its GPUs held, forever; it is kept here and sent again (same message id: the stream drops
+        it if the first attempt did get through).
         """
-        for claim, event in list(self.unpublished.items()):
-            await self._publish_requested(event)
-            del self.unpublished[claim]
+        for msg_id, (subject, event) in list(self.unpublished.items()):
+            await self.bus.publish(subject, event, msg_id=msg_id)
+            del self.unpublished[msg_id]
+
+    async def _deliver(self, subject: str, event: msgspec.Struct, msg_id: str) -> None:
+        self.unpublished[msg_id] = (subject, event)
+        await self.flush()
 
     async def request_kube(self, claim: str, tenant: str, spec: ClaimSpec, ref: KubeClaimRef) -> bool:
         """A ResourceClaim's claim: recorded and published once; False if it was recorded already."""
@@ -226,8 +229,7 @@ class TranslatorService:
             fresh, _ = await self._record(event)
             if fresh is None:
                 return False
-            self.unpublished[claim] = fresh
-            await self.flush()
+            await self._deliver(*self._requested_message(fresh))
         return True
 
     async def release_kube(self, claim: str, reason: str) -> bool:
@@ -240,7 +242,8 @@ class TranslatorService:
                 return False
             marked = msgspec.structs.replace(record, release_requested=True, reason=reason, updated=now())
             if revision is not None and await self.claims.replace(marked, revision) is not None:
-                await self._publish_release(marked, reason)
+                with self._release_span(marked):
+                    await self._deliver(*self._release_message(marked, reason))
                 return True
 
     def _spec_from(self, request: SubmitRequest) -> ClaimSpec:
@@ -300,7 +303,8 @@ class TranslatorService:
                     code="conflict",
                 )
             # A retry republishes under the same message id: the stream drops it if the first got through.
-            await self._publish_requested(fresh or event)
+            subject, message, msg_id = self._requested_message(fresh or event)
+            await self.bus.publish(subject, message, msg_id=msg_id)
         except TemporaryError as exc:
             return api.error(str(exc), code="unavailable")
         log.info("claim %s for tenant %s requested: %s", event.claim, event.tenant, spec)
@@ -328,23 +332,31 @@ class TranslatorService:
         return api.ok({"claim": record.claim, "state": "releasing"})
 
     async def _release(self, record: ClaimRecord, reason: str) -> None:
-        await self._publish_release(await self.claims.mark_release_requested(record.claim, reason) or record, reason)
+        marked = await self.claims.mark_release_requested(record.claim, reason) or record
+        with self._release_span(record):
+            subject, message, msg_id = self._release_message(marked, reason)
+            await self.bus.publish(subject, message, msg_id=msg_id)
 
-    async def _publish_release(self, record: ClaimRecord, reason: str) -> None:
+    async def resend_release(self, record: ClaimRecord) -> None:
+        with self._release_span(record):
+            await self._deliver(*self._release_message(record, record.reason))
+
+    def _release_span(self, record: ClaimRecord):
+        # The release continues the claim's own trace: one claim, one trace, request to release.
+        parent = {"traceparent": record.traceparent} if record.traceparent else None
+        return self.ctx.telemetry.span("translator release", parent_headers=parent,
+                                       attributes={"tessera.claim": record.claim})
+
+    @staticmethod
+    def _release_message(record: ClaimRecord, reason: str) -> tuple[str, ClaimReleaseRequested, str]:
         """The release of a claim whose record is marked ``release_requested`` (``record``)."""
         # Addressed to the node that holds the claim, if one does by now: its enforcer releases it.
         # Before allocation it concerns no node: placement ends it, and a placement that allocates
         # it meanwhile finds the request on the record (which is marked first).
         node = record.node if record.state in ("allocated", "prepared", "running") else None
-        # The release continues the claim's own trace: one claim, one trace, request to release.
-        parent = {"traceparent": record.traceparent} if record.traceparent else None
-        with self.ctx.telemetry.span("translator release", parent_headers=parent,
-                                     attributes={"tessera.claim": record.claim}):
-            await self.bus.publish(
-                subjects.claim(record.tenant, record.claim, "release", node),
+        return (subjects.claim(record.tenant, record.claim, "release", node),
                 ClaimReleaseRequested(claim=record.claim, tenant=record.tenant, reason=reason),
-                msg_id=f"{record.claim}:release",
-            )
+                f"{record.claim}:release")
 
 
 def configure():
