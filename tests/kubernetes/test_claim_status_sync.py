@@ -6,6 +6,7 @@ to NATS (the process-level tests cover that it releases the ledger)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -25,22 +26,29 @@ RC = "resource.k8s.io/v1"
 SHARES = [DeviceShare(uuid="GPU-0", index=0, memory_mib=20000, cores=30)]
 
 
+@contextlib.asynccontextmanager
+async def running(kube, give_back):
+    """A ClaimStatusSync on the emulator with short retries, its workers running."""
+    worker = ClaimStatusSync(KubeWriter(kube, timeout=2), give_back, workers=2, retry_seconds=1.0, max_backoff=0.1)
+    task = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
 @pytest.fixture
 async def sync(apiserver, kube):
-    """A running ClaimStatusSync on the emulator; yields (sync, given back: [(claim, reason)])."""
+    """A running ClaimStatusSync; yields (sync, given back: [(claim, reason)])."""
     given_back: list[tuple[str, str]] = []
 
     async def give_back(job: Allocated, reason: str) -> None:
         given_back.append((job.claim, reason))
 
-    worker = ClaimStatusSync(KubeWriter(kube, timeout=2), give_back, workers=2, retry_seconds=1.0, max_backoff=0.1)
-    task = asyncio.create_task(worker.run())
-    try:
+    async with running(kube, give_back) as worker:
         yield worker, given_back
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
 
 
 async def made_claim(apiserver, name: str = "train") -> tuple[dict, dict]:
@@ -118,3 +126,18 @@ async def test_a_newer_job_of_a_claim_replaces_the_one_still_queued(apiserver, s
     assert await eventually(lambda: worker.counts["reported"] == 1)
     assert [e["reason"] for e in apiserver.objects("v1", "events", "team-a")] == ["Allocated"], events
     assert given_back == []
+
+
+async def test_an_allocation_whose_give_back_failed_is_tried_again(apiserver, kube):
+    pod, claim = await made_claim(apiserver)
+    await apiserver.delete(RC, "resourceclaims", claim["metadata"]["name"], "team-a")
+    attempts: list[str] = []
+
+    async def give_back(job: Allocated, reason: str) -> None:
+        attempts.append(reason)
+        if len(attempts) == 1:
+            raise ConnectionError("the bus is down")  # the release could not be published
+
+    async with running(kube, give_back) as worker:
+        worker.submit(job(pod, claim))
+        assert await eventually(lambda: len(attempts) == 2 and worker.counts["given_back"] == 1), attempts

@@ -103,12 +103,24 @@ class ClaimStatusSync:
                         await self._unschedulable(job)
             except Exception as exc:  # one claim's trouble must not stop the worker
                 log.warning("Kubernetes update for %s failed: %r", claim, exc)
+                if isinstance(job, Allocated):  # (the bus down while giving back?) neither written
+                    self._again(job, queued)     # nor given back: try the whole job again shortly
             finally:
                 lock, users = self.locks[claim]
                 if users == 1:
                     del self.locks[claim]
                 else:
                     self.locks[claim] = (lock, users - 1)
+
+    def _again(self, job: Allocated, queued: float, delay: float = 1.0) -> None:
+        """Queue ``job`` again after ``delay`` seconds with its first queueing time (its retry
+        budget is not renewed), unless a newer job of the claim is waiting by then."""
+        def requeue() -> None:
+            if job.claim not in self.latest:
+                self.submit(job)
+                self.queued_at[job.claim] = queued
+
+        asyncio.get_running_loop().call_later(delay, requeue)
 
     async def _retrying(self, deadline: float, step: Callable[[], Awaitable]):
         """Run ``step`` until it succeeds: now again after a conflict (a bounded number of times),
