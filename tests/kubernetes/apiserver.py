@@ -380,6 +380,12 @@ class ApiServer:
         return self._delete_request(res, namespace or "", name, {}, propagation,
                                     self._path(res, {"name": name, "namespace": namespace or ""}, name=True))
 
+    async def bind(self, namespace: str, pod: str, node: str) -> dict:
+        """What kube-scheduler does: POST pods/<pod>/binding (refused with 409 while the pod is gated)."""
+        path = f"/api/v1/namespaces/{namespace}/pods/{pod}/binding"
+        return self._bind(namespace, pod, {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod},
+                                           "target": {"apiVersion": "v1", "kind": "Node", "name": node}}, path)
+
     async def install_crds(self, directory: Path) -> None:
         for path in sorted(Path(directory).glob("*.yaml")):
             for doc in yaml.safe_load_all(path.read_text()):

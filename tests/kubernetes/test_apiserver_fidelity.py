@@ -12,9 +12,10 @@ import uuid
 
 import aiohttp
 import pytest
+import yaml
 
 from apiserver import ApiError
-from kube_objects import binding, claim, configmap, namespace, pod
+from kube_objects import DEPLOY_K8S, binding, claim, configmap, namespace, pod
 
 PODS = "/api/v1/namespaces/default/pods"
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
@@ -489,12 +490,20 @@ async def test_a_pod_may_claim_what_it_lists_and_a_slice_names_one_node_selectio
 async def test_the_shipped_manifests_are_accepted(apiserver):
     """The emulator's rules refuse nothing a real server accepts, as far as deploy/k8s goes
     (cert-manager's kinds aside: their CRDs are not installed here)."""
-    import yaml
-    from conftest import CRDS
-
-    docs = [d for p in sorted(CRDS.parent.glob("*.yaml")) if p.name != "kustomization.yaml"
+    docs = [d for p in sorted(DEPLOY_K8S.glob("*.yaml")) if p.name != "kustomization.yaml"
             for d in yaml.safe_load_all(p.read_text()) if d and not d["apiVersion"].startswith("cert-manager.io/")]
     docs.sort(key=lambda d: d["kind"] != "Namespace")
     for doc in docs:
         await apiserver.create(doc)
     assert len(apiserver.objects("apps/v1", "deployments", "tessera-system")) >= 2
+
+
+async def test_the_bind_helper_plays_kube_scheduler_by_the_same_rules(apiserver):
+    await apiserver.create(pod("p"))
+    with pytest.raises(ApiError) as refused:
+        await apiserver.bind("default", "p", "node-1")
+    assert refused.value.code == 409 and "non-empty .spec.schedulingGates" in refused.value.message
+    await apiserver.patch("v1", "pods", "p", [{"op": "remove", "path": "/spec/schedulingGates"}], "default",
+                          kind="json")
+    bound = await apiserver.bind("default", "p", "node-1")
+    assert bound["spec"]["nodeName"] == "node-1"
