@@ -261,3 +261,15 @@ async def test_release_marked_before_a_stop_is_sent_at_start(nats_url, apiserver
     async with kube_translator(nats_url, apiserver, tmp_path / "tls2", reconcile_seconds=3600) as restarted:
         (release,) = await restarted.wait_for("release", cid)
         assert release.reason == "resourceclaim-deleted"
+
+
+async def test_labelling_the_namespace_later_requests_its_claim(nats_url, apiserver, tmp_path):
+    """A claim refused for want of a tenant is requested at the next reconcile once the label is set."""
+    await apiserver.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "scratch"}})
+    async with kube_translator(nats_url, apiserver, tmp_path / "tls", reconcile_seconds=0.3) as translator:
+        await translator.add_tenant("alpha")
+        claim = await apiserver.create(hand_written_claim("p-gpu", "scratch", ClaimSpec(memory_mib=1000)))
+        await wait_until(lambda: events_about(apiserver, "scratch", "p-gpu"))
+        await apiserver.patch("v1", "namespaces", "scratch", {"metadata": {"labels": {TENANT_LABEL: "alpha"}}})
+        (event,) = await translator.wait_for("requested", claim_id(claim["metadata"]["uid"]))
+        assert event.tenant == "alpha" and event.kube.pod == ""
