@@ -14,10 +14,8 @@ does with the objects Tessera reads and writes, through the emulator's strict ch
 
 from __future__ import annotations
 
-from kube_objects import binding
 from translator_harness import resourceclaim_controller
 
-from tessera.shared.kubeapi import KubeApi, object_path
 from tessera.shared.kubeclaims import RESOURCE_API_VERSION
 
 POD_CLAIM_NAME = "resource.kubernetes.io/pod-claim-name"
@@ -79,9 +77,8 @@ async def make_claims(apiserver, pod: dict) -> list[dict]:
 
 
 class Scheduler:
-    def __init__(self, apiserver, kube: KubeApi) -> None:
+    def __init__(self, apiserver) -> None:
         self.apiserver = apiserver
-        self.kube = kube
 
     async def bind(self, pod: dict) -> str:
         """Bind ``pod`` to its claims' node and return it; `Refused` saying why it may not be."""
@@ -108,8 +105,7 @@ class Scheduler:
         if not nodes:
             raise Refused(f"pod {meta['name']} has no claims: not a Tessera pod")
         target = nodes.pop()
-        await self.kube.create(object_path("v1", "pods", meta["name"], meta["namespace"]) + "/binding",
-                               binding(meta["name"], target))
+        await self.apiserver.bind(meta["namespace"], meta["name"], target)
         return target
 
 

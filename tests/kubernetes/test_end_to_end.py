@@ -67,7 +67,7 @@ async def tessera(apiserver, nats_url, tmp_path):
         await asyncio.to_thread(cluster.stop)
 
 
-async def test_a_gpu_pod_from_creation_to_deletion(tessera, apiserver, kube):
+async def test_a_gpu_pod_from_creation_to_deletion(tessera, apiserver):
     client = tessera
     await create_tenant(client, "alpha", GpuQuota(gpus=2))
     await apiserver.create(namespace("team-a", {TENANT_LABEL: "alpha"}))
@@ -80,7 +80,7 @@ async def test_a_gpu_pod_from_creation_to_deletion(tessera, apiserver, kube):
     [entry] = pod["spec"]["resourceClaims"]
     assert apiserver.object(RC, "resourceclaimtemplates", entry["resourceClaimTemplateName"], "team-a")
     with pytest.raises(Refused, match="gated"):
-        await Scheduler(apiserver, kube).bind(pod)
+        await Scheduler(apiserver).bind(pod)
 
     # The resourceclaim controller makes the claim; the translator requests it; placement allocates.
     [claim] = await make_claims(apiserver, pod)
@@ -100,7 +100,7 @@ async def test_a_gpu_pod_from_creation_to_deletion(tessera, apiserver, kube):
         return not apiserver.object("v1", "pods", "train", "team-a")["spec"].get("schedulingGates")
 
     assert await eventually(ungated), "the gate was not lifted"
-    bound_to = await Scheduler(apiserver, kube).bind(pod)
+    bound_to = await Scheduler(apiserver).bind(pod)
     assert bound_to == record.node == allocated_node(claims_of(apiserver, apiserver.object("v1", "pods", "train",
                                                                                             "team-a"))[0])
     running = await Kubelet(apiserver).start(pod)

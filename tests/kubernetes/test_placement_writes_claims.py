@@ -33,7 +33,7 @@ OTHER_GATE = "example.com/admission-check"
 
 
 @pytest.fixture
-async def world(apiserver, kube, nats_url, tmp_path):
+async def world(apiserver, nats_url, tmp_path):
     """Nodes and a tenant's namespace in the cluster, the services running, a client on the bus."""
     for name in ("gpu-0", "gpu-1"):
         await apiserver.create(node(name))
@@ -98,7 +98,7 @@ def gates(apiserver, pod: dict) -> list[str]:
     return [g["name"] for g in current(apiserver, pod)["spec"].get("schedulingGates") or []]
 
 
-async def test_the_allocation_is_written_only_our_gate_is_lifted_and_the_pod_binds_there(world, apiserver, kube):
+async def test_the_allocation_is_written_only_our_gate_is_lifted_and_the_pod_binds_there(world, apiserver):
     client = await world()
     await create_tenant(client, "alpha", GpuQuota(gpus=4))
     spec = ClaimSpec(gpus=2, memory_mib=20000, cores=30)
@@ -116,7 +116,7 @@ async def test_the_allocation_is_written_only_our_gate_is_lifted_and_the_pod_bin
     assert [r["consumedCapacity"]["memory"] for r in written["devices"]["results"]] == ["20000Mi", "20000Mi"]
 
     assert await eventually(lambda: gates(apiserver, pod) == [OTHER_GATE]), gates(apiserver, pod)
-    scheduler = Scheduler(apiserver, kube)
+    scheduler = Scheduler(apiserver)
     with pytest.raises(Refused, match="gated"):  # another component's gate is not ours to lift
         await scheduler.bind(pod)
     await apiserver.patch("v1", "pods", "train", {"spec": {"schedulingGates": None}}, "team-a")
@@ -129,7 +129,7 @@ async def test_the_allocation_is_written_only_our_gate_is_lifted_and_the_pod_bin
     assert reserved["status"]["reservedFor"][0]["uid"] == pod["metadata"]["uid"]
 
 
-async def test_quota_exceeded_is_reported_on_the_pod_the_gate_stays_nothing_is_allocated(world, apiserver, kube):
+async def test_quota_exceeded_is_reported_on_the_pod_the_gate_stays_nothing_is_allocated(world, apiserver):
     client = await world()
     await create_tenant(client, "alpha", GpuQuota(gpus=1))
     spec = ClaimSpec(gpus=1, memory_mib=10000, cores=10)
@@ -149,7 +149,7 @@ async def test_quota_exceeded_is_reported_on_the_pod_the_gate_stays_nothing_is_a
     assert record.reason in condition["message"]
     assert gates(apiserver, pod) == [SCHEDULING_GATE] and allocation_of(apiserver, claim) is None
     with pytest.raises(Refused, match="gated"):
-        await Scheduler(apiserver, kube).bind(pod)
+        await Scheduler(apiserver).bind(pod)
     assert cid not in {c for lg in (await ledgers(client)).values() for c in lg.entries}
     assert set((await quota_in_use(client, "alpha")).claims) == {claim_id(first_claim["metadata"]["uid"])}
 
