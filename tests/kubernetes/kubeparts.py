@@ -6,10 +6,10 @@ does with the objects Tessera reads and writes, through the emulator's strict ch
   per template entry, from the template in the pod's namespace, owned by the pod so the garbage
   collector deletes it with the pod, annotated ``resource.kubernetes.io/pod-claim-name``), plus what
   kube-scheduler and the kubelet read of it: the pod's ``status.resourceClaimStatuses``.
-- `Scheduler.bind(pod)`: refuses a pod that still has scheduling gates or a claim without an
+- `schedule(apiserver, pod)`: refuses a pod that still has scheduling gates or a claim without an
   allocation; otherwise reserves each claim for the pod (``status.reservedFor``) and binds the pod
   (``pods/binding``) to the node the allocations' node selectors name.
-- `Kubelet.start(pod)`: a bound pod whose claims are reserved for it becomes Running.
+- `kubelet_start(apiserver, pod)`: a bound pod whose claims are reserved for it becomes Running.
 """
 
 from __future__ import annotations
@@ -76,55 +76,51 @@ async def make_claims(apiserver, pod: dict) -> list[dict]:
     return made
 
 
-class Scheduler:
-    def __init__(self, apiserver) -> None:
-        self.apiserver = apiserver
+def stored(apiserver, pod: dict) -> dict:
+    """The pod as the API server holds it now."""
+    meta = pod["metadata"]
+    return apiserver.object("v1", "pods", meta["name"], meta["namespace"])
 
-    async def bind(self, pod: dict) -> str:
-        """Bind ``pod`` to its claims' node and return it; `Refused` saying why it may not be."""
-        meta = pod["metadata"]
-        pod = self.apiserver.object("v1", "pods", meta["name"], meta["namespace"])
-        if pod["spec"].get("schedulingGates"):
+
+async def schedule(apiserver, pod: dict) -> str:
+    """kube-scheduler: bind ``pod`` to its claims' node and return it; `Refused` saying why not."""
+    pod = stored(apiserver, pod)
+    meta = pod["metadata"]
+    if pod["spec"].get("schedulingGates"):
             raise Refused(f"pod {meta['name']} is gated: {[g['name'] for g in pod['spec']['schedulingGates']]}")
-        claims = claims_of(self.apiserver, pod)
-        if len(claims) != len(pod["spec"].get("resourceClaims") or []):
-            raise Refused(f"pod {meta['name']}: not every claim exists yet")
-        nodes = set()
-        for claim in claims:
-            if not (claim.get("status") or {}).get("allocation"):
-                raise Refused(f"claim {claim['metadata']['name']} is not allocated")
-            nodes.add(allocated_node(claim))
-        if len(nodes) > 1:
-            raise Refused(f"pod {meta['name']}: its claims are on different nodes {sorted(nodes)}")
-        for claim in claims:
-            reserved = list(claim["status"].get("reservedFor") or [])
-            me = {"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
-            if me not in reserved:
-                claim["status"]["reservedFor"] = reserved + [me]
-                await self.apiserver.replace(claim, "status")
-        if not nodes:
-            raise Refused(f"pod {meta['name']} has no claims: not a Tessera pod")
-        target = nodes.pop()
-        await self.apiserver.bind(meta["namespace"], meta["name"], target)
-        return target
+    claims = claims_of(apiserver, pod)
+    if len(claims) != len(pod["spec"].get("resourceClaims") or []):
+        raise Refused(f"pod {meta['name']}: not every claim exists yet")
+    nodes = set()
+    for claim in claims:
+        if not (claim.get("status") or {}).get("allocation"):
+            raise Refused(f"claim {claim['metadata']['name']} is not allocated")
+        nodes.add(allocated_node(claim))
+    if len(nodes) != 1:
+        raise Refused(f"pod {meta['name']}: its claims are not on one node ({sorted(nodes)})")
+    for claim in claims:
+        reserved = list(claim["status"].get("reservedFor") or [])
+        me = {"resource": "pods", "name": meta["name"], "uid": meta["uid"]}
+        if me not in reserved:
+            claim["status"]["reservedFor"] = reserved + [me]
+            await apiserver.replace(claim, "status")
+    target = nodes.pop()
+    await apiserver.bind(meta["namespace"], meta["name"], target)
+    return target
 
 
-class Kubelet:
-    def __init__(self, apiserver) -> None:
-        self.apiserver = apiserver
-
-    async def start(self, pod: dict) -> dict:
-        meta = pod["metadata"]
-        pod = self.apiserver.object("v1", "pods", meta["name"], meta["namespace"])
-        if not pod["spec"].get("nodeName"):
-            raise Refused(f"pod {meta['name']} is not bound to a node")
-        for claim in claims_of(self.apiserver, pod):
-            uids = {r.get("uid") for r in claim["status"].get("reservedFor") or []}
-            if pod["metadata"]["uid"] not in uids:
-                raise Refused(f"claim {claim['metadata']['name']} is not reserved for pod {meta['name']}")
-        status = {"phase": "Running", "conditions": [c for c in pod["status"].get("conditions") or []
-                                                      if c["type"] not in ("Ready", "ContainersReady")]
-                  + [{"type": "Ready", "status": "True"}, {"type": "ContainersReady", "status": "True"}]}
-        return await self.apiserver.patch("v1", "pods", meta["name"], {"status": status}, meta["namespace"],
-                                          kind="merge", subresource="status")
+async def kubelet_start(apiserver, pod: dict) -> dict:
+    """The kubelet: a pod bound here whose claims are reserved for it runs."""
+    pod = stored(apiserver, pod)
+    meta = pod["metadata"]
+    if not pod["spec"].get("nodeName"):
+        raise Refused(f"pod {meta['name']} is not bound to a node")
+    for claim in claims_of(apiserver, pod):
+        if meta["uid"] not in {r.get("uid") for r in claim["status"].get("reservedFor") or []}:
+            raise Refused(f"claim {claim['metadata']['name']} is not reserved for pod {meta['name']}")
+    status = {"phase": "Running", "conditions": [c for c in pod["status"].get("conditions") or []
+                                                  if c["type"] not in ("Ready", "ContainersReady")]
+              + [{"type": "Ready", "status": "True"}, {"type": "ContainersReady", "status": "True"}]}
+    return await apiserver.patch("v1", "pods", meta["name"], {"status": status}, meta["namespace"],
+                                 kind="merge", subresource="status")
 

@@ -27,7 +27,7 @@ from tessera.cli.client import Client
 from tessera.placement.claimstatus import allocation, same_allocation
 
 from kube_objects import namespace
-from kubeparts import Kubelet, Refused, Scheduler, allocated_node, claims_of, gpu_pod, make_claims, node
+from kubeparts import Refused, allocated_node, claims_of, gpu_pod, kubelet_start, make_claims, node, schedule
 from kubetessera import create_tenant, eventually, ledgers, quota_in_use, start_services
 from webhook_server import CertificateAuthority
 
@@ -80,7 +80,7 @@ async def test_a_gpu_pod_from_creation_to_deletion(tessera, apiserver):
     [entry] = pod["spec"]["resourceClaims"]
     assert apiserver.object(RC, "resourceclaimtemplates", entry["resourceClaimTemplateName"], "team-a")
     with pytest.raises(Refused, match="gated"):
-        await Scheduler(apiserver).bind(pod)
+        await schedule(apiserver, pod)
 
     # The resourceclaim controller makes the claim; the translator requests it; placement allocates.
     [claim] = await make_claims(apiserver, pod)
@@ -100,10 +100,10 @@ async def test_a_gpu_pod_from_creation_to_deletion(tessera, apiserver):
         return not apiserver.object("v1", "pods", "train", "team-a")["spec"].get("schedulingGates")
 
     assert await eventually(ungated), "the gate was not lifted"
-    bound_to = await Scheduler(apiserver).bind(pod)
+    bound_to = await schedule(apiserver, pod)
     assert bound_to == record.node == allocated_node(claims_of(apiserver, apiserver.object("v1", "pods", "train",
                                                                                             "team-a"))[0])
-    running = await Kubelet(apiserver).start(pod)
+    running = await kubelet_start(apiserver, pod)
     assert running["status"]["phase"] == "Running" and running["spec"]["nodeName"] == record.node
     assert set((await quota_in_use(client, "alpha")).claims) == {cid}
 

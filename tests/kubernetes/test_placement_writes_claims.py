@@ -24,7 +24,7 @@ from tessera.placement.claimstatus import allocation, same_allocation
 from tessera.translator.dra import resource_claim_template
 
 from kube_objects import namespace
-from kubeparts import Kubelet, Refused, Scheduler, claims_of, make_claims, node
+from kubeparts import Refused, claims_of, kubelet_start, make_claims, node, schedule
 from kubetessera import create_tenant, eventually, ledgers, quota_in_use, request_claim, start_services
 
 RC = "resource.k8s.io/v1"
@@ -116,12 +116,11 @@ async def test_the_allocation_is_written_only_our_gate_is_lifted_and_the_pod_bin
     assert [r["consumedCapacity"]["memory"] for r in written["devices"]["results"]] == ["20000Mi", "20000Mi"]
 
     assert await eventually(lambda: gates(apiserver, pod) == [OTHER_GATE]), gates(apiserver, pod)
-    scheduler = Scheduler(apiserver)
     with pytest.raises(Refused, match="gated"):  # another component's gate is not ours to lift
-        await scheduler.bind(pod)
+        await schedule(apiserver, pod)
     await apiserver.patch("v1", "pods", "train", {"spec": {"schedulingGates": None}}, "team-a")
-    assert await scheduler.bind(pod) == record.node
-    running = await Kubelet(apiserver).start(pod)
+    assert await schedule(apiserver, pod) == record.node
+    running = await kubelet_start(apiserver, pod)
     assert running["spec"]["nodeName"] == record.node and running["status"]["phase"] == "Running"
     assert (await eventually(lambda: events_on(apiserver, pod, "Allocated")))[0]["type"] == "Normal"
     assert (await eventually(lambda: placed_condition(apiserver, pod)))["status"] == "True"
@@ -149,7 +148,7 @@ async def test_quota_exceeded_is_reported_on_the_pod_the_gate_stays_nothing_is_a
     assert record.reason in condition["message"]
     assert gates(apiserver, pod) == [SCHEDULING_GATE] and allocation_of(apiserver, claim) is None
     with pytest.raises(Refused, match="gated"):
-        await Scheduler(apiserver).bind(pod)
+        await schedule(apiserver, pod)
     assert cid not in {c for lg in (await ledgers(client)).values() for c in lg.entries}
     assert set((await quota_in_use(client, "alpha")).claims) == {claim_id(first_claim["metadata"]["uid"])}
 
