@@ -13,6 +13,11 @@ replica follows every ``unschedulable`` event, so waiting claims do not depend o
 Throughput comes from treating a fetched batch as a unit: fresh claims are decided one after another
 in memory, the ledger is written once per node for the whole batch (group commit), and the claim
 records and ``allocated`` events go out pipelined; anything unusual takes the one-claim path.
+
+In Kubernetes mode (``TESSERA_KUBERNETES``) a claim that stands for a ResourceClaim (``kube`` set)
+also has its outcome written to the cluster — the claim's ``status.allocation``, the pod's gate
+lifted, Events — by `tessera.placement.kubesync`, after the commit and off its path; a write that
+fails for good gives the allocation back through the ordinary release path.
 """
 
 from __future__ import annotations
@@ -49,11 +54,12 @@ from tessera.shared.events import (
 from tessera.shared.ledger import Ledger, check_fit, claim_quota, decode_node_ledger, tenant_totals
 from tessera.shared.runner import ServiceContext
 from tessera.shared.telemetry import inject
-from tessera.shared.settings import ConfigError, env_bool, env_choice, env_int
+from tessera.shared.settings import ConfigError, env_bool, env_choice, env_float, env_int
 
 from tessera.placement.engine import COMPILED_CORE, Placement, Placer, Rejection
 from tessera.placement.fleet import Fleet
 from tessera.placement.quota import has_limits, over_quota
+from tessera.placement.kubesync import Allocated, ClaimStatusSync, Unschedulable
 
 log = logging.getLogger("tessera.placement")
 
@@ -77,17 +83,35 @@ class PlacementSettings:
     # Which fragmentation-aware scoring runs: the compiled core where it is built (auto), the compiled
     # core or refuse to start (compiled), or the Python reference engine (python): same decisions.
     core: str = "auto"
+    # Kubernetes mode: write ResourceClaim allocations, lift pod gates, report on pods.
+    kubernetes: bool = False
+    kube_workers: int = 8
+    # How long a ResourceClaim status write (or gate lift) is retried while the API server is
+    # unreachable before the allocation is given back; and the limit on one API call.
+    kube_retry_seconds: float = 60.0
+    kube_timeout_seconds: float = 10.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "PlacementSettings":
         env = os.environ if env is None else env
-        return cls(
+        settings = cls(
             default_policy=env_choice(env, "TESSERA_PLACEMENT_POLICY", cls.default_policy, POLICIES),
             concurrency=env_int(env, "TESSERA_PLACEMENT_CONCURRENCY", cls.concurrency, minimum=1),
             batch=env_int(env, "TESSERA_PLACEMENT_BATCH", cls.batch, minimum=1),
             fluid_memory=env_bool(env, "TESSERA_PLACEMENT_FLUID_MEMORY", cls.fluid_memory),
             core=env_choice(env, "TESSERA_PLACEMENT_CORE", cls.core, CORES),
+            kubernetes=env_bool(env, "TESSERA_KUBERNETES", cls.kubernetes),
+            kube_workers=env_int(env, "TESSERA_PLACEMENT_KUBE_WORKERS", cls.kube_workers, minimum=1),
+            kube_retry_seconds=env_float(env, "TESSERA_PLACEMENT_KUBE_RETRY_SECONDS", cls.kube_retry_seconds),
+            kube_timeout_seconds=env_float(env, "TESSERA_PLACEMENT_KUBE_TIMEOUT_SECONDS", cls.kube_timeout_seconds),
         )
+        if settings.kube_retry_seconds < 0:
+            raise ConfigError(f"TESSERA_PLACEMENT_KUBE_RETRY_SECONDS={settings.kube_retry_seconds:g} is negative; "
+                              "set the seconds to keep retrying, e.g. 60")
+        if settings.kube_timeout_seconds <= 0:
+            raise ConfigError(f"TESSERA_PLACEMENT_KUBE_TIMEOUT_SECONDS={settings.kube_timeout_seconds:g} must be "
+                              "above 0, e.g. 10")
+        return settings
 
 
 class PlacementService:
@@ -119,6 +143,7 @@ class PlacementService:
         self.traces: dict[str, str] = {}  # pending claim -> traceparent, so a retry continues its trace
         self._retry_wanted = asyncio.Event()
         self.counts = {"allocated": 0, "unschedulable": 0, "conflicts": 0}
+        self.kube: ClaimStatusSync | None = None
 
     # --- start-up --------------------------------------------------------------------------
 
@@ -129,7 +154,15 @@ class PlacementService:
         open_ledger = self.ctx.gate("ledger")
         open_tenants = self.ctx.gate("tenants")
         consumer_ready = asyncio.Event()
-        return {
+        tasks = {}
+        if self.settings.kubernetes:
+            from tessera.placement.kube import KubeWriter  # only here: the client costs start-up time
+
+            writer = KubeWriter(timeout=self.settings.kube_timeout_seconds, instance=self.ctx.settings.instance)
+            self.kube = ClaimStatusSync(writer, self._give_back, workers=self.settings.kube_workers,
+                                        retry_seconds=self.settings.kube_retry_seconds)
+            tasks["kube-status"] = self._run_kube(writer)
+        return tasks | {
             "watch-inventory": self._watch(subjects.KV_INVENTORY, self._on_inventory, open_inventory),
             "watch-ledger": self._watch(subjects.KV_LEDGER, self._on_ledger, open_ledger),
             "watch-tenants": self._watch(subjects.KV_TENANTS, self._on_tenant, open_tenants),
@@ -138,6 +171,12 @@ class PlacementService:
             "follow-unschedulable": self._follow_unschedulable(),
             "report": self._report(),
         }
+
+    async def _run_kube(self, writer) -> None:
+        try:
+            await self.kube.run()
+        finally:
+            await writer.close()
 
     async def _report(self, every: float = 5.0) -> None:
         """One INFO line per interval with what this replica decided (nothing when idle)."""
@@ -202,9 +241,11 @@ class PlacementService:
         for record in await self.claims.all():
             if record.state == "unschedulable" and not record.release_requested:
                 self.pending[record.claim] = ClaimRequested(
-                    claim=record.claim, tenant=record.tenant, spec=record.spec
+                    claim=record.claim, tenant=record.tenant, spec=record.spec, kube=record.kube
                 )
                 self.traces[record.claim] = record.traceparent
+            else:
+                self._kube_resume(record)
         if self.pending:
             self._retry_wanted.set()
 
@@ -349,20 +390,23 @@ class PlacementService:
                 outcomes[i] = error
                 continue
             record = ClaimRecord(claim=event.claim, tenant=event.tenant, state="allocated", spec=event.spec,
-                                 node=node, devices=list(entry.shares), traceparent=self.traces.get(event.claim, ""))
+                                 node=node, devices=list(entry.shares), traceparent=self.traces.get(event.claim, ""),
+                                 kube=event.kube)
             writes.append((i, event, entry, headers, node, record))
         revisions = await self.claims.replace_many([(w[5], w[1].record_revision) for w in writes]) if writes else []
         announce = []
         for (i, event, entry, headers, node, record), revision in zip(writes, revisions):
             if revision is None:  # the record moved (a release request?): the careful path decides
                 try:
-                    base = ClaimRecord(claim=event.claim, tenant=event.tenant, state="requested", spec=event.spec)
+                    base = ClaimRecord(claim=event.claim, tenant=event.tenant, state="requested", spec=event.spec,
+                                       kube=event.kube)
                     await self._finish(event, node, entry, base, None)
                 except Exception as exc:
                     outcomes[i] = exc
                 continue
             self._forget(event.claim)
             self.counts["allocated"] += 1
+            self._kube_allocated(event.claim, event.tenant, node, entry.shares, event.kube)
             announce.append((subjects.claim(event.tenant, event.claim, "allocated", node),
                              ClaimAllocated(claim=event.claim, tenant=event.tenant, node=node,
                                             devices=list(entry.shares), spec=event.spec),
@@ -407,19 +451,21 @@ class PlacementService:
             self.pending[event.claim] = event
             self.counts["unschedulable"] += 1
             records.append((ClaimRecord(claim=event.claim, tenant=event.tenant, state="unschedulable",
-                                        spec=event.spec, reason=decision.reason,
+                                        spec=event.spec, reason=decision.reason, kube=event.kube,
                                         traceparent=self.traces.get(event.claim, ""), updated=now),
                             event.record_revision))
         revisions = await self.claims.replace_many(records)
         announce = []
         for (i, event, decision, headers), revision in zip(rejected, revisions):
             if revision is None:  # the record moved: the careful one-claim path decides
-                record = ClaimRecord(claim=event.claim, tenant=event.tenant, state="requested", spec=event.spec)
+                record = ClaimRecord(claim=event.claim, tenant=event.tenant, state="requested", spec=event.spec,
+                                     kube=event.kube)
                 try:
                     await self._unschedulable(event, decision.reason, decision.filtered, record, None)
                 except Exception as exc:
                     outcomes[i] = exc
                 continue
+            self._kube_unschedulable(event.claim, event.kube, decision.reason)
             announce.append((subjects.claim(event.tenant, event.claim, "unschedulable"),
                              ClaimUnschedulable(claim=event.claim, tenant=event.tenant, reason=decision.reason,
                                                 filtered=decision.filtered), None, headers))
@@ -460,22 +506,25 @@ class PlacementService:
         """
         if event.record_revision and event.claim not in self.pending:
             record = ClaimRecord(claim=event.claim, tenant=event.tenant, state="requested", spec=event.spec,
-                                 traceparent=self.traces.get(event.claim, ""))
+                                 traceparent=self.traces.get(event.claim, ""), kube=event.kube)
             revision: int | None = event.record_revision
         else:
             record, revision = await self.claims.get(event.claim)
             if record is None:
-                record = ClaimRecord(claim=event.claim, tenant=event.tenant, state="requested", spec=event.spec)
+                record = ClaimRecord(claim=event.claim, tenant=event.tenant, state="requested", spec=event.spec,
+                                     kube=event.kube)
                 revision = await self.claims.create(record)
                 if revision is None:
                     raise ConflictError(f"{event.claim} was created concurrently")
-            elif record.spec != event.spec:  # a peer's waiting claim: its record holds the spec
-                event = msgspec.structs.replace(event, spec=record.spec)
+            elif record.spec != event.spec or record.kube != event.kube:
+                # A peer's waiting claim: its record holds the spec and the ResourceClaim.
+                event = msgspec.structs.replace(event, spec=record.spec, kube=record.kube or event.kube)
                 if event.claim in self.pending:
                     self.pending[event.claim] = event
         if record.state not in ("requested", "unschedulable") or record.release_requested:
             log.debug("%s is %s: nothing to place", event.claim, record.state)
             self._forget(event.claim)
+            self._kube_resume(record)  # a redelivery after a crash may find the cluster side unfinished
             return record.state not in ("released", "failed")
 
         existing = self.claim_nodes.get(event.claim)
@@ -638,6 +687,7 @@ class PlacementService:
             written = await self.claims.replace(allocated, revision)
         self._forget(event.claim)
         self.counts["allocated"] += 1
+        self._kube_allocated(event.claim, event.tenant, node, entry.shares, event.kube or allocated.kube)
         await self.bus.publish(
             subjects.claim(event.tenant, event.claim, "allocated", node),
             ClaimAllocated(
@@ -667,9 +717,42 @@ class PlacementService:
             if done is None:
                 self._forget(event.claim)
                 return
+        self._kube_unschedulable(event.claim, event.kube or record.kube, reason)
         await self.bus.publish(
             subjects.claim(event.tenant, event.claim, "unschedulable"),
             ClaimUnschedulable(claim=event.claim, tenant=event.tenant, reason=reason, filtered=filtered),
+        )
+
+    # --- the Kubernetes side (kubesync does the work, off this path) ---------------------------
+
+    def _kube_allocated(self, claim: str, tenant: str, node: str, shares, kube) -> None:
+        if self.kube is None or kube is None:
+            return
+        inventory = self.inventories.get(node)
+        models = {d.index: d.model for d in inventory.devices} if inventory else {}
+        self.kube.submit(Allocated(claim=claim, tenant=tenant, node=node, shares=list(shares), kube=kube,
+                                   models=models))
+
+    def _kube_resume(self, record: ClaimRecord) -> None:
+        """Finish the cluster side of a claim placed earlier (by a replica that may have stopped
+        before it got there): each step is idempotent, and nothing is written or reported again
+        where the claim and the pod already say it. The node side (prepared, running) does not
+        prove the status was written: an enforcer may prepare on the ``allocated`` event alone."""
+        if record.state in ("allocated", "prepared", "running") and not record.release_requested:
+            self._kube_allocated(record.claim, record.tenant, record.node, record.devices, record.kube)
+
+    def _kube_unschedulable(self, claim: str, kube, reason: str) -> None:
+        if self.kube is not None and kube is not None:
+            self.kube.submit(Unschedulable(claim=claim, kube=kube, reason=reason))
+
+    async def _give_back(self, job: Allocated, reason: str) -> None:
+        """An allocation the cluster could not be told about is released as any other: a release
+        addressed to the node, whose enforcer returns the ledger entry and the quota and records
+        the claim released (the same message id as a forwarded release, so the two are one)."""
+        await self.bus.publish(
+            subjects.claim(job.tenant, job.claim, "release", job.node),
+            ClaimReleaseRequested(claim=job.claim, tenant=job.tenant, reason=f"kubernetes: {reason}"),
+            msg_id=f"{job.claim}:release:{job.node}",
         )
 
     async def cancel(self, event: ClaimReleaseRequested, addressed: bool = False) -> None:

@@ -1,0 +1,101 @@
+"""A ledger allocation as the ``status.allocation`` of its ResourceClaim (``resource.k8s.io/v1``).
+
+On Kubernetes placement is the one allocator of ``gpu.tessera.dev`` devices: kube-scheduler binds a
+pod only once each of its claims shows an allocation, and the kubelet hands that allocation to the
+node plugin. What placement decided in the ledger therefore has to be written in the exact shape the
+scheduler and the kubelet read: one ``devices.results[]`` entry per GPU share, naming the request,
+the driver, the node's pool and the device as the capacity publisher names them, with a ``shareID``
+(the devices allow multiple allocations, and the API requires a share id for those) and the capacity
+consumed; and a ``nodeSelector`` pinning the claim to the node, as the scheduler's own allocator
+writes for node-local devices.
+
+The share id is derived from the claim and the device, so a retried or repeated write (another
+replica, a restart) produces the same document and "already written" can be recognised by equality.
+
+Pure: plain dicts in and out; the writer is `tessera.placement.kube`.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timezone
+
+from tessera.shared.events import DeviceShare
+from tessera.shared.kubeclaims import DRIVER, REQUEST_NAME, device_name, pool_name
+
+# Fixed namespace of the share ids: uuid5(namespace, "<claim>/<pool>/<device>").
+SHARE_NAMESPACE = uuid.UUID("5b0f3c44-7f64-4f3e-9c3b-6a1d2e8f9a10")
+_MODEL_SELECTOR = f'device.attributes["{DRIVER}"].model == '
+
+
+def share_id(claim: str, node: str, index: int) -> str:
+    """The ``shareID`` of a claim's share of one device: the same for every write of that claim."""
+    return str(uuid.uuid5(SHARE_NAMESPACE, f"{claim}/{pool_name(node)}/{device_name(index)}"))
+
+
+def request_name(claim_spec: dict | None, model: str) -> str:
+    """The request a result answers: ``gpu``, or ``gpu/<subrequest>`` where the claim asks with a
+    ``firstAvailable`` list (a memory percentage: one subrequest per GPU model), the subrequest
+    being the one that selects the allocated device's model."""
+    requests = ((claim_spec or {}).get("devices") or {}).get("requests") or []
+    for request in requests:
+        if request.get("name") != REQUEST_NAME or not request.get("firstAvailable"):
+            continue
+        # The translator writes the model as a JSON string literal (which is a valid CEL literal).
+        wanted = _MODEL_SELECTOR + json.dumps(model)
+        for sub in request["firstAvailable"]:
+            expressions = [(s.get("cel") or {}).get("expression", "") for s in sub.get("selectors") or []]
+            if wanted in expressions:
+                return f"{REQUEST_NAME}/{sub['name']}"
+        raise ValueError(f"no subrequest of request {REQUEST_NAME!r} selects GPU model {model!r}")
+    return REQUEST_NAME
+
+
+def node_selector(node: str) -> dict:
+    """A NodeSelector matching exactly ``node`` (by its name, as the DRA allocator writes it)."""
+    return {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}
+
+
+def allocation(claim: str, node: str, shares: list[DeviceShare], *, claim_spec: dict | None = None,
+               models: dict[int, str] | None = None, at: datetime | None = None) -> dict:
+    """The ``AllocationResult`` for ``shares`` of ``node`` given to ``claim``.
+
+    ``claim_spec`` is the ResourceClaim's ``spec`` (to name the subrequest a percentage claim was
+    allocated through) and ``models`` the node's GPU models by index (which subrequest that is).
+    """
+    results = []
+    for share in sorted(shares, key=lambda s: s.index):
+        results.append({
+            "request": request_name(claim_spec, (models or {}).get(share.index, "")),
+            "driver": DRIVER,
+            "pool": pool_name(node),
+            "device": device_name(share.index),
+            "shareID": share_id(claim, node, share.index),
+            "consumedCapacity": {
+                "memory": f"{share.memory_mib}Mi",
+                "cores": str(share.cores),
+                "shares": "1",
+            },
+        })
+    stamp = (at or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    return {
+        "devices": {"results": results},
+        "nodeSelector": node_selector(node),
+        "allocationTimestamp": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+_RESULT_KEYS = ("request", "driver", "pool", "device", "shareID", "consumedCapacity")
+
+
+def _essence(allocation: dict) -> tuple:
+    results = ((allocation.get("devices") or {}).get("results")) or []
+    return (sorted(tuple((k, json.dumps(r.get(k), sort_keys=True)) for k in _RESULT_KEYS) for r in results),
+            json.dumps(allocation.get("nodeSelector"), sort_keys=True))
+
+
+def same_allocation(written: dict | None, wanted: dict) -> bool:
+    """Whether a claim's allocation already says what ``wanted`` says: the same devices, shares,
+    capacities and node (the timestamp, and fields the API server adds, aside)."""
+    return bool(written) and _essence(written) == _essence(wanted)

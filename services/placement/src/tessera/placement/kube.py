@@ -1,0 +1,149 @@
+"""Placement's Kubernetes adapter: the one placement module that talks to an API server.
+
+What placement decided in the ledger has to reach the cluster: the ResourceClaim's
+``status.allocation`` (an update with the claim's resourceVersion, so a concurrent writer is a 409,
+not a lost write), the pod's scheduling gate lifted (only ours), Events on the pod that
+``kubectl describe pod`` shows, and a pod condition of Tessera's own saying whether the pod's GPUs
+are placed. Every call goes through `tessera.shared.kubeapi`, whose errors say what to do next —
+a `PermanentError` (here also `ClaimGone`: give the allocation back), a `ConflictError` (re-read,
+try again now), a `TemporaryError` (unreachable or overloaded: back off, try again) — and has a time
+limit, past which it counts as unreachable: an API server that accepts a connection and never
+answers must not hold a worker forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime, timezone
+
+from tessera.shared.errors import ConflictError, PermanentError
+from tessera.shared.kubeapi import AlreadyExists, Invalid, KubeApi, NotFound, Unavailable, object_path
+from tessera.shared.kubeclaims import RESOURCE_API_VERSION, SCHEDULING_GATE, KubeClaimRef
+
+from tessera.placement.podreport import condition_patch, event
+
+log = logging.getLogger("tessera.placement.kube")
+
+
+class ClaimGone(PermanentError):
+    """The ResourceClaim no longer exists (or a new one of the same name does): nothing to write."""
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class KubeWriter:
+    def __init__(self, api: KubeApi | None = None, *, timeout: float = 10.0, instance: str = "") -> None:
+        self.api = api or KubeApi()
+        self.timeout = timeout
+        self.instance = instance or "tessera-placement"
+
+    async def _bounded(self, what: str, call):
+        """``call`` (a coroutine of the seam) within the time limit; the seam classifies its errors,
+        a call past the limit counts as the API server unreachable."""
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await call
+        except TimeoutError:
+            raise Unavailable(0, f"{what}: no answer from the API server within {self.timeout:g}s",
+                              "Timeout") from None
+
+    # --- the ResourceClaim -----------------------------------------------------------------
+
+    @staticmethod
+    def claim_path(ref: KubeClaimRef) -> str:
+        return object_path(RESOURCE_API_VERSION, "resourceclaims", ref.name, ref.namespace)
+
+    async def read_claim(self, ref: KubeClaimRef) -> dict:
+        """The claim as it is now; `ClaimGone` if it was deleted or replaced by a namesake."""
+        claim = await self._bounded(f"read ResourceClaim {ref.namespace}/{ref.name}",
+                                    self.api.get(self.claim_path(ref)))
+        if claim is None or (claim.get("metadata") or {}).get("uid") != ref.uid:
+            raise ClaimGone(f"ResourceClaim {ref.namespace}/{ref.name} (uid {ref.uid}) no longer exists")
+        if (claim.get("metadata") or {}).get("deletionTimestamp"):
+            raise ClaimGone(f"ResourceClaim {ref.namespace}/{ref.name} is being deleted")
+        return claim
+
+    async def write_allocation(self, ref: KubeClaimRef, claim: dict, allocation: dict | None) -> dict:
+        """Update the claim's ``status.allocation`` (None: remove it) as of the resourceVersion in
+        ``claim``; ConflictError if the claim moved since it was read."""
+        status = dict(claim.get("status") or {})
+        if allocation is None:
+            status.pop("allocation", None)
+        else:
+            status["allocation"] = allocation
+        body = {**claim, "status": status}
+        try:
+            return await self._bounded(f"write status of ResourceClaim {ref.namespace}/{ref.name}",
+                                       self.api.replace_status(self.claim_path(ref), body))
+        except NotFound:
+            raise ClaimGone(f"ResourceClaim {ref.namespace}/{ref.name} was deleted before its status was "
+                            "written") from None
+
+    # --- the pod ---------------------------------------------------------------------------
+
+    def _pod_path(self, ref: KubeClaimRef) -> str:
+        return object_path("v1", "pods", ref.pod, ref.namespace)
+
+    async def read_pod(self, ref: KubeClaimRef) -> dict | None:
+        """The claim's pod, or None if it is gone (or a new pod of the same name stands there)."""
+        pod = await self._bounded(f"read pod {ref.namespace}/{ref.pod}", self.api.get(self._pod_path(ref)))
+        if pod is None or (ref.pod_uid and (pod.get("metadata") or {}).get("uid") != ref.pod_uid):
+            return None
+        return pod
+
+    async def lift_gate(self, ref: KubeClaimRef) -> bool:
+        """Remove our scheduling gate from the pod (other gates stay): True if it was removed now,
+        False if the pod is gone or had no such gate. The patch tests the resourceVersion read, so
+        a gate list changed meanwhile is a ConflictError, never a wrong index removed."""
+        pod = await self.read_pod(ref)
+        if pod is None:
+            return False
+        gates = (pod.get("spec") or {}).get("schedulingGates") or []
+        if not any(g.get("name") == SCHEDULING_GATE for g in gates):
+            return False
+        rest = [g for g in gates if g.get("name") != SCHEDULING_GATE]
+        patch = [{"op": "test", "path": "/metadata/resourceVersion", "value": pod["metadata"]["resourceVersion"]},
+                 {"op": "replace", "path": "/spec/schedulingGates", "value": rest} if rest
+                 else {"op": "remove", "path": "/spec/schedulingGates"}]
+        return await self._patch_pod(ref, patch, status=False, what="lift the scheduling gate of")
+
+    async def set_condition(self, ref: KubeClaimRef, placed: bool, reason: str, message: str) -> None:
+        """Set Tessera's pod condition (see `tessera.placement.podreport`), keeping every other one."""
+        pod = await self.read_pod(ref)
+        if pod is None:
+            return
+        patch = condition_patch(pod, placed, reason, message, _now())
+        if patch:
+            await self._patch_pod(ref, patch, status=True, what="set the placement condition of")
+
+    async def _patch_pod(self, ref: KubeClaimRef, patch: list, *, status: bool, what: str) -> bool:
+        """Apply a JSON patch that tests the pod's resourceVersion: False if the pod is gone."""
+        path = self._pod_path(ref)
+        call = self.api.patch_status(path, patch, "json") if status else self.api.patch(path, patch, "json")
+        try:
+            await self._bounded(f"{what} pod {ref.namespace}/{ref.pod}", call)
+        except NotFound:
+            return False
+        except Invalid as exc:  # the "test" operation failed: the pod moved since it was read
+            raise ConflictError(f"{what} pod {ref.namespace}/{ref.pod}: {exc}") from exc
+        return True
+
+    # --- Events ----------------------------------------------------------------------------
+
+    async def report(self, ref: KubeClaimRef, *, reason: str, message: str, warning: bool) -> None:
+        """An Event on the claim's pod (on the claim itself when it has no pod). The same reason
+        and message again update that one Event's time rather than adding another."""
+        now = _now()
+        doc = event(ref, reason=reason, message=message, warning=warning, now=now, instance=self.instance)
+        what = f"report {reason} on {ref.namespace}/{ref.pod or ref.name}"
+        try:
+            await self._bounded(what, self.api.create(object_path("v1", "events", namespace=ref.namespace), doc))
+        except AlreadyExists:  # the Event exists (its name is the dedup key): say it again
+            path = object_path("v1", "events", doc["metadata"]["name"], ref.namespace)
+            await self._bounded(what, self.api.patch(path, {"lastTimestamp": now, "message": doc["message"]}))
+
+    async def close(self) -> None:
+        await self.api.close()

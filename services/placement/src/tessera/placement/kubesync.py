@@ -1,0 +1,233 @@
+"""The Kubernetes side of placement decisions, off the commit path.
+
+Placement decides and commits in the ledger at NATS speed; writing a ResourceClaim's status and
+lifting a pod's gate take API-server round trips, and the API server may be slow or down. So the
+decision path only hands a job to this queue (claims that stand for a ResourceClaim only; nothing
+else pays anything), and a few workers carry the jobs out:
+
+- an allocation: write ``status.allocation`` (re-read and retry on a 409, a bounded number of times;
+  a claim already showing this allocation is done), then lift the pod's gate, then say so on the
+  pod. If that cannot be done for good — the claim is gone, the API server refuses the status, the
+  conflicts never end, or the API server stays unreachable past the retry budget — the allocation
+  is given back through the ordinary release path and the pod gets an ``AllocationFailed`` Event;
+- an unschedulable claim: an Event and the pod condition with the reason; the gate stays.
+
+One claim's jobs run one at a time and a newer job replaces a queued older one. Nothing here is
+remembered across restarts: on start placement re-queues every placed claim that stands for a
+ResourceClaim (each step is idempotent), so a job lost with a stopped replica is done by the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Awaitable, Callable
+
+from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
+from tessera.shared.events import DeviceShare
+from tessera.shared.kubeclaims import KubeClaimRef
+
+from tessera.placement.claimstatus import allocation, same_allocation
+
+if TYPE_CHECKING:  # the adapter (and kubernetes_asyncio) is imported only in Kubernetes mode
+    from tessera.placement.kube import KubeWriter
+
+log = logging.getLogger("tessera.placement.kubesync")
+
+CONFLICT_RETRIES = 10
+REPORT_SECONDS = 10.0  # how long an Event or condition is retried: it informs, it decides nothing
+
+
+@dataclass(frozen=True)
+class Allocated:
+    claim: str
+    tenant: str
+    node: str
+    shares: list[DeviceShare]
+    kube: KubeClaimRef
+    models: dict[int, str] = field(default_factory=dict)  # GPU index -> model on the node
+
+
+@dataclass(frozen=True)
+class Unschedulable:
+    claim: str
+    kube: KubeClaimRef
+    reason: str
+
+
+Job = Allocated | Unschedulable
+GiveBack = Callable[[Allocated, str], Awaitable[None]]
+
+
+class ClaimStatusSync:
+    def __init__(self, writer: KubeWriter, give_back: GiveBack, *, workers: int = 8,
+                 retry_seconds: float = 60.0, max_backoff: float = 5.0) -> None:
+        self.writer = writer
+        self.give_back = give_back
+        self.workers = workers
+        self.retry_seconds = retry_seconds
+        self.max_backoff = max_backoff
+        self.queue: asyncio.Queue[str] = asyncio.Queue()
+        self.latest: dict[str, Job] = {}  # claim -> its job not yet started
+        self.queued_at: dict[str, float] = {}  # claim -> when that job was queued (its retry budget starts)
+        self.locks: dict[str, tuple[asyncio.Lock, int]] = {}  # claim -> its lock, workers holding or awaiting it
+        self.counts = {"written": 0, "given_back": 0, "reported": 0}
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job`` (never blocks): a queued job of the same claim is replaced by it."""
+        if job.claim not in self.latest:
+            self.queue.put_nowait(job.claim)
+        self.latest[job.claim] = job
+        self.queued_at[job.claim] = asyncio.get_running_loop().time()
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            for i in range(self.workers):
+                group.create_task(self._worker(), name=f"kube-status-{i}")
+
+    async def _worker(self) -> None:
+        while True:
+            claim = await self.queue.get()
+            job = self.latest.pop(claim, None)
+            queued = self.queued_at.pop(claim, None)
+            if job is None:
+                continue
+            lock, users = self.locks.get(claim, (asyncio.Lock(), 0))
+            self.locks[claim] = (lock, users + 1)
+            try:
+                async with lock:
+                    if isinstance(job, Allocated):
+                        await self._allocated(job, queued + self.retry_seconds)
+                    else:
+                        await self._unschedulable(job)
+            except Exception as exc:  # one claim's trouble must not stop the worker
+                log.warning("Kubernetes update for %s failed: %r", claim, exc)
+                if isinstance(job, Allocated):  # (the bus down while giving back?) neither written
+                    self._again(job, queued)     # nor given back: try the whole job again shortly
+            finally:
+                lock, users = self.locks[claim]
+                if users == 1:
+                    del self.locks[claim]
+                else:
+                    self.locks[claim] = (lock, users - 1)
+
+    def _again(self, job: Allocated, queued: float, delay: float = 1.0) -> None:
+        """Queue ``job`` again after ``delay`` seconds with its first queueing time (its retry
+        budget is not renewed), unless a newer job of the claim is waiting by then."""
+        def requeue() -> None:
+            if job.claim not in self.latest:
+                self.submit(job)
+                self.queued_at[job.claim] = queued
+
+        asyncio.get_running_loop().call_later(delay, requeue)
+
+    async def _retrying(self, deadline: float, step: Callable[[], Awaitable]):
+        """Run ``step`` until it succeeds: now again after a conflict (a bounded number of times),
+        with a growing delay while the API server is unreachable (until ``deadline``, loop time).
+        Whatever cannot succeed ends as a PermanentError saying why."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        delay, conflicts = 0.05, 0
+        while True:
+            try:
+                return await step()
+            except ConflictError as exc:
+                conflicts += 1
+                if conflicts >= CONFLICT_RETRIES:
+                    raise PermanentError(f"{exc}; still conflicting after {conflicts} attempts") from exc
+            except TemporaryError as exc:
+                if loop.time() + delay > deadline:
+                    raise PermanentError(f"{exc}; gave up after {loop.time() - started:.0f}s of retries") from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.max_backoff)
+
+    # --- allocations -----------------------------------------------------------------------
+
+    async def _allocated(self, job: Allocated, deadline: float) -> None:
+        """``deadline`` (loop time) ends the retries: counted from when the job was queued, so that
+        during an outage every waiting allocation is given back on time, not one worker-turn after
+        another."""
+        ref = job.kube
+        try:
+            written = await self._retrying(deadline, lambda: self._write_status(job))
+        except PermanentError as exc:
+            await self._fail(job, f"the allocation could not be written to ResourceClaim "
+                                  f"{ref.namespace}/{ref.name}: {exc}", withdraw=False)
+            return
+        lifted = False
+        if ref.pod:
+            try:
+                lifted = await self._retrying(deadline, lambda: self.writer.lift_gate(ref))
+            except PermanentError as exc:
+                await self._fail(job, f"the scheduling gate of pod {ref.namespace}/{ref.pod} could not be "
+                                      f"lifted: {exc}", withdraw=True)
+                return
+        if not (written or lifted):
+            return  # the claim and the pod said it all already (a repeat, a peer's, a restart's)
+        self.counts["written"] += 1
+        devices = ", ".join(f"gpu-{s.index} ({s.memory_mib} MiB, {s.cores}% cores)" for s in job.shares)
+        message = f"ResourceClaim {ref.name} allocated on node {job.node}: {devices}"
+        await self._report(ref, "Allocated", message, warning=False, placed=True)
+
+    async def _write_status(self, job: Allocated) -> bool:
+        """Write our allocation into the claim: True if written now, False if it was there."""
+        ref = job.kube
+        claim = await self.writer.read_claim(ref)
+        try:
+            wanted = allocation(job.claim, job.node, job.shares, claim_spec=claim.get("spec"), models=job.models)
+        except ValueError as exc:
+            raise PermanentError(str(exc)) from exc
+        current = (claim.get("status") or {}).get("allocation")
+        if current:
+            if same_allocation(current, wanted):
+                return False  # written before (by us, a peer, or a write whose answer was lost)
+            raise PermanentError(f"it already shows another allocation ({_where(current)}), written by "
+                                 f"another allocator")
+        await self.writer.write_allocation(ref, claim, wanted)
+        return True
+
+    async def _withdraw(self, job: Allocated) -> None:
+        """Take our allocation out of the claim's status again (before giving the GPUs back)."""
+        claim = await self.writer.read_claim(job.kube)
+        current = (claim.get("status") or {}).get("allocation")
+        mine = allocation(job.claim, job.node, job.shares, claim_spec=claim.get("spec"), models=job.models)
+        if current and same_allocation(current, mine):
+            await self.writer.write_allocation(job.kube, claim, None)
+
+    async def _fail(self, job: Allocated, reason: str, *, withdraw: bool) -> None:
+        log.warning("%s: giving the allocation on %s back: %s", job.claim, job.node, reason)
+        if withdraw:
+            try:
+                await self._retrying(self._soon(), lambda: self._withdraw(job))
+            except PermanentError as exc:
+                log.warning("%s: its allocation stays in the ResourceClaim's status: %s", job.claim, exc)
+        await self.give_back(job, reason)
+        self.counts["given_back"] += 1
+        await self._report(job.kube, "AllocationFailed", f"GPUs given back: {reason}", warning=True, placed=False)
+
+    @staticmethod
+    def _soon() -> float:
+        return asyncio.get_running_loop().time() + REPORT_SECONDS
+
+    # --- reports ---------------------------------------------------------------------------
+
+    async def _unschedulable(self, job: Unschedulable) -> None:
+        await self._report(job.kube, "Unschedulable", f"ResourceClaim {job.kube.name}: {job.reason}",
+                           warning=True, placed=False)
+
+    async def _report(self, ref: KubeClaimRef, reason: str, message: str, *, warning: bool, placed: bool) -> None:
+        """The Event and the pod condition; best effort (they inform, they decide nothing)."""
+        try:
+            await self._retrying(self._soon(), lambda: self.writer.report(ref, reason=reason, message=message,
+                                                                          warning=warning))
+            if ref.pod:
+                await self._retrying(self._soon(), lambda: self.writer.set_condition(ref, placed, reason, message))
+            self.counts["reported"] += 1
+        except PermanentError as exc:
+            log.warning("could not report %s on %s/%s: %s", reason, ref.namespace, ref.pod or ref.name, exc)
+
+
+def _where(alloc: dict) -> str:
+    results = ((alloc.get("devices") or {}).get("results")) or []
+    return ", ".join(f"{r.get('pool')}/{r.get('device')}" for r in results) or "no devices"

@@ -1,0 +1,81 @@
+"""What an operator sees on a GPU pod about its placement: Events and one pod condition.
+
+A gated pod that never schedules must say why in ``kubectl describe pod``: placement reports every
+outcome as a core/v1 Event on the pod (``Allocated``, ``Unschedulable`` with the reason, e.g. the
+quota exceeded or no GPU fitting, ``AllocationFailed`` when the claim's status could not be
+written and the GPUs were given back) and keeps a condition of its own on the pod.
+
+The condition is ``gpu.tessera.dev/Placed`` (True once the claim is allocated, False with reason
+``Unschedulable`` while it waits), not ``PodScheduled``: that one belongs to kube-scheduler, which
+sets it to False with reason ``SchedulingGated`` while our gate is on and to True when it binds the
+pod; a second writer would make it flap.
+
+Pure: documents and JSON patches as plain values; `tessera.placement.kube` sends them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from tessera.shared.kubeclaims import KubeClaimRef
+
+CONDITION = "gpu.tessera.dev/Placed"
+COMPONENT = "tessera-placement"
+MAX_MESSAGE = 1024  # an Event's message is cut at 1 KiB by the API server's conventions
+
+
+def event_name(ref: KubeClaimRef, reason: str, message: str) -> str:
+    """One Event per pod, claim, reason and message: repeating an outcome updates it, as
+    kube-scheduler's event aggregation does, rather than piling up copies."""
+    digest = hashlib.sha256(f"{ref.uid}\n{reason}\n{message}".encode()).hexdigest()[:16]
+    return f"{(ref.pod or ref.name)[:200]}.{digest}"
+
+
+def event(ref: KubeClaimRef, *, reason: str, message: str, warning: bool, now: str, instance: str) -> dict:
+    """A core/v1 Event about the claim's pod (or the claim itself when it was made for no pod)."""
+    if ref.pod:
+        involved = {"apiVersion": "v1", "kind": "Pod", "name": ref.pod, "namespace": ref.namespace}
+        if ref.pod_uid:
+            involved["uid"] = ref.pod_uid
+    else:
+        involved = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "name": ref.name,
+                    "namespace": ref.namespace, "uid": ref.uid}
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": event_name(ref, reason, message), "namespace": ref.namespace},
+        "involvedObject": involved,
+        "reason": reason,
+        "message": message[:MAX_MESSAGE],
+        "type": "Warning" if warning else "Normal",
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": instance[:128],
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+
+
+def condition_patch(pod: dict, placed: bool, reason: str, message: str, now: str) -> list[dict]:
+    """A JSON patch that sets our condition on ``pod`` and keeps all others; empty when the pod
+    already says this. It tests the pod's resourceVersion, so it applies only to the pod as read."""
+    status = pod.get("status")
+    conditions = list((status or {}).get("conditions") or [])
+    value = "True" if placed else "False"
+    mine = next((c for c in conditions if c.get("type") == CONDITION), None)
+    if mine and mine.get("status") == value and mine.get("reason") == reason and mine.get("message") == message:
+        return []
+    condition = {
+        "type": CONDITION,
+        "status": value,
+        "reason": reason,
+        "message": message[:MAX_MESSAGE],
+        "lastTransitionTime": mine["lastTransitionTime"] if mine and mine.get("status") == value
+        and mine.get("lastTransitionTime") else now,
+    }
+    conditions = [c for c in conditions if c.get("type") != CONDITION] + [condition]
+    test = {"op": "test", "path": "/metadata/resourceVersion", "value": pod["metadata"]["resourceVersion"]}
+    if status is None:
+        return [test, {"op": "add", "path": "/status", "value": {"conditions": conditions}}]
+    return [test, {"op": "add", "path": "/status/conditions", "value": conditions}]
