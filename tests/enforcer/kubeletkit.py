@@ -39,6 +39,7 @@ from tessera.shared.events import ClaimRecord, ClaimSpec, DeviceShare, LedgerEnt
 from tessera.shared.kubeapi import KubeApi, object_path
 from tessera.shared.kubeclaims import DRIVER, RESOURCE_API_VERSION, KubeClaimRef, claim_id
 from tessera.shared.ledger import Ledger
+from tessera.shared.profile import gpu_uuid
 from tessera.shared.settings import BusSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +84,7 @@ def allocation(uid: str, *, node: str, driver: str, devices: tuple[tuple[int, in
 
 
 def shares_of(devices: tuple[tuple[int, int, int], ...], node: str = NODE) -> list[DeviceShare]:
-    return [DeviceShare(uuid=f"GPU-{node}-{index}", index=index, memory_mib=memory, cores=cores)
+    return [DeviceShare(uuid=gpu_uuid(node, index), index=index, memory_mib=memory, cores=cores)
             for index, memory, cores in devices]
 
 

@@ -93,7 +93,7 @@ async def test_a_corrupt_checkpoint_is_kept_aside_and_nothing_prepared_is_lost(n
     kubelet = await node.connect()
     claim = await node.allocate("keep")
     before = ids((await kubelet.prepare(claim))[claim["uid"]])
-    usage = node.claim_dir(claim) / "shared" / "vgpu.cache"
+    usage = node.claim_dir(claim) / "vgpu.cache"
     usage.write_bytes(b"accounting of a running workload")
     node.kill()
     await kubelet.close()
