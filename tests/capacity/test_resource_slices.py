@@ -35,10 +35,12 @@ def test_a_slice_has_the_v1_shape_the_translators_claims_ask_for():
     gpu = spec["devices"][0]
     assert gpu["name"] == "gpu-0" and gpu["allowMultipleAllocations"] is True
     assert gpu["attributes"] == {"model": {"string": "NVIDIA H100 80GB HBM3"}, "uuid": {"string": "GPU-gpu-node-1-0"},
-                                 "index": {"int": 0}}
-    # memory without a request policy: a claim that asks for no memory takes the whole card
-    assert gpu["capacity"]["memory"] == {"value": "81559Mi"}
-    assert gpu["capacity"]["cores"] == {"value": "100"}
+                                 "productName": {"string": "NVIDIA H100 80GB HBM3"}, "index": {"int": 0}}
+    # a claim that asks for no memory (or no cores) takes the whole card; any whole MiB / percent otherwise
+    assert gpu["capacity"]["memory"] == {"value": "81559Mi", "requestPolicy": {
+        "default": "81559Mi", "validRange": {"min": "1Mi", "step": "1Mi"}}}
+    assert gpu["capacity"]["cores"] == {"value": "100", "requestPolicy": {
+        "default": "100", "validRange": {"min": "0", "max": "100", "step": "1"}}}
     assert gpu["capacity"]["shares"] == {"value": "4", "requestPolicy": {"default": "1", "validValues": ["1"]}}
     assert doc["metadata"]["ownerReferences"][0] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-node-1",
                                                      "uid": "uid-1", "controller": True}
