@@ -1,10 +1,13 @@
-"""Kubernetes mode: server-side apply of tenant manifests and a watch on their readiness.
+"""Kubernetes mode: server-side apply of tenant manifests, a watch on their readiness, and the
+TenantControlPlane objects the manager serves.
 
 The manager's only module that talks to Kubernetes, through `tessera.shared.kubeapi` (server-side
 apply with fieldManager=tessera-controlplane, so repeated applies are no-ops and fields other
 managers own are left alone). Readiness is the control-plane Deployment's status (ready replicas =
 desired, rolled out); ``watch`` streams Deployment changes and tells the reconciler which tenant to
-look at again.
+look at again. ``TenantControlPlanes`` lists and watches the custom resources and writes their
+finalizer (a merge patch carrying the resourceVersion read, so a concurrent change is a 409, not
+lost) and their status subresource; `tessera.controlplane.resources` decides what to write.
 """
 
 from __future__ import annotations
@@ -12,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from tessera.shared.kubeapi import ApiException, KubeApi
 from tessera.shared.kubeapi import object_path as _path
 
 from tessera.controlplane import manifests
+from tessera.controlplane.crd import GROUP, PLURAL, VERSION
 
 log = logging.getLogger("tessera.controlplane.kube")
 
@@ -41,6 +45,9 @@ class KubeHost:
     @classmethod
     def for_url(cls, url: str, *, manage_namespaces: bool = True) -> "KubeHost":
         return cls(KubeApi.for_url(url), manage_namespaces=manage_namespaces)
+
+    def tenant_control_planes(self) -> "TenantControlPlanes":
+        return TenantControlPlanes(self.kube)
 
     async def apply(self, tenant: str, objects: list[dict[str, Any]]) -> None:
         for obj in objects:
@@ -72,32 +79,78 @@ class KubeHost:
     async def watch(self, on_change: Callable[[str], Awaitable[None]]) -> None:
         """Forever: stream control-plane Deployments and hand each changed tenant to ``on_change``."""
         selector = f"app.kubernetes.io/managed-by={manifests.MANAGER}"
-        api = await self.kube.api()
         while True:
             try:
-                response = await api.call_api(
-                    "/apis/apps/v1/deployments", "GET",
-                    query_params=[("watch", "true"), ("labelSelector", selector), ("timeoutSeconds", "300")],
-                    header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
-                    _preload_content=False, _return_http_data_only=True,
-                )
-                async with response:
-                    while line := await response.content.readline():
-                        if not line.strip():
-                            continue
-                        event = json.loads(line)
-                        labels = ((event.get("object") or {}).get("metadata") or {}).get("labels") or {}
-                        tenant = labels.get("tessera.io/tenant")
-                        if tenant:
-                            await on_change(tenant)
+                async for event in stream(self.kube, "/apis/apps/v1/deployments", [("labelSelector", selector)]):
+                    labels = ((event.get("object") or {}).get("metadata") or {}).get("labels") or {}
+                    tenant = labels.get("tessera.io/tenant")
+                    if tenant:
+                        await on_change(tenant)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # API server restart, expired resourceVersion: start over
                 log.warning("deployment watch ended (%s); restarting", exc)
-                await asyncio.sleep(1)
+            await asyncio.sleep(1)
 
     async def close(self) -> None:
         await self.kube.close()
+
+
+async def stream(kube: KubeApi, path: str, query: list[tuple[str, str]]) -> AsyncIterator[dict[str, Any]]:
+    """The events of one watch request on ``path`` (ADDED, MODIFIED, DELETED, ERROR), until the
+    server ends it."""
+    api = await kube.api()
+    response = await api.call_api(
+        path, "GET", query_params=[("watch", "true"), ("timeoutSeconds", "300")] + query,
+        header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
+        _preload_content=False, _return_http_data_only=True,
+    )
+    async with response:
+        if response.status >= 400:
+            raise ApiException(status=response.status, reason=await response.text())
+        while line := await response.content.readline():
+            if line.strip():
+                yield json.loads(line)
+
+
+class Expired(Exception):
+    """The watch's resourceVersion is too old (410 Gone): list again."""
+
+
+class TenantControlPlanes:
+    """The TenantControlPlane custom resources (group tessera.io) as the manager reads and writes them."""
+
+    def __init__(self, kube: KubeApi) -> None:
+        self.kube = kube
+
+    @staticmethod
+    def path(namespace: str | None = None, name: str | None = None, sub: str = "") -> str:
+        return _path(f"{GROUP}/{VERSION}", PLURAL, name, namespace) + (f"/{sub}" if sub else "")
+
+    async def list(self) -> tuple[list[dict[str, Any]], str]:
+        listed = await self.kube.call("GET", self.path())
+        return listed.get("items") or [], str((listed.get("metadata") or {}).get("resourceVersion") or "")
+
+    async def watch(self, version: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """(event type, object) from ``version`` on; Expired when that version is gone."""
+        async for event in stream(self.kube, self.path(), [("resourceVersion", version)] if version else []):
+            if event.get("type") == "ERROR":
+                raise Expired(str((event.get("object") or {}).get("message") or event))
+            yield event.get("type") or "", event.get("object") or {}
+
+    async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self.kube.get(self.path(namespace, name))
+
+    async def set_finalizers(self, obj: dict[str, Any], finalizers: list[str]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
+        return await self.kube.call("PATCH", self.path(meta["namespace"], meta["name"]), patch,
+                                    content_type="application/merge-patch+json")
+
+    async def set_status(self, obj: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        return await self.kube.call("PATCH", self.path(meta["namespace"], meta["name"], "status"),
+                                    {"status": status}, content_type="application/merge-patch+json")
 
 
 def deployment_ready(deployment: dict[str, Any]) -> tuple[bool, str]:
