@@ -8,13 +8,17 @@ desired, rolled out); ``watch`` streams Deployment changes and tells the reconci
 look at again. ``TenantControlPlanes`` lists and watches the custom resources and writes their
 finalizer (a merge patch carrying the resourceVersion read, so a concurrent change is a 409, not
 lost) and their status subresource; `tessera.controlplane.resources` decides what to write.
+``UsersSecret`` keeps the NATS datastore's tenant users in a Secret the NATS pods mount (the
+manager and nats-server share no filesystem on a cluster).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
+from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from tessera.shared.kubeapi import ApiException, KubeApi
@@ -22,6 +26,7 @@ from tessera.shared.kubeapi import object_path as _path
 
 from tessera.controlplane import manifests
 from tessera.controlplane.crd import GROUP, PLURAL, VERSION
+from tessera.controlplane.datastores.natskv import UsersFile
 
 log = logging.getLogger("tessera.controlplane.kube")
 
@@ -151,6 +156,35 @@ class TenantControlPlanes:
         meta = obj["metadata"]
         return await self.kube.call("PATCH", self.path(meta["namespace"], meta["name"], "status"),
                                     {"status": status}, content_type="application/merge-patch+json")
+
+
+class UsersSecret(UsersFile):
+    """The NATS users file as a Secret (key ``users.conf``) in the NATS namespace: the NATS pods
+    mount it, and their config reloader signals nats-server when the kubelet has updated the file
+    (within about a minute). ``store`` does not wait for that: the tenant's kine retries until its
+    user is accepted."""
+
+    KEY = "users.conf"
+    confirm = False
+
+    def __init__(self, ref: str, platform_user: str, platform_password: str, kube: KubeApi | None = None) -> None:
+        super().__init__(Path("/nonexistent"), None, platform_user, platform_password)
+        self.namespace, self.name = ref.split("/", 1)
+        self.kube = kube or KubeApi()
+
+    async def load(self) -> dict[str, dict]:
+        secret = await self.kube.get(object_path("v1", "Secret", self.name, self.namespace))
+        data = ((secret or {}).get("data") or {}).get(self.KEY)
+        return self.parse(base64.b64decode(data).decode()) if data else {}
+
+    async def store(self, tenants: dict[str, dict]) -> None:
+        body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                "metadata": {"name": self.name, "namespace": self.namespace,
+                             "labels": {"app.kubernetes.io/part-of": "tessera",
+                                        "app.kubernetes.io/managed-by": FIELD_MANAGER}},
+                "data": {self.KEY: base64.b64encode(self.render(tenants).encode()).decode()}}
+        await self.kube.apply(object_path("v1", "Secret", self.name, self.namespace),
+                              object_path("v1", "Secret", None, self.namespace), body, FIELD_MANAGER)
 
 
 def deployment_ready(deployment: dict[str, Any]) -> tuple[bool, str]:
