@@ -1,24 +1,42 @@
-"""The Kubernetes API as the services use it: raw JSON calls and server-side apply.
+"""The Kubernetes API as the services use it: JSON calls, apply, list/watch, classified errors.
 
-Three services talk to an API server (the control-plane manager applies tenant objects, the
-translator creates ResourceClaimTemplates, the capacity publisher applies ResourceSlices). They all
-want the same few things, kept here once: a client configured in-cluster or from ~/.kube/config (or
-for a given URL in tests), JSON in and out without generated model classes, and server-side apply
-(PATCH ``application/apply-patch+yaml`` with a field manager and ``force``), so that a repeated apply
-is a no-op and fields other managers own are left alone. An emulator that answers 404 to an apply
-of a missing object (kmock does; real API servers create it) gets a create instead.
+Every service that talks to an API server (the control-plane manager, the translator, placement,
+the capacity publisher) wants the same few things, kept here once: a client configured in-cluster
+or from ~/.kube/config (or for a given URL in tests), JSON in and out without generated model
+classes, server-side apply, optimistic-concurrency writes, and a watch that survives what watches
+suffer in production (410 Gone after etcd compaction, a dropped connection, an API server restart)
+by re-listing and resuming, so that a consumer sees every object's latest state exactly as an
+informer would.
+
+Errors are classified by what the caller does next (``tessera.shared.errors``), not by status
+number: ``Conflict`` (409, re-read and retry now), ``NotFound`` and ``Invalid`` (permanent for
+this request), ``Unavailable`` (5xx, 429, no answer: retry later). They remain
+``ApiException``s with ``status`` and ``body``, so callers written against kubernetes_asyncio's
+exception keep working.
 
 Imported only in Kubernetes mode: kubernetes_asyncio costs start-up time and memory.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import json
+import random
+from collections.abc import AsyncIterator
+from typing import Any, Literal
 
+import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-__all__ = ["KubeApi", "ApiException", "object_path"]
+from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
+
+__all__ = ["KubeApi", "ApiException", "object_path", "KubeError", "Conflict", "AlreadyExists", "NotFound",
+           "Invalid", "Rejected", "Unavailable", "Expired", "classify"]
+
+PatchKind = Literal["merge", "json", "strategic"]
+PATCH_TYPES = {"merge": "application/merge-patch+json", "json": "application/json-patch+json",
+               "strategic": "application/strategic-merge-patch+json"}
 
 
 def object_path(api_version: str, plural: str, name: str | None = None, namespace: str | None = None) -> str:
@@ -27,6 +45,89 @@ def object_path(api_version: str, plural: str, name: str | None = None, namespac
     ns = f"/namespaces/{namespace}" if namespace else ""
     return f"{base}{ns}/{plural}" + (f"/{name}" if name else "")
 
+
+# ---- errors ------------------------------------------------------------------------------------
+
+class KubeError(ApiException):
+    """An API request that did not succeed; ``status`` is 0 when no answer came at all."""
+
+    def __init__(self, status: int, message: str, reason: str = "", body: str | None = None) -> None:
+        Exception.__init__(self, message)
+        self.status = status
+        self.reason = reason
+        self.body = body
+        self.headers = None
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.status} {self.reason})" if self.status else self.message
+
+
+class Conflict(KubeError, ConflictError):
+    """409: the object changed since it was read (stale resourceVersion); re-read and retry."""
+
+
+class AlreadyExists(Conflict):
+    """409 AlreadyExists: a create found the name taken; read the existing object."""
+
+
+class Expired(KubeError, ConflictError):
+    """410: the resourceVersion is older than the server keeps; list again."""
+
+
+class NotFound(KubeError, PermanentError):
+    """404: no such object (or namespace, or resource type)."""
+
+
+class Invalid(KubeError, PermanentError):
+    """422: the object breaks the API's validation; the message names the field."""
+
+
+class Rejected(KubeError, PermanentError):
+    """Any other 4xx (bad request, forbidden, denied by admission): retrying the same write cannot help."""
+
+
+class Unavailable(KubeError, TemporaryError):
+    """5xx, 429 or no answer: the API server is down, overloaded or restarting; retry later."""
+
+    def __init__(self, status: int, message: str, reason: str = "", body: str | None = None,
+                 delay: float = 1.0) -> None:
+        super().__init__(status, message, reason, body)
+        self.delay = delay
+
+
+def classify(status: int, body: str | bytes | None, retry_after: str | None = None) -> KubeError:
+    """The classified error for an answer of ``status`` carrying (usually) a ``Status`` object."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else (body or "")
+    try:
+        parsed = json.loads(text) if text else {}
+    except ValueError:
+        parsed = {}
+    parsed = parsed if isinstance(parsed, dict) else {}
+    reason = str(parsed.get("reason") or "")
+    message = str(parsed.get("message") or text or f"HTTP {status}")
+    if status == 409:
+        return (AlreadyExists if reason == "AlreadyExists" else Conflict)(status, message, reason, text)
+    if status == 410:
+        return Expired(status, message, reason, text)
+    if status == 404:
+        return NotFound(status, message, reason, text)
+    if status == 422:
+        return Invalid(status, message, reason, text)
+    if status == 429 or status >= 500:
+        try:
+            delay = float(retry_after) if retry_after else 1.0
+        except ValueError:
+            delay = 1.0
+        return Unavailable(status, message, reason, text, delay=delay)
+    return Rejected(status, message, reason, text)
+
+
+def _unreachable(exc: BaseException) -> Unavailable:
+    return Unavailable(0, f"API server unreachable: {exc.__class__.__name__}: {exc}", "Unreachable")
+
+
+# ---- the client --------------------------------------------------------------------------------
 
 class KubeApi:
     def __init__(self, api: client.ApiClient | None = None) -> None:
@@ -47,34 +148,188 @@ class KubeApi:
 
     async def call(self, method: str, path: str, body: Any = None, *, query=None,
                    content_type: str = "application/json") -> Any:
+        """One request; the decoded JSON answer, or a classified ``KubeError``."""
         api = await self.api()
-        return await api.call_api(
-            path, method, query_params=query or [], body=body,
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
-            response_types_map={200: "object", 201: "object"}, auth_settings=["BearerToken"],
-            _return_http_data_only=True,
-        )
+        try:
+            return await api.call_api(
+                path, method, query_params=query or [], body=body,
+                header_params={"Content-Type": content_type, "Accept": "application/json"},
+                response_types_map={200: "object", 201: "object", 202: "object"}, auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+            )
+        except KubeError:
+            raise
+        except ApiException as exc:
+            headers = exc.headers or {}
+            raise classify(exc.status or 0, exc.body, headers.get("Retry-After")) from exc
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            raise _unreachable(exc) from exc
 
     async def get(self, path: str) -> dict | None:
         """The object at ``path``, or None if there is none."""
         try:
             return await self.call("GET", path)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        except NotFound:
+            return None
 
-    async def apply(self, path: str, collection: str, obj: dict, field_manager: str) -> None:
+    async def list(self, path: str, label_selector: str | None = None,
+                   field_selector: str | None = None) -> tuple[list[dict], str]:
+        """The objects of a collection (each with kind and apiVersion) and the list's resourceVersion."""
+        query = _selectors(label_selector, field_selector)
+        listed = await self.call("GET", path, query=query)
+        kind = str(listed.get("kind", "")).removesuffix("List")
+        items = []
+        for item in listed.get("items") or []:  # built-in lists leave kind/apiVersion off their items
+            item.setdefault("kind", kind)
+            item.setdefault("apiVersion", listed.get("apiVersion"))
+            items.append(item)
+        return items, str((listed.get("metadata") or {}).get("resourceVersion", ""))
+
+    async def create(self, path: str, obj: dict, field_manager: str | None = None) -> dict:
+        """POST ``obj`` to the collection at ``path``; ``AlreadyExists`` if the name is taken."""
+        query = [("fieldManager", field_manager)] if field_manager else None
+        return await self.call("POST", path, obj, query=query)
+
+    async def replace(self, path: str, obj: dict) -> dict:
+        """PUT: with ``metadata.resourceVersion`` set, a ``Conflict`` if the object changed since."""
+        return await self.call("PUT", path, obj)
+
+    async def replace_status(self, path: str, obj: dict) -> dict:
+        return await self.replace(f"{path}/status", obj)
+
+    async def patch(self, path: str, body: Any, kind: PatchKind = "merge") -> dict:
+        """PATCH (merge, JSON or strategic); a merge patch carrying ``metadata.resourceVersion`` is
+        a compare-and-set (``Conflict`` when stale)."""
+        return await self.call("PATCH", path, body, content_type=PATCH_TYPES[kind])
+
+    async def patch_status(self, path: str, body: Any, kind: PatchKind = "merge") -> dict:
+        return await self.patch(f"{path}/status", body, kind)
+
+    async def delete(self, path: str, preconditions: dict | None = None,
+                     propagation: Literal["Background", "Foreground", "Orphan"] = "Background") -> dict:
+        """DELETE, optionally only if ``uid``/``resourceVersion`` still match (else ``Conflict``).
+
+        The answer is the object: gone, or still there with a deletionTimestamp while finalizers run.
+        """
+        options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation}
+        if preconditions:
+            options["preconditions"] = preconditions
+        return await self.call("DELETE", path, options)
+
+    async def apply(self, path: str, collection: str, obj: dict, field_manager: str) -> dict:
         """Server-side apply of ``obj`` at ``path`` (a create in ``collection`` where apply 404s)."""
         try:
-            await self.call("PATCH", path, obj, query=[("fieldManager", field_manager), ("force", "true")],
-                            content_type="application/apply-patch+yaml")
+            return await self.call("PATCH", path, obj, query=[("fieldManager", field_manager), ("force", "true")],
+                                   content_type="application/apply-patch+yaml")
+        except NotFound:  # emulators that do not create on apply
+            return await self.call("POST", collection, obj, query=[("fieldManager", field_manager)])
+
+    async def watch(self, path: str, resource_version: str | None = None, *, label_selector: str | None = None,
+                    field_selector: str | None = None, timeout_seconds: int = 300,
+                    max_backoff: float = 5.0) -> AsyncIterator[tuple[str, dict]]:
+        """(event type, object) for the collection at ``path``, forever, as an informer sees it.
+
+        Without ``resource_version`` it lists first (an ADDED for each object). When the server
+        answers 410 Gone, or the connection drops and cannot resume, it lists again and reports the
+        difference to what it had seen (ADDED / MODIFIED / DELETED), so nothing is missed and
+        nothing repeated. Reconnection backs off exponentially up to ``max_backoff`` seconds.
+        Errors that retrying cannot fix (404, 403, a bad selector) are raised.
+        """
+        seen: dict[tuple[str, str], dict] = {}  # (namespace, name) -> last object delivered
+        rv = resource_version
+        backoff = 0.0
+        while True:
+            try:
+                if rv is None:
+                    items, rv = await self.list(path, label_selector, field_selector)
+                    for event in _resync(seen, items):
+                        yield event
+                async for kind, obj in self._watch_once(path, rv, label_selector, field_selector, timeout_seconds):
+                    backoff = 0.0
+                    rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                    if kind == "BOOKMARK":
+                        continue
+                    key = _key(obj)
+                    if kind == "DELETED":
+                        seen.pop(key, None)
+                    else:
+                        seen[key] = obj
+                    yield kind, obj
+            except Expired:
+                rv = None  # re-list at once: the events in between are gone
+            except Unavailable:
+                backoff = min(max_backoff, max(0.05, backoff * 2))
+                await asyncio.sleep(backoff * (0.5 + random.random() / 2))
+
+    async def _watch_once(self, path: str, rv: str, label_selector: str | None, field_selector: str | None,
+                          timeout_seconds: int) -> AsyncIterator[tuple[str, dict]]:
+        """One watch request, until the server ends it."""
+        api = await self.api()
+        query = [("watch", "true"), ("resourceVersion", rv), ("allowWatchBookmarks", "true"),
+                 ("timeoutSeconds", str(timeout_seconds)), *_selectors(label_selector, field_selector)]
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_seconds + 30)
+        try:
+            response = await api.call_api(path, "GET", query_params=query,
+                                          header_params={"Accept": "application/json"},
+                                          auth_settings=["BearerToken"], _preload_content=False,
+                                          _request_timeout=timeout)
         except ApiException as exc:
-            if exc.status != 404:
-                raise
-            await self.call("POST", collection, obj, query=[("fieldManager", field_manager)])
+            raise classify(exc.status or 0, exc.body) from exc
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            raise _unreachable(exc) from exc
+        try:
+            if response.status != 200:
+                raise classify(response.status, await response.read(), response.headers.get("Retry-After"))
+            while True:
+                try:
+                    line = await response.content.readline()
+                except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+                    raise _unreachable(exc) from exc
+                if not line:
+                    return
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                if event.get("type") == "ERROR":
+                    status = event.get("object") or {}
+                    raise classify(int(status.get("code") or 500), json.dumps(status))
+                yield event["type"], event["object"]
+        finally:
+            response.release()
 
     async def close(self) -> None:
         if self._api is not None:
             await self._api.close()
             self._api = None
+
+
+def _selectors(label_selector: str | None, field_selector: str | None) -> list[tuple[str, str]]:
+    query = []
+    if label_selector:
+        query.append(("labelSelector", label_selector))
+    if field_selector:
+        query.append(("fieldSelector", field_selector))
+    return query
+
+
+def _key(obj: dict) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return meta.get("namespace", ""), meta.get("name", "")
+
+
+def _resync(seen: dict[tuple[str, str], dict], items: list[dict]) -> list[tuple[str, dict]]:
+    """The events that turn what was seen into what a fresh list shows."""
+    events = []
+    current = {_key(item): item for item in items}
+    for key, obj in list(seen.items()):
+        if key not in current:
+            events.append(("DELETED", obj))
+            del seen[key]
+    for key, item in current.items():
+        before = seen.get(key)
+        if before is None:
+            events.append(("ADDED", item))
+        elif (before.get("metadata") or {}).get("resourceVersion") != item["metadata"].get("resourceVersion"):
+            events.append(("MODIFIED", item))
+        seen[key] = item
+    return events

@@ -1,0 +1,37 @@
+"""Fixtures of the Kubernetes tests: an API-server emulator with Tessera's CRDs, and a client on it.
+
+``apiserver`` is the emulator of ``apiserver.py`` started on a free port with every CRD under
+deploy/k8s/crds installed (as ``kubectl apply -f deploy/k8s/crds`` would); ``kube`` is the client
+seam every service uses, ``tessera.shared.kubeapi.KubeApi``, pointed at it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from apiserver import ApiServer
+from tessera.shared.kubeapi import KubeApi
+
+CRDS = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "crds"
+
+
+@pytest.fixture
+async def apiserver():
+    server = ApiServer()
+    await server.install_crds(CRDS)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest.fixture
+async def kube(apiserver):
+    api = KubeApi.for_url(apiserver.url)
+    try:
+        yield api
+    finally:
+        await api.close()
