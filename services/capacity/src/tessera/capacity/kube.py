@@ -16,12 +16,11 @@ where one exists (a simulated node has none), so deleting the Node deletes its s
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Awaitable, Callable, Iterable
 
 from tessera.shared.events import NodeInventory
-from tessera.shared.kubeapi import ApiException, KubeApi, object_path
+from tessera.shared.kubeapi import KubeApi, object_path
 
 from tessera.capacity.slices import API_VERSION, DRIVER, SLICE_LABELS, devices, resource_slice, slice_name
 
@@ -81,63 +80,35 @@ class SliceWriter:
         log.info("ResourceSlice %s %s: %d GPUs, pool generation %d", slice_name(inv.node), why, len(want), generation)
         return generation
 
-    async def read(self, nodes: Iterable[str]) -> tuple[dict[str, dict], str]:
-        """Our slices of ``nodes`` as the API server holds them (slice name -> object), in one list
-        call, and the list's resourceVersion (where a watch starts)."""
-        listed = await self.api.call("GET", COLLECTION, query=[("labelSelector", LABEL_SELECTOR),
-                                                                ("fieldSelector", field_selector(nodes))])
-        items = {(o.get("metadata") or {}).get("name"): o for o in listed.get("items") or []}
-        return items, str((listed.get("metadata") or {}).get("resourceVersion") or "")
+    async def read(self, nodes: Iterable[str]) -> dict[str, dict]:
+        """Our slices of ``nodes`` as the API server holds them (slice name -> object), in one list."""
+        items, _ = await self.api.list(COLLECTION, LABEL_SELECTOR, field_selector(nodes))
+        return {(o.get("metadata") or {}).get("name"): o for o in items}
 
     async def watch(self, nodes: Iterable[str], on_change: Callable[[str], Awaitable[None]]) -> None:
-        """Forever: tell ``on_change`` the node whose slice was deleted or changed by anyone."""
+        """Forever: tell ``on_change`` the node whose slice was deleted or changed by anyone else.
+
+        (An edit that takes our labels off a slice reaches this label-selected watch as a DELETED.)"""
         nodes = list(nodes)
         by_slice = {slice_name(n): n for n in nodes}
-        query = [("labelSelector", LABEL_SELECTOR), ("fieldSelector", field_selector(nodes))]
-        version = ""
         while True:
             try:
-                if not version:
-                    _, version = await self.read(nodes)
-                async for event in self._events(query + [("resourceVersion", version)]):
-                    obj = event.get("object") or {}
-                    meta = obj.get("metadata") or {}
-                    if event.get("type") == "ERROR":  # 410 Gone: our resourceVersion is too old
-                        version = ""
-                        break
-                    version = str(meta.get("resourceVersion") or version)
-                    node = by_slice.get(meta.get("name"))
-                    if node is None:
-                        continue
-                    if event.get("type") == "DELETED" or not self._as_written(node, obj):
+                async for kind, obj in self.api.watch(COLLECTION, label_selector=LABEL_SELECTOR,
+                                                      field_selector=field_selector(nodes)):
+                    node = by_slice.get((obj.get("metadata") or {}).get("name"))
+                    if node is not None and (kind == "DELETED" or not self._as_written(node, obj)):
                         await on_change(node)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # API server restart, watch timeout: the heartbeat covers the gap
-                log.warning("ResourceSlice watch ended (%s); restarting", exc)
-                version = ""
-                await asyncio.sleep(1)
+            except Exception as exc:  # refused (RBAC, say): the heartbeat still checks; try again later
+                log.warning("ResourceSlice watch failed (%s); the heartbeat checks the slices meanwhile", exc)
+                await asyncio.sleep(30)
 
     def _as_written(self, node: str, obj: dict) -> bool:
         last = self.written.get(node)
         spec = obj.get("spec") or {}
         return last is not None and spec.get("devices") == last[1] and \
             (spec.get("pool") or {}).get("generation") == last[0] and spec.get("nodeName") == node
-
-    async def _events(self, query: list[tuple[str, str]]):
-        api = await self.api.api()
-        response = await api.call_api(
-            COLLECTION, "GET", query_params=[("watch", "true"), ("allowWatchBookmarks", "false"),
-                                             ("timeoutSeconds", "300")] + query,
-            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
-            _preload_content=False, _return_http_data_only=True,
-        )
-        async with response:
-            if response.status >= 400:
-                raise ApiException(status=response.status, reason=await response.text())
-            while line := await response.content.readline():
-                if line.strip():
-                    yield json.loads(line)
 
     async def close(self) -> None:
         await self.api.close()

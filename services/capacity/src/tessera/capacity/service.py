@@ -197,7 +197,7 @@ class CapacityService:
             listed = None
             if verify:
                 try:
-                    listed, _ = await self.slices.read(n.node for n in self.nodes)
+                    listed = await self.slices.read(n.node for n in self.nodes)
                     self.slices_due.update(n.node for n in self.nodes)  # each compared with what was listed
                 except Exception as exc:
                     log.warning("ResourceSlices not read (checked again at the next heartbeat): %s", exc)

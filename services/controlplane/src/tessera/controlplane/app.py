@@ -75,6 +75,11 @@ class Manager:
             first = True
             while True:
                 await self.reconciler.resync()
+                if self.resources is not None and not first:  # (the objects' own loop lists them first)
+                    try:
+                        await self.resources.resync()  # statuses current, orphans of lost objects gone
+                    except Exception as exc:
+                        log.warning("TenantControlPlane resync failed: %s", exc)
                 if first and on_first is not None:
                     on_first()
                 first = False

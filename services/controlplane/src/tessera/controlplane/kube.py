@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import logging
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -86,40 +85,18 @@ class KubeHost:
         selector = f"app.kubernetes.io/managed-by={manifests.MANAGER}"
         while True:
             try:
-                async for event in stream(self.kube, "/apis/apps/v1/deployments", [("labelSelector", selector)]):
-                    labels = ((event.get("object") or {}).get("metadata") or {}).get("labels") or {}
-                    tenant = labels.get("tessera.io/tenant")
+                async for _, obj in self.kube.watch("/apis/apps/v1/deployments", label_selector=selector):
+                    tenant = ((obj.get("metadata") or {}).get("labels") or {}).get("tessera.io/tenant")
                     if tenant:
                         await on_change(tenant)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # API server restart, expired resourceVersion: start over
-                log.warning("deployment watch ended (%s); restarting", exc)
-            await asyncio.sleep(1)
+            except Exception as exc:  # refused (RBAC, say): the periodic resync goes on meanwhile
+                log.warning("deployment watch failed (%s); retrying", exc)
+                await asyncio.sleep(30)
 
     async def close(self) -> None:
         await self.kube.close()
-
-
-async def stream(kube: KubeApi, path: str, query: list[tuple[str, str]]) -> AsyncIterator[dict[str, Any]]:
-    """The events of one watch request on ``path`` (ADDED, MODIFIED, DELETED, ERROR), until the
-    server ends it."""
-    api = await kube.api()
-    response = await api.call_api(
-        path, "GET", query_params=[("watch", "true"), ("timeoutSeconds", "300")] + query,
-        header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
-        _preload_content=False, _return_http_data_only=True,
-    )
-    async with response:
-        if response.status >= 400:
-            raise ApiException(status=response.status, reason=await response.text())
-        while line := await response.content.readline():
-            if line.strip():
-                yield json.loads(line)
-
-
-class Expired(Exception):
-    """The watch's resourceVersion is too old (410 Gone): list again."""
 
 
 class TenantControlPlanes:
@@ -133,15 +110,11 @@ class TenantControlPlanes:
         return _path(f"{GROUP}/{VERSION}", PLURAL, name, namespace) + (f"/{sub}" if sub else "")
 
     async def list(self) -> tuple[list[dict[str, Any]], str]:
-        listed = await self.kube.call("GET", self.path())
-        return listed.get("items") or [], str((listed.get("metadata") or {}).get("resourceVersion") or "")
+        return await self.kube.list(self.path())
 
-    async def watch(self, version: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        """(event type, object) from ``version`` on; Expired when that version is gone."""
-        async for event in stream(self.kube, self.path(), [("resourceVersion", version)] if version else []):
-            if event.get("type") == "ERROR":
-                raise Expired(str((event.get("object") or {}).get("message") or event))
-            yield event.get("type") or "", event.get("object") or {}
+    def watch(self, version: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """(event type, object) from ``version`` on, forever (re-listing after a 410 or a restart)."""
+        return self.kube.watch(self.path(), version or None)
 
     async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self.kube.get(self.path(namespace, name))
@@ -149,13 +122,11 @@ class TenantControlPlanes:
     async def set_finalizers(self, obj: dict[str, Any], finalizers: list[str]) -> dict[str, Any]:
         meta = obj["metadata"]
         patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
-        return await self.kube.call("PATCH", self.path(meta["namespace"], meta["name"]), patch,
-                                    content_type="application/merge-patch+json")
+        return await self.kube.patch(self.path(meta["namespace"], meta["name"]), patch)
 
     async def set_status(self, obj: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]
-        return await self.kube.call("PATCH", self.path(meta["namespace"], meta["name"], "status"),
-                                    {"status": status}, content_type="application/merge-patch+json")
+        return await self.kube.patch_status(self.path(meta["namespace"], meta["name"]), {"status": status})
 
 
 class UsersSecret(UsersFile):

@@ -27,7 +27,7 @@ import msgspec
 
 from tessera.controlplane.api import TenantApi
 from tessera.controlplane.capacity import InsufficientCapacity
-from tessera.controlplane.kube import Expired, TenantControlPlanes
+from tessera.controlplane.kube import TenantControlPlanes
 from tessera.controlplane.spec import (
     Condition,
     ResourceRef,
@@ -39,7 +39,7 @@ from tessera.controlplane.spec import (
 )
 from tessera.controlplane.store import TenantStore
 from tessera.shared.errors import ConflictError
-from tessera.shared.kubeapi import ApiException
+from tessera.shared.kubeapi import Conflict, KubeError
 
 log = logging.getLogger("tessera.controlplane.resources")
 
@@ -105,25 +105,28 @@ class TenantResources:
         self.objects = objects
 
     async def run(self) -> None:
-        """Forever: list every object (serve each, remove orphans), then follow the watch from there."""
+        """Forever: serve every object listed (and remove orphans), then follow the watch from there."""
         while True:
             try:
-                items, version = await self.objects.list()
-                for obj in items:
-                    await self.handle(obj)
-                await self.sweep(items)
+                version = await self.resync()
                 async for kind, obj in self.objects.watch(version):
                     if kind == "DELETED":
                         await self._gone(obj)
-                    elif kind in ("ADDED", "MODIFIED"):
+                    else:
                         await self.handle(obj)
             except asyncio.CancelledError:
                 raise
-            except Expired as exc:
-                log.info("TenantControlPlane watch expired (%s); listing again", exc)
-            except Exception as exc:  # API server restarting: list again shortly
-                log.warning("TenantControlPlane watch ended (%s); listing again", exc)
-                await asyncio.sleep(1)
+            except Exception as exc:  # refused (the CRD not installed, RBAC): say so, try again later
+                log.warning("TenantControlPlane objects cannot be listed (%s); retrying", exc)
+                await asyncio.sleep(10)
+
+    async def resync(self) -> str:
+        """Serve every object as listed now and remove orphaned tenants; the list's resourceVersion."""
+        items, version = await self.objects.list()
+        for obj in items:
+            await self.handle(obj)
+        await self.sweep(items)
+        return version
 
     async def handle(self, obj: dict[str, Any]) -> None:
         """Serve one object as it is now; every failure ends up in its status or the log, never here."""
@@ -140,9 +143,9 @@ class TenantResources:
                 await self.objects.set_status(obj, status)
         except asyncio.CancelledError:
             raise
-        except ApiException as exc:
-            if exc.status == 409:  # changed under us: the watch brings the new version
-                return
+        except Conflict:  # changed under us: the watch brings the new version
+            return
+        except KubeError as exc:
             log.warning("TenantControlPlane %s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
         except Exception:
             log.exception("TenantControlPlane %s/%s", meta.get("namespace"), meta.get("name"))
