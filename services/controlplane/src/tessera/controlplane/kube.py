@@ -157,6 +157,9 @@ class UsersSecret(UsersFile):
         await self.kube.apply(object_path("v1", "Secret", self.name, self.namespace),
                               object_path("v1", "Secret", None, self.namespace), body, FIELD_MANAGER)
 
+    async def close(self) -> None:
+        await self.kube.close()
+
 
 def deployment_ready(deployment: dict[str, Any]) -> tuple[bool, str]:
     want = (deployment.get("spec") or {}).get("replicas", 1)

@@ -147,6 +147,9 @@ class UsersFile:
         self.write(tenants)
         self.reload()
 
+    async def close(self) -> None:
+        return None
+
     def reload(self) -> None:
         if self.pid_file is None:
             return
@@ -231,7 +234,8 @@ class NatsKvDriver:
             pass
 
     async def close(self) -> None:
-        return None
+        if self.users is not None:
+            await self.users.close()
 
     async def _wait_for(self, user: str, password: str, tenant: str, *, accepted: bool) -> None:
         """Poll until nats-server has reloaded: the user connects (accepted) or is refused."""
