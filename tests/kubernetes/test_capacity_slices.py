@@ -11,6 +11,9 @@ from types import SimpleNamespace
 
 import msgspec
 import pytest
+import yaml
+
+import kube_rbac
 
 from tessera.capacity import slices
 from tessera.capacity.kube import SliceWriter
@@ -115,6 +118,10 @@ async def test_the_watch_puts_a_deleted_slice_back_without_waiting_for_a_heartbe
         watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watch
+    # the publisher's ClusterRole grants exactly what it called (the kubelet's deletes aside)
+    role = next(d for d in yaml.safe_load_all((ROOT / "deploy/k8s/capacity.yaml").read_text())
+                if d and d["kind"] == "ClusterRole")
+    kube_rbac.check([r for r in apiserver.requests if r[0] != "DELETE"], role)
 
 
 async def test_the_published_devices_carry_their_attributes_and_pass_the_servers_validation(apiserver, publisher):

@@ -7,22 +7,28 @@ everything the tenant had before the object goes."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import re
+from pathlib import Path
 
 import pytest
 import yaml
 
 from tessera.controlplane import crd
 from tessera.controlplane.app import Manager
-from tessera.controlplane.kube import KubeHost
+from tessera.controlplane.datastores.natskv import NatsKvDriver
+from tessera.controlplane.kube import KubeHost, UsersSecret
 from tessera.controlplane.resources import FINALIZER
 from tessera.controlplane.settings import ControlPlaneSettings
 from tessera.shared.bus import Bus
 from tessera.shared.kubeapi import Invalid, KubeApi
 from tessera.shared.settings import BusSettings
 
+import kube_rbac
+
 TCP = (f"{crd.GROUP}/{crd.VERSION}", crd.PLURAL)
+MANAGER_YAML = Path(__file__).resolve().parents[2] / "deploy/k8s/controlplane/manager.yaml"
 NAMESPACE = "team-a"
 
 
@@ -70,10 +76,15 @@ async def until(check, what: str, timeout: float = 15):
 
 @pytest.fixture
 async def manager(apiserver, nats_url):
+    """The manager as manager.yaml runs it: Kubernetes host, NATS datastore users kept in a Secret."""
     bus = await Bus.connect(BusSettings(url=nats_url, file_storage=False), "controlplane")
     await bus.ensure_topology()
-    await apiserver.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-    mgr = await Manager.start(bus, ControlPlaneSettings(host_mode="kubernetes"), host=KubeHost.for_url(apiserver.url))
+    for namespace in (NAMESPACE, "tessera-system"):
+        await apiserver.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    users = UsersSecret("tessera-system/tessera-nats-users", "tessera", "platform-secret",
+                        kube=KubeApi.for_url(apiserver.url))
+    mgr = await Manager.start(bus, ControlPlaneSettings(host_mode="kubernetes"), host=KubeHost.for_url(apiserver.url),
+                              drivers={"nats": NatsKvDriver(bus, nats_url, users)})
     tasks = [asyncio.create_task(mgr.resources.run(), name="tenantcontrolplanes"),
              asyncio.create_task(mgr.follow_host(), name="readiness-watch")]
     try:
@@ -102,6 +113,7 @@ async def test_apply_creates_the_tenant_status_follows_update_changes_quota_dele
     assert ready["status"] == "False" and ready["reason"] == "WaitingForControlPlane" and "0/2" in ready["message"]
     assert condition(provisioning, "Valid")["status"] == "True"
     assert (await mgr.store.tenants.get("alpha")).value.quota.gpus == 4  # the quota placement reads
+    assert '"user": "tenant-alpha"' in users_listed(apiserver)  # its datastore user, for nats-server
     deployment = apiserver.object("apps/v1", "deployments", "alpha-control-plane", "tenant-alpha")
     assert deployment is not None and apiserver.object("v1", "secrets", "alpha-datastore", "tenant-alpha")
 
@@ -129,6 +141,17 @@ async def test_apply_creates_the_tenant_status_follows_update_changes_quota_dele
     namespace = apiserver.object("v1", "namespaces", "tenant-alpha")
     assert namespace is None or namespace["metadata"].get("deletionTimestamp")
     assert not any(t.done() for t in tasks)
+    assert "tenant-alpha" not in users_listed(apiserver)  # its datastore user revoked
+
+    # the manager's ClusterRole grants exactly what it called (the user's kubectl calls aside)
+    role = next(d for d in yaml.safe_load_all(MANAGER_YAML.read_text()) if d and d["kind"] == "ClusterRole")
+    kube_rbac.check([r for r in apiserver.requests if r[2].get("fieldManager") != "kubectl"
+                     and not (r[0] == "DELETE" and crd.PLURAL in r[1])], role)
+
+
+def users_listed(apiserver) -> str:
+    secret = apiserver.object("v1", "secrets", "tessera-nats-users", "tessera-system")
+    return base64.b64decode(secret["data"]["users.conf"]).decode() if secret else ""
 
 
 async def test_an_invalid_spec_is_a_condition_naming_the_field_and_the_manager_goes_on(apiserver, kube, manager):
