@@ -74,8 +74,19 @@ def attributes(gpu: GpuDevice) -> dict:
     return attrs
 
 
+def mebibytes(mib: int) -> str:
+    """``mib`` MiB as the API server writes the quantity back (its canonical form: the largest
+    binary suffix that keeps it whole, so 40960Mi is ``40Gi``), so that comparing the slice read
+    back with the one wanted does not see a change that is only spelling."""
+    for suffix in ("Mi", "Gi", "Ti", "Pi"):
+        if mib % 1024 or suffix == "Pi":
+            return f"{mib}{suffix}"
+        mib //= 1024
+    raise AssertionError("unreachable")
+
+
 def device(gpu: GpuDevice) -> dict:
-    card = f"{gpu.memory_mib}Mi"
+    card = mebibytes(gpu.memory_mib)
     return {
         "name": device_name(gpu.index),
         "attributes": attributes(gpu),
