@@ -112,7 +112,7 @@ class TenantResources:
                 async for kind, obj in self.objects.watch(version):
                     if kind == "DELETED":
                         await self._gone(obj)
-                    else:
+                    elif not _served(obj):
                         await self.handle(obj)
             except asyncio.CancelledError:
                 raise
@@ -207,6 +207,15 @@ class TenantResources:
         stored = await self.store.controlplanes.get(ref.name) if _valid_name(ref.name) else None
         if stored is not None and _owned(stored.value, ref):
             await self.tenants.remove(ref.name)
+
+
+def _served(obj: dict[str, Any]) -> bool:
+    """Whether a watch event only shows what the manager itself wrote (its status, its finalizer):
+    this generation was served already, so another pass would change nothing."""
+    meta = obj.get("metadata") or {}
+    observed = (obj.get("status") or {}).get("observedGeneration")
+    return not meta.get("deletionTimestamp") and FINALIZER in (meta.get("finalizers") or []) and \
+        observed is not None and observed == meta.get("generation")
 
 
 def _owned(record: TenantControlPlane, ref: ResourceRef) -> bool:
