@@ -123,6 +123,8 @@ async def test_apply_creates_the_tenant_status_follows_update_changes_quota_dele
                                       "observedGeneration": deployment["metadata"]["generation"]}},
                           "tenant-alpha", subresource="status")
     shown = await until(lambda: condition(obj(), "Ready")["status"] == "True" and obj(), "ready")
+    discovery = await kube.call("GET", f"/apis/{TCP[0]}")  # what `kubectl get tcp` resolves the short name by
+    assert "tcp" in next(r for r in discovery["resources"] if r["name"] == crd.PLURAL)["shortNames"]
     assert printer_columns(shown) == {"Phase": "Ready", "Ready": "True",
                                       "Endpoint": "https://alpha-apiserver.tenant-alpha.svc:6443",
                                       "Age": shown["metadata"]["creationTimestamp"]}
