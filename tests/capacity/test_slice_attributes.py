@@ -111,3 +111,28 @@ def test_a_profile_with_a_malformed_attribute_names_the_field():
             " pci_bus_id: '00000000:3b:00.0', architecture: Ada Lovelace}\n")
     (node,) = profile.parse(good)
     assert node.devices[0].pci_bus_id == "00000000:3b:00.0" and node.devices[0].compute_capability == "8.9"
+
+
+def test_nvml_facts_are_read_where_the_driver_gives_them_and_left_empty_where_not(monkeypatch):
+    # (no GPU here: NVML's answers as a Hopper card on driver 580 gives them, then an older driver's)
+    import pynvml
+
+    from tessera.capacity import nvml
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetArchitecture", lambda h: pynvml.NVML_DEVICE_ARCH_HOPPER)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCudaComputeCapability", lambda h: (9, 0))
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetPciInfo", lambda h: type("Pci", (), {"busId": b"00000000:17:00.0"})())
+    facts = nvml._facts(object(), "580.65.06")
+    assert facts == {"architecture": "Hopper", "compute_capability": "9.0", "driver_version": "580.65.06",
+                     "pci_bus_id": "00000000:17:00.0"}
+    gpu = GpuDevice(uuid="GPU-x", index=0, model="NVIDIA H200", memory_mib=143771, **facts)
+    attrs = slices.attributes(gpu)
+    assert attrs["architecture"] == {"string": "Hopper"} and attrs["driverVersion"] == {"version": "580.65.6"}
+
+    def unsupported(*_):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    for name in ("nvmlDeviceGetArchitecture", "nvmlDeviceGetCudaComputeCapability", "nvmlDeviceGetPciInfo"):
+        monkeypatch.setattr(pynvml, name, unsupported)
+    assert nvml._facts(object(), "") == {"architecture": "", "compute_capability": "", "driver_version": "",
+                                         "pci_bus_id": ""}
