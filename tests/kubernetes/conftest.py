@@ -7,20 +7,17 @@ seam every service uses, ``tessera.shared.kubeapi.KubeApi``, pointed at it.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from apiserver import ApiServer
+from kube_objects import DEPLOY_K8S
 from tessera.shared.kubeapi import KubeApi
-
-CRDS = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "crds"
 
 
 @pytest.fixture
 async def apiserver():
     server = ApiServer()
-    await server.install_crds(CRDS)
+    await server.install_crds(DEPLOY_K8S / "crds")
     await server.start()
     try:
         yield server

@@ -5,7 +5,13 @@ Each passes the emulator's strict validation as it is; tests change what they ar
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tessera.shared.kubeclaims import DEVICE_CLASS, REQUEST_NAME, RESOURCE_API_VERSION, SCHEDULING_GATE
+
+
+# The manifests Tessera ships (the CRDs the fixture installs live in crds/).
+DEPLOY_K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 
 
 def namespace(name: str, labels: dict | None = None) -> dict:

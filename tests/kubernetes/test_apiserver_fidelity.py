@@ -12,9 +12,10 @@ import uuid
 
 import aiohttp
 import pytest
+import yaml
 
 from apiserver import ApiError
-from kube_objects import binding, claim, configmap, namespace, pod
+from kube_objects import DEPLOY_K8S, binding, claim, configmap, namespace, pod
 
 PODS = "/api/v1/namespaces/default/pods"
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
@@ -161,9 +162,11 @@ async def test_patch_types_json_and_strategic_merge_by_key(http):
     status, patched = await send(http, "PATCH", f"{PODS}/p", {"spec": {"schedulingGates": [
         {"name": "b", "$patch": "delete"}]}}, strategic)
     assert status == 200 and not patched["spec"].get("schedulingGates")
-    status, _ = await send(http, "PATCH", "/apis/tessera.io/v1alpha1/namespaces/default/tenantcontrolplanes/x",
-                           {"spec": {}}, strategic)
-    assert status in (404, 415)
+    tcps = "/apis/tessera.io/v1alpha1/namespaces/default/tenantcontrolplanes"
+    await send(http, "POST", tcps, {"apiVersion": "tessera.io/v1alpha1", "kind": "TenantControlPlane",
+                                    "metadata": {"name": "x"}, "spec": {}})
+    status, refused = await send(http, "PATCH", f"{tcps}/x", {"spec": {}}, strategic)
+    assert status == 415 and refused["reason"] == "UnsupportedMediaType"
 
 
 async def test_server_side_apply_creates_merges_and_drops_what_it_no_longer_applies(http):
@@ -347,6 +350,12 @@ async def test_label_and_field_selectors(http):
     assert status == 400 and "field label not supported" in refused["message"]
     status, listed = await send(http, "GET", PODS)
     assert int(listed["metadata"]["resourceVersion"]) > 0 and listed["kind"] == "PodList"
+    assert "kind" not in listed["items"][0]  # built-in list items carry no kind, as from a real server
+    await send(http, "POST", "/api/v1/namespaces", namespace("team"))
+    await send(http, "POST", "/api/v1/namespaces/team/pods", pod("a", "team", labels={"tier": "gpu"}))
+    status, everywhere = await send(http, "GET", "/api/v1/pods", labelSelector="tier=gpu")
+    assert [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in everywhere["items"]] == [
+        ("default", "a"), ("team", "a")]
     slices = "/apis/resource.k8s.io/v1/resourceslices"
     for node in ("n1", "n2"):
         await send(http, "POST", slices, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
@@ -395,6 +404,11 @@ async def test_crd_installs_its_custom_resource_with_schema_defaults_and_status(
     assert status == 200 and updated["status"]["phase"] == "Ready"
     status, ignored = await send(http, "PATCH", f"{path}/alpha", {"status": {"phase": "Failed"}}, MERGE)
     assert ignored["status"]["phase"] == "Ready"
+    unconditional = dict(ignored, metadata=dict(ignored["metadata"], resourceVersion=None))
+    status, refused = await send(http, "PUT", f"{path}/alpha", unconditional)
+    assert status == 422 and "metadata.resourceVersion" in refused["message"]
+    status, _ = await send(http, "PUT", f"{path}/alpha", ignored)
+    assert status == 200
     status, resources = await send(http, "GET", "/apis/tessera.io/v1alpha1")
     assert {r["name"] for r in resources["resources"]} == {"tenantcontrolplanes", "tenantcontrolplanes/status"}
 
@@ -422,3 +436,74 @@ async def test_helpers_go_through_the_same_validation(apiserver):
     assert refused.value.code == 422
     written = [w for w in apiserver.writes if w.path.endswith("/resourceclaims")]
     assert [w.method for w in written] == ["POST"] and written[0].object["metadata"]["name"] == "c"
+
+
+async def test_wait_for_wakes_on_the_write_that_makes_it_true(apiserver):
+    waiting = asyncio.create_task(apiserver.wait_for(lambda: apiserver.object("v1", "pods", "p", "default")))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    await apiserver.create(pod("p"))
+    assert (await waiting)["metadata"]["name"] == "p"
+    with pytest.raises(TimeoutError):
+        await apiserver.wait_for(lambda: apiserver.object("v1", "pods", "q", "default"), timeout=0.05)
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda p: p["metadata"].update(name="Upper"), "metadata.name"),
+    (lambda p: p["metadata"].update(labels={"tessera.io/tenant": "x" * 64}), "metadata.labels"),
+    (lambda p: p["spec"]["containers"][0].update(resources={"claims": [{"name": "gpu"}]}),
+     "spec.containers[0].resources.claims[0].name"),
+    (lambda p: p["spec"].update(resourceClaims=[{"name": "gpu"}]), "spec.resourceClaims[0]"),
+    (lambda p: p["spec"]["containers"][0].update(resources={"requests": {"nvidia.com/gpu": "1"}}),
+     "spec.containers[0].resources.limits"),
+    (lambda p: p["spec"]["containers"][0].update(resources={"limits": {"nvidia.com/gpumem-percentage": "0.5"}}),
+     "spec.containers[0].resources.limits[nvidia.com/gpumem-percentage]"),
+])
+async def test_go_validation_beyond_the_schema_refuses_pods(apiserver, change, field):
+    body = pod("p")
+    change(body)
+    with pytest.raises(ApiError) as refused:
+        await apiserver.create(body)
+    assert refused.value.code == 422
+    assert field in [c["field"] for c in refused.value.details["causes"]], refused.value.message
+
+
+async def test_a_pod_may_claim_what_it_lists_and_a_slice_names_one_node_selection(apiserver):
+    body = pod("p")
+    body["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "t"}]
+    body["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    await apiserver.create(body)
+    resource_slice = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "s"},
+                      "spec": {"driver": "gpu.tessera.dev", "pool": {"name": "n1", "generation": 1,
+                                                                     "resourceSliceCount": 1},
+                               "devices": [{"name": "gpu-0"}]}}
+    with pytest.raises(ApiError) as refused:
+        await apiserver.create(resource_slice)
+    assert "exactly one of `nodeName`" in refused.value.message
+    resource_slice["spec"]["nodeName"] = "n1"
+    resource_slice["spec"]["devices"].append({"name": "GPU_1"})
+    with pytest.raises(ApiError) as refused:
+        await apiserver.create(resource_slice)
+    assert [c["field"] for c in refused.value.details["causes"]] == ["spec.devices[1].name"]
+
+
+async def test_the_shipped_manifests_are_accepted(apiserver):
+    """The emulator's rules refuse nothing a real server accepts, as far as deploy/k8s goes
+    (cert-manager's kinds aside: their CRDs are not installed here)."""
+    docs = [d for p in sorted(DEPLOY_K8S.glob("*.yaml")) if p.name != "kustomization.yaml"
+            for d in yaml.safe_load_all(p.read_text()) if d and not d["apiVersion"].startswith("cert-manager.io/")]
+    docs.sort(key=lambda d: d["kind"] != "Namespace")
+    for doc in docs:
+        await apiserver.create(doc)
+    assert len(apiserver.objects("apps/v1", "deployments", "tessera-system")) >= 2
+
+
+async def test_the_bind_helper_plays_kube_scheduler_by_the_same_rules(apiserver):
+    await apiserver.create(pod("p"))
+    with pytest.raises(ApiError) as refused:
+        await apiserver.bind("default", "p", "node-1")
+    assert refused.value.code == 409 and "non-empty .spec.schedulingGates" in refused.value.message
+    await apiserver.patch("v1", "pods", "p", [{"op": "remove", "path": "/spec/schedulingGates"}], "default",
+                          kind="json")
+    bound = await apiserver.bind("default", "p", "node-1")
+    assert bound["spec"]["nodeName"] == "node-1"
