@@ -26,6 +26,7 @@ from tessera.shared.kubeapi import Invalid, KubeApi
 from tessera.shared.settings import BusSettings
 
 import kube_rbac
+from kubectl import kubectl
 
 TCP = (f"{crd.GROUP}/{crd.VERSION}", crd.PLURAL)
 MANAGER_YAML = Path(__file__).resolve().parents[2] / "deploy/k8s/controlplane/manager.yaml"
@@ -205,3 +206,32 @@ async def test_a_second_object_for_a_taken_tenant_name_is_refused_on_its_own_sta
     await kube.delete(f"/apis/{TCP[0]}/namespaces/team-b/{crd.PLURAL}/delta")
     await until(lambda: apiserver.object(*TCP, "delta", "team-b") is None, "the second object gone")
     assert await mgr.store.controlplanes.get("delta") is not None
+
+
+async def test_the_real_kubectl_applies_gets_and_deletes_a_tenant_control_plane(apiserver, manager):
+    mgr, _ = manager
+    rc, out, err = await kubectl(apiserver.url, "apply", "-f", "-", stdin=manifest("omega", {"quota": {"gpus": 1}}))
+    assert rc == 0 and out.strip() == "tenantcontrolplane.tessera.io/omega created", err
+    await until(lambda: (apiserver.object(*TCP, "omega", NAMESPACE) or {}).get("status"), "omega's status")
+
+    rc, out, err = await kubectl(apiserver.url, "get", "tcp", "-n", NAMESPACE)
+    assert rc == 0, err
+    header, row = out.splitlines()
+    assert header.split() == ["NAME", "PHASE", "READY", "ENDPOINT", "AGE"]
+    starts = [header.index(name) for name in header.split()] + [None]
+    cells = {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, starts[1:])}
+    assert cells["NAME"] == "omega" and cells["PHASE"] == "Provisioning"
+    assert cells["ENDPOINT"] == "https://omega-apiserver.tenant-omega.svc:6443"
+    # (the emulator's Table evaluates plain dotted paths only; kubectl's own JSONPath evaluates the
+    # Ready column's filter expression, as the real API server's printer does)
+    ready = next(c for c in crd.definition()["spec"]["versions"][0]["additionalPrinterColumns"] if c["name"] == "Ready")
+    rc, out, err = await kubectl(apiserver.url, "get", "tcp", "omega", "-n", NAMESPACE,
+                                 "-o", "jsonpath={" + ready["jsonPath"] + "}")
+    assert rc == 0 and out == "False", (out, err)
+    rc, out, err = await kubectl(apiserver.url, "get", "tcp", "-n", NAMESPACE, "-o", "wide")
+    assert rc == 0 and "WaitingForControlPlane" in out, err
+
+    rc, out, err = await kubectl(apiserver.url, "delete", "tcp", "omega", "-n", NAMESPACE)  # waits for the finalizer
+    assert rc == 0 and 'tenantcontrolplane.tessera.io "omega" deleted' in out, err
+    assert apiserver.object(*TCP, "omega", NAMESPACE) is None
+    assert await mgr.store.tenants.get("omega") is None
