@@ -35,10 +35,12 @@ def test_a_slice_has_the_v1_shape_the_translators_claims_ask_for():
     gpu = spec["devices"][0]
     assert gpu["name"] == "gpu-0" and gpu["allowMultipleAllocations"] is True
     assert gpu["attributes"] == {"model": {"string": "NVIDIA H100 80GB HBM3"}, "uuid": {"string": "GPU-gpu-node-1-0"},
-                                 "index": {"int": 0}}
-    # memory without a request policy: a claim that asks for no memory takes the whole card
-    assert gpu["capacity"]["memory"] == {"value": "81559Mi"}
-    assert gpu["capacity"]["cores"] == {"value": "100"}
+                                 "productName": {"string": "NVIDIA H100 80GB HBM3"}, "index": {"int": 0}}
+    # a claim that asks for no memory (or no cores) takes the whole card; any whole MiB / percent otherwise
+    assert gpu["capacity"]["memory"] == {"value": "81559Mi", "requestPolicy": {
+        "default": "81559Mi", "validRange": {"min": "1Mi", "step": "1Mi"}}}
+    assert gpu["capacity"]["cores"] == {"value": "100", "requestPolicy": {
+        "default": "100", "validRange": {"min": "0", "max": "100", "step": "1"}}}
     assert gpu["capacity"]["shares"] == {"value": "4", "requestPolicy": {"default": "1", "validValues": ["1"]}}
     assert doc["metadata"]["ownerReferences"][0] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-node-1",
                                                      "uid": "uid-1", "controller": True}
@@ -172,3 +174,33 @@ async def test_a_lost_node_shows_no_devices_until_it_is_back():
     assert writer.published[-1] == ("a", 0)
     await svc._restore("a")
     assert writer.published[-1] == ("a", 2) and svc.slices_due == set()
+
+
+async def test_a_wiped_or_edited_slice_is_restored_at_the_same_generation(api):
+    base = str(api.url).rstrip("/")
+    path = f"{base}/apis/resource.k8s.io/v1/resourceslices/{slices.slice_name('gpu-node-1')}"
+    writer = SliceWriter(KubeApi.for_url(base))
+    try:
+        assert await writer.publish(node()) == 1
+        assert await writer.publish(node(healthy=(True, False))) == 2
+        async with aiohttp.ClientSession() as http:  # the kubelet starting: every slice of its node goes
+            async with http.delete(path) as r:
+                assert r.status == 200
+        assert stored_slices(api) == {}
+        assert await writer.publish(node(healthy=(True, False))) == 2  # same devices: same pool generation
+        (doc,) = stored_slices(api).values()
+        assert doc["spec"]["pool"]["generation"] == 2 and len(doc["spec"]["devices"]) == 1
+        edited = {"spec": {"devices": []}}
+        async with aiohttp.ClientSession() as http:  # someone else's edit
+            async with http.patch(path, json=edited, headers={"Content-Type": "application/merge-patch+json"}) as r:
+                assert r.status == 200
+        assert await writer.publish(node(healthy=(True, False))) == 2
+        assert len(stored_slices(api)[slices.slice_name("gpu-node-1")]["spec"]["devices"]) == 1
+    finally:
+        await writer.close()
+    restarted = SliceWriter(KubeApi.for_url(base))  # from empty memory: reads the generation back
+    try:
+        assert await restarted.publish(node(healthy=(True, False))) is None
+        assert await restarted.publish(node()) == 3  # the GPU is well again: a new generation
+    finally:
+        await restarted.close()

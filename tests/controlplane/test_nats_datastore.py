@@ -32,12 +32,16 @@ async def test_tenant_credentials_reach_only_their_own_bucket_and_subjects(manag
     nc = await connect_tenant(a, error_cb=on_error)
     try:
         js = nc.jetstream(timeout=1.5)
-        own = await js.key_value("tenant-alpha")
+        # the tenant's kine creates its own bucket, with its own configuration, as the tenant
+        own = await js.create_key_value(bucket="tenant-alpha", history=10, description="Holds kine key/values")
         await own.put("registry/pods/x", b"pod")
         assert (await own.get("registry/pods/x")).value == b"pod"
+        assert (await js.key_value("tenant-alpha")) is not None
 
         with pytest.raises((nats.errors.TimeoutError, nats.js.errors.Error, asyncio.TimeoutError)):
             await js.key_value("tenant-beta")  # the server drops the API request: denied
+        with pytest.raises((nats.errors.TimeoutError, nats.js.errors.Error, asyncio.TimeoutError)):
+            await js.create_key_value(bucket="tenant-beta", history=10)  # nor may it make another's
         with pytest.raises((nats.errors.TimeoutError, nats.js.errors.Error, asyncio.TimeoutError)):
             await nc.request("$KV.tenant-beta.registry.x", b"stolen", timeout=1)
 
@@ -64,16 +68,20 @@ async def test_tenant_credentials_reach_only_their_own_bucket_and_subjects(manag
     assert "requested._" not in joined
     assert "alpha.>" not in joined.replace("tenants.alpha", "")  # own claims subscription allowed
 
-    # Beta's data is untouched by all of the above.
-    beta_kv = await manager.store.tenants.kv._js.key_value("tenant-beta")
-    with pytest.raises(nats.js.errors.KeyNotFoundError):
-        await beta_kv.get("registry.x")
+    # Beta's store was never touched by all of the above: not even created.
+    with pytest.raises(nats.js.errors.BucketNotFoundError):
+        await manager.store.tenants.kv._js.key_value("tenant-beta")
 
 
 async def test_delete_removes_bucket_and_revokes_the_user(manager):
     await create(manager, "gamma")
     creds = (await manager.store.secrets.get("gamma")).value.datastore
     assert await connect_ok(creds.endpoint, creds.username, creds.password, creds.inbox_prefix)
+    nc = await connect_tenant(creds)
+    try:  # (what the tenant's kine does first)
+        await nc.jetstream(timeout=1.5).create_key_value(bucket="tenant-gamma", history=10)
+    finally:
+        await nc.close()
     reply = msgspec.json.decode(await manager.api.delete(msgspec.json.encode({"name": "gamma"}), {}))
     assert reply["ok"] and reply["result"]["existed"]
     assert not await connect_ok(creds.endpoint, creds.username, creds.password, creds.inbox_prefix)

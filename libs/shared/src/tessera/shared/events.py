@@ -44,6 +44,13 @@ class GpuDevice(Struct, frozen=True, kw_only=True):
     # How many claims may share this GPU at once (HAMi's deviceSplitCount).
     max_shares: Annotated[int, Meta(ge=1)] = 10
     healthy: bool = True
+    # What DRA users select on, where discovery knows it ("" = unknown, left out of the slice):
+    # NVML's architecture name ("Hopper"), CUDA compute capability ("9.0"), the kernel driver's
+    # version ("580.65.06") and the PCI bus id ("00000000:17:00.0").
+    architecture: str = ""
+    compute_capability: str = ""
+    driver_version: str = ""
+    pci_bus_id: str = ""
 
 
 class DeviceShare(Struct, frozen=True, kw_only=True):

@@ -26,15 +26,30 @@ class ProfileError(ConfigError):
     """The profile file is unreadable or describes an impossible fleet; the message says where."""
 
 
-class GpuSpec(Struct, forbid_unknown_fields=True, kw_only=True):
+# What a simulated GPU may say about itself beyond its size (the attributes DRA users select on);
+# left out, the capacity publisher leaves them out of the ResourceSlice, as for a GPU NVML cannot read.
+Architecture = Annotated[str, Meta(pattern=r"^[A-Za-z][A-Za-z0-9 _-]{0,31}$")]
+ComputeCapability = Annotated[str, Meta(pattern=r"^[0-9]{1,2}\.[0-9]{1,2}$")]
+DriverVersion = Annotated[str, Meta(pattern=r"^[0-9]{1,4}(\.[0-9]{1,4}){1,2}$")]
+PciBusId = Annotated[str, Meta(pattern=r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")]
+
+
+class GpuFacts(Struct, forbid_unknown_fields=True, kw_only=True):
+    architecture: Architecture | None = None
+    compute_capability: ComputeCapability | None = None
+    driver_version: DriverVersion | None = None
+
+
+class GpuSpec(GpuFacts, forbid_unknown_fields=True, kw_only=True):
     model: str
     memory_mib: Annotated[int, Meta(gt=0)]
     sm_count: Annotated[int, Meta(gt=0)] = 132
     uuid: str | None = None
     max_shares: Annotated[int, Meta(ge=1, le=64)] = 10
+    pci_bus_id: PciBusId | None = None
 
 
-class NodeGroup(Struct, forbid_unknown_fields=True, kw_only=True):
+class NodeGroup(GpuFacts, forbid_unknown_fields=True, kw_only=True):
     """``nodes`` identical nodes named ``<prefix>-<i>`` with ``gpus`` cards each."""
 
     prefix: Annotated[str, Meta(pattern=r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")]
@@ -66,6 +81,11 @@ def gpu_uuid(node: str, index: int) -> str:
     return f"GPU-{uuid.uuid5(_UUID_NS, f'{node}/{index}')}"
 
 
+def _facts(gpu: GpuFacts) -> dict[str, str]:
+    return {"architecture": gpu.architecture or "", "compute_capability": gpu.compute_capability or "",
+            "driver_version": gpu.driver_version or ""}
+
+
 def expand(profile: Profile) -> list[NodeInventory]:
     out: list[NodeInventory] = []
     for group in profile.groups:
@@ -74,7 +94,7 @@ def expand(profile: Profile) -> list[NodeInventory]:
             devices = [
                 GpuDevice(
                     uuid=gpu_uuid(name, g), index=g, model=group.model, memory_mib=group.memory_mib,
-                    sm_count=group.sm_count, max_shares=group.max_shares,
+                    sm_count=group.sm_count, max_shares=group.max_shares, **_facts(group),
                 )
                 for g in range(group.gpus)
             ]
@@ -83,7 +103,7 @@ def expand(profile: Profile) -> list[NodeInventory]:
     for node in profile.nodes:
         devices = [
             GpuDevice(uuid=g.uuid or gpu_uuid(node.name, i), index=i, model=g.model, memory_mib=g.memory_mib,
-                      sm_count=g.sm_count, max_shares=g.max_shares)
+                      sm_count=g.sm_count, max_shares=g.max_shares, pci_bus_id=g.pci_bus_id or "", **_facts(g))
             for i, g in enumerate(node.gpus)
         ]
         out.append(NodeInventory(node=node.name, devices=devices, labels=dict(node.labels),

@@ -1,45 +1,114 @@
-"""Kubernetes mode of the capacity publisher: it keeps each node's DRA ResourceSlice current.
+"""Kubernetes mode of the capacity publisher: it keeps each node's DRA ResourceSlice true.
 
-Applied with server-side apply under the field manager ``tessera-capacity``. The pool generation is
-read back from the slice already there and raised only when the devices changed, so a restarted
-publisher neither rewinds it nor bumps it for nothing. The slice is owned by its Node object where
-one exists (a simulated node has none), so deleting the Node deletes its slice.
+Applied with server-side apply under the field manager ``tessera-capacity``. Slices do not stay as
+written: the kubelet deletes every ResourceSlice of its node when it starts (and a person or
+another controller may edit one), so the publisher compares what the API server holds with what it
+would write — at each heartbeat with one list of its own slices, and as soon as a watch on them
+reports a change — and re-applies what differs.
+
+The pool generation goes up only when the devices change: a slice re-applied with the same devices
+(after a kubelet wiped it, or someone edited it) keeps the generation last written, so the DRA
+allocator does not see a new pool for nothing; a restarted publisher reads the generation back from
+the slice already there and neither rewinds it nor bumps it. The slice is owned by its Node object
+where one exists (a simulated node has none), so deleting the Node deletes its slice.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Awaitable, Callable, Iterable
 
 from tessera.shared.events import NodeInventory
 from tessera.shared.kubeapi import KubeApi, object_path
 
-from tessera.capacity.slices import API_VERSION, devices, resource_slice, slice_name
+from tessera.capacity.slices import API_VERSION, DRIVER, SLICE_LABELS, devices, resource_slice, slice_name
 
 log = logging.getLogger("tessera.capacity.kube")
 
 FIELD_MANAGER = "tessera-capacity"
 COLLECTION = object_path(API_VERSION, "resourceslices")
+LABEL_SELECTOR = ",".join(f"{k}={v}" for k, v in sorted(SLICE_LABELS.items()))
+_MISSING = object()  # "not read yet" (None means "read: there is none")
+
+
+def field_selector(nodes: Iterable[str]) -> str:
+    """The slices of this driver, and of the one node when the publisher serves only one (the
+    DaemonSet's case: it then never hears of other nodes' slices)."""
+    nodes = sorted(set(nodes))
+    selector = f"spec.driver={DRIVER}"
+    return selector + (f",spec.nodeName={nodes[0]}" if len(nodes) == 1 else "")
+
+
+def says(current: dict | None, wanted: dict) -> bool:
+    """Whether the slice the API server holds says what ``wanted`` says (its spec and our labels)."""
+    if current is None:
+        return False
+    labels = (current.get("metadata") or {}).get("labels") or {}
+    return current.get("spec") == wanted["spec"] and all(labels.get(k) == v for k, v in SLICE_LABELS.items())
 
 
 class SliceWriter:
     def __init__(self, api: KubeApi | None = None) -> None:
         self.api = api or KubeApi()
+        # node -> (pool generation, devices) last written: what a re-apply restores.
+        self.written: dict[str, tuple[int, list[dict]]] = {}
 
-    async def publish(self, inv: NodeInventory) -> int | None:
+    async def publish(self, inv: NodeInventory, current=_MISSING) -> int | None:
         """Make the node's slice say what ``inv`` says: the pool generation written, or None when
-        the slice already said it."""
+        the slice already said it. ``current`` is the slice as just read (None: there is none)."""
         path = object_path(API_VERSION, "resourceslices", slice_name(inv.node))
-        current = await self.api.get(path)
+        if current is _MISSING:
+            current = await self.api.get(path)
+        want = devices(inv)
         spec = (current or {}).get("spec") or {}
-        pool = spec.get("pool") or {}
-        if current is not None and pool.get("name") == inv.node and spec.get("devices") == devices(inv):
+        held = int((spec.get("pool") or {}).get("generation") or 0)
+        last = self.written.get(inv.node)
+        before = last[1] if last else spec.get("devices") if current is not None else None
+        generation = max(last[0] if last else 0, held)
+        if before != want or generation == 0:
+            generation += 1
+        wanted = resource_slice(inv, generation)
+        if says(current, wanted):
+            self.written[inv.node] = (generation, want)
             return None
-        generation = int(pool.get("generation") or 0) + 1
         node = await self.api.get(object_path("v1", "nodes", inv.node))
         uid = ((node or {}).get("metadata") or {}).get("uid")
         await self.api.apply(path, COLLECTION, resource_slice(inv, generation, uid), FIELD_MANAGER)
-        log.info("ResourceSlice %s: %d GPUs, pool generation %d", slice_name(inv.node), len(devices(inv)), generation)
+        self.written[inv.node] = (generation, want)
+        why = "written" if current is None else "re-applied"
+        log.info("ResourceSlice %s %s: %d GPUs, pool generation %d", slice_name(inv.node), why, len(want), generation)
         return generation
+
+    async def read(self, nodes: Iterable[str]) -> dict[str, dict]:
+        """Our slices of ``nodes`` as the API server holds them (slice name -> object), in one list."""
+        items, _ = await self.api.list(COLLECTION, LABEL_SELECTOR, field_selector(nodes))
+        return {(o.get("metadata") or {}).get("name"): o for o in items}
+
+    async def watch(self, nodes: Iterable[str], on_change: Callable[[str], Awaitable[None]]) -> None:
+        """Forever: tell ``on_change`` the node whose slice was deleted or changed by anyone else.
+
+        (An edit that takes our labels off a slice reaches this label-selected watch as a DELETED.)"""
+        nodes = list(nodes)
+        by_slice = {slice_name(n): n for n in nodes}
+        while True:
+            try:
+                async for kind, obj in self.api.watch(COLLECTION, label_selector=LABEL_SELECTOR,
+                                                      field_selector=field_selector(nodes)):
+                    node = by_slice.get((obj.get("metadata") or {}).get("name"))
+                    if node is not None and (kind == "DELETED" or not self._as_written(node, obj)):
+                        await on_change(node)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # refused (RBAC, say): the heartbeat still checks; try again later
+                log.warning("ResourceSlice watch failed (%s); the heartbeat checks the slices meanwhile", exc)
+                await asyncio.sleep(30)
+
+    def _as_written(self, node: str, obj: dict) -> bool:
+        last = self.written.get(node)
+        spec = obj.get("spec") or {}
+        return last is not None and spec.get("devices") == last[1] and \
+            (spec.get("pool") or {}).get("generation") == last[0] and spec.get("nodeName") == node
 
     async def close(self) -> None:
         await self.api.close()

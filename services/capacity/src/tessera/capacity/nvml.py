@@ -1,8 +1,10 @@
 """Real-GPU discovery through NVML (mode 2: a GPU machine without Kubernetes).
 
 Reads this machine's GPUs with nvidia-ml-py: UUID, model name, memory and SM count, the same fields a
-simulated profile gives. On a machine without a driver it fails with a message saying so, rather
-than announcing an empty node.
+simulated profile gives, and what DRA users select on (architecture, CUDA compute capability, the
+driver's version, PCI bus id). A fact this driver's NVML cannot give is left empty (and so out of
+the ResourceSlice) rather than failing discovery. On a machine without a driver it fails with a
+message saying so, rather than announcing an empty node.
 """
 
 from __future__ import annotations
@@ -29,6 +31,35 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+# nvmlDeviceGetArchitecture's enum, named as NVIDIA names the architectures.
+_ARCHITECTURES = {
+    "KEPLER": "Kepler", "MAXWELL": "Maxwell", "PASCAL": "Pascal", "VOLTA": "Volta", "TURING": "Turing",
+    "AMPERE": "Ampere", "ADA": "Ada Lovelace", "HOPPER": "Hopper", "BLACKWELL": "Blackwell", "RUBIN": "Rubin",
+}
+_ARCH_BY_CODE = {getattr(pynvml, f"NVML_DEVICE_ARCH_{k}"): v for k, v in _ARCHITECTURES.items()
+                 if hasattr(pynvml, f"NVML_DEVICE_ARCH_{k}")}
+
+
+def _optional(query, *args) -> object | None:
+    """An NVML query an older driver (or a GPU model) may not support: None instead of an error."""
+    try:
+        return query(*args)
+    except (pynvml.NVMLError, AttributeError):
+        return None
+
+
+def _facts(handle, driver_version: str) -> dict[str, str]:
+    arch = _optional(pynvml.nvmlDeviceGetArchitecture, handle)
+    capability = _optional(pynvml.nvmlDeviceGetCudaComputeCapability, handle)
+    pci = _optional(pynvml.nvmlDeviceGetPciInfo, handle)
+    return {
+        "architecture": _ARCH_BY_CODE.get(arch, "") if arch is not None else "",
+        "compute_capability": f"{capability[0]}.{capability[1]}" if capability else "",
+        "driver_version": driver_version,
+        "pci_bus_id": _text(pci.busId) if pci is not None else "",
+    }
+
+
 def discover_local_node(node: str | None = None) -> NodeInventory:
     try:
         pynvml.nvmlInit()
@@ -38,6 +69,7 @@ def discover_local_node(node: str | None = None) -> NodeInventory:
         ) from None
     try:
         devices = []
+        driver_version = _text(_optional(pynvml.nvmlSystemGetDriverVersion) or "")
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             name = _text(pynvml.nvmlDeviceGetName(handle))
@@ -49,6 +81,7 @@ def discover_local_node(node: str | None = None) -> NodeInventory:
                     model=name,
                     memory_mib=int(memory.total // (1024 * 1024)),
                     sm_count=_sm_count(name),
+                    **_facts(handle, driver_version),
                 )
             )
     finally:

@@ -9,9 +9,12 @@ and the enforcers' leak reclaim can release what it held. A node whose enforcer 
 before and then fell silent for ``TESSERA_ENFORCER_LOST_AFTER_SECONDS`` is lost as well (its GPUs are
 announced, but nothing there can prepare or release a claim). A node is restored when both speak
 again. On Kubernetes (``TESSERA_KUBERNETES=true``) it also keeps each node's DRA ResourceSlice
-current (`tessera.capacity.slices`, `tessera.capacity.kube`); an API server that cannot be reached
-is retried at every heartbeat, and NATS goes on meanwhile. While a node it serves is lost (its
-enforcer silent) the slice shows no devices, so the DRA allocator hands out nothing there either.
+true (`tessera.capacity.slices`, `tessera.capacity.kube`): at every heartbeat it lists its slices
+and re-applies any that is missing (the kubelet deletes a node's slices when it starts) or says
+something else, and a watch on them does the same as soon as one changes; an API server that cannot
+be reached is retried at the next heartbeat, and NATS goes on meanwhile. While a node it serves is
+lost (its enforcer silent) the slice shows no devices, so the DRA allocator hands out nothing there
+either.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from tessera.shared.runner import ServiceContext
 from tessera.shared.settings import env_bool, env_float, env_str
 
 from tessera.shared import profile as profiles
+
+from tessera.capacity.slices import slice_name
 
 log = logging.getLogger("tessera.capacity")
 
@@ -109,6 +114,7 @@ class CapacityService:
             slices = SliceWriter()
         self.slices = slices
         self.slices_due: set[str] = {n.node for n in nodes} if slices is not None else set()
+        self._slices_lock = asyncio.Lock()  # one pass over the slices at a time (heartbeat, watch, lost)
         # What each served node's slice should say now: its GPUs, or none while the node is lost.
         self.slice_view: dict[str, NodeInventory] = {n.node: n for n in nodes}
         self.last_seen: dict[str, float] = {}
@@ -118,12 +124,20 @@ class CapacityService:
     async def start(self) -> dict:
         self.kv = await self.bus.kv(subjects.KV_INVENTORY)
         announced = self.ctx.gate("announced")
-        return {
+        tasks = {
             "announce-and-heartbeat": self._heartbeats(announced),
             "watch-heartbeats": self._watch_heartbeats(),
             "watch-enforcers": self._watch_enforcers(),
             "detect-lost": self._detect_lost(),
         }
+        if self.slices is not None:
+            tasks["watch-slices"] = self.slices.watch([n.node for n in self.nodes], self._slice_changed)
+        return tasks
+
+    async def _slice_changed(self, node: str) -> None:
+        """The watch saw a node's slice deleted or edited: put it back now, not at the next beat."""
+        self.slices_due.add(node)
+        await self._publish_slices()
 
     def silent(self, node: str, now: float) -> str | None:
         """Why ``node`` counts as lost now (None: it does not)."""
@@ -164,7 +178,7 @@ class CapacityService:
         while True:
             await asyncio.sleep(self.settings.heartbeat_seconds)
             seq += 1
-            await self._publish_slices()
+            await self._publish_slices(verify=True)
             try:
                 await self.bus.publish_many(
                     (subjects.inventory(inv.node), NodeHeartbeat(node=inv.node, seq=seq), None) for inv in self.nodes
@@ -172,18 +186,34 @@ class CapacityService:
             except Exception as exc:  # NATS restarting: the next beat goes out once it is back
                 log.warning("heartbeat %d not published: %r", seq, exc)
 
-    async def _publish_slices(self) -> None:
-        """Bring the ResourceSlices not yet current up to date (Kubernetes mode; else nothing)."""
-        for served in self.nodes:  # (in the profile's order)
-            node = served.node
-            if node not in self.slices_due:
-                continue
-            inv = self.slice_view[node]
-            try:
-                await self.slices.publish(inv)
-                self.slices_due.discard(inv.node)
-            except Exception as exc:  # API server away or refusing: said once per try, retried next beat
-                log.warning("ResourceSlice of %s not written (retried at the next heartbeat): %s", inv.node, exc)
+    async def _publish_slices(self, verify: bool = False) -> None:
+        """Bring the ResourceSlices not yet current up to date (Kubernetes mode; else nothing).
+
+        ``verify`` (each heartbeat): first list what the API server holds, so that a slice the
+        kubelet deleted or someone edited is noticed even if the watch missed it."""
+        if self.slices is None:
+            return
+        async with self._slices_lock:
+            listed = None
+            if verify:
+                try:
+                    listed = await self.slices.read(n.node for n in self.nodes)
+                    self.slices_due.update(n.node for n in self.nodes)  # each compared with what was listed
+                except Exception as exc:
+                    log.warning("ResourceSlices not read (checked again at the next heartbeat): %s", exc)
+            for served in self.nodes:  # (in the profile's order)
+                node = served.node
+                if node not in self.slices_due:
+                    continue
+                inv = self.slice_view[node]
+                try:
+                    if listed is None:
+                        await self.slices.publish(inv)
+                    else:
+                        await self.slices.publish(inv, listed.get(slice_name(node)))
+                    self.slices_due.discard(inv.node)
+                except Exception as exc:  # API server away or refusing: said once per try, retried next beat
+                    log.warning("ResourceSlice of %s not written (retried at the next heartbeat): %s", inv.node, exc)
 
     async def _watch_heartbeats(self) -> None:
         """Every publisher tracks every node's last sign of life (core subscription, no storage)."""

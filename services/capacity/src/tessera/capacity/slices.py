@@ -6,12 +6,18 @@ for GPUs and, per GPU, for ``memory`` and ``cores``; this module is the other ha
 
 - one slice per node, one pool per node (named after the node, one slice in it), driver
   ``gpu.tessera.dev``, ``nodeName`` set: the devices are local to that node;
-- one device per healthy GPU, named ``gpu-<index>``, with attributes ``model``, ``uuid`` and
-  ``index``, and ``allowMultipleAllocations: true`` so that several claims can share it;
-- capacities ``memory`` (the card's MiB as a quantity; no request policy, so a claim that asks for
-  no memory takes the whole card, as HAMi's "no gpumem" does), ``cores`` (``100``) and ``shares``
-  (the GPU's share limit, HAMi's deviceSplitCount; every allocation takes one by default and can
-  take only one), so that the allocator keeps to the same limits as Tessera's own placement.
+- one device per healthy GPU, named ``gpu-<index>``, with ``allowMultipleAllocations: true`` so
+  that several claims can share it, and the attributes DRA users select on: ``model`` (what the
+  translator's CEL matches HAMi's GPU types against) and ``productName`` (the same name, under the
+  name NVIDIA's DRA driver uses), ``uuid``, ``index``, and where discovery knows them
+  ``architecture``, ``cudaComputeCapability`` and ``driverVersion`` (versions: semver, so CEL can
+  compare them with ``isGreaterThan``) and ``pciBusID``;
+- capacities ``memory`` (the card's MiB as a quantity; any whole number of MiB from 1Mi, and the
+  whole card by default, so a claim that asks for no memory takes the whole card, as HAMi's "no
+  gpumem" does), ``cores`` (``100``: any whole percent, the whole card by default; 0 is HAMi's "no
+  SM limit") and ``shares`` (the GPU's share limit, HAMi's deviceSplitCount; every allocation
+  takes one by default and can take only one), so that the allocator keeps to the same limits as
+  Tessera's own placement.
 
 A sick GPU is left out (nothing should be allocated on it); when the set of devices changes the
 pool's generation goes up, as DRA asks of a driver that republishes a pool.
@@ -24,9 +30,13 @@ from __future__ import annotations
 import re
 
 from tessera.shared.events import GpuDevice, NodeInventory
+from tessera.shared.kubeclaims import DRIVER, RESOURCE_API_VERSION, device_name, pool_name
 
-DRIVER = "gpu.tessera.dev"
-API_VERSION = "resource.k8s.io/v1"
+API_VERSION = RESOURCE_API_VERSION
+MANAGED_BY = "tessera-capacity"
+# Labels on every slice this publisher writes: what its watch selects on.
+SLICE_LABELS = {"app.kubernetes.io/part-of": "tessera", "app.kubernetes.io/managed-by": MANAGED_BY}
+MAX_STRING = 64  # DRA's limit on a string or version attribute value
 
 
 def slice_name(node: str) -> str:
@@ -35,17 +45,55 @@ def slice_name(node: str) -> str:
     return f"{base}-{DRIVER.replace('.', '-')}"[:253]
 
 
+def semver(version: str) -> str | None:
+    """A dotted version as semver 2.0.0 (three numbers, no leading zeros): NVIDIA's driver
+    ``580.65.06`` is ``580.65.6``, compute capability ``9.0`` is ``9.0.0``; None if it is no
+    version at all (the attribute is then left out rather than refused by the API server)."""
+    parts = version.strip().split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        return None
+    return ".".join(str(int(p)) for p in parts + ["0"] * (3 - len(parts)))
+
+
+def attributes(gpu: GpuDevice) -> dict:
+    name = gpu.model[:MAX_STRING]
+    attrs: dict = {
+        "model": {"string": name},
+        "productName": {"string": name},
+        "uuid": {"string": gpu.uuid[:MAX_STRING]},
+        "index": {"int": gpu.index},
+    }
+    if gpu.architecture:
+        attrs["architecture"] = {"string": gpu.architecture[:MAX_STRING]}
+    for key, value in (("cudaComputeCapability", gpu.compute_capability), ("driverVersion", gpu.driver_version)):
+        version = semver(value) if value else None
+        if version:
+            attrs[key] = {"version": version}
+    if gpu.pci_bus_id:
+        attrs["pciBusID"] = {"string": gpu.pci_bus_id}
+    return attrs
+
+
+def mebibytes(mib: int) -> str:
+    """``mib`` MiB as the API server writes the quantity back (its canonical form: the largest
+    binary suffix that keeps it whole, so 40960Mi is ``40Gi``), so that comparing the slice read
+    back with the one wanted does not see a change that is only spelling."""
+    for suffix in ("Mi", "Gi", "Ti", "Pi"):
+        if mib % 1024 or suffix == "Pi":
+            return f"{mib}{suffix}"
+        mib //= 1024
+    raise AssertionError("unreachable")
+
+
 def device(gpu: GpuDevice) -> dict:
+    card = mebibytes(gpu.memory_mib)
     return {
-        "name": f"gpu-{gpu.index}",
-        "attributes": {
-            "model": {"string": gpu.model},
-            "uuid": {"string": gpu.uuid},
-            "index": {"int": gpu.index},
-        },
+        "name": device_name(gpu.index),
+        "attributes": attributes(gpu),
         "capacity": {
-            "memory": {"value": f"{gpu.memory_mib}Mi"},
-            "cores": {"value": "100"},
+            "memory": {"value": card, "requestPolicy": {"default": card, "validRange": {"min": "1Mi", "step": "1Mi"}}},
+            "cores": {"value": "100", "requestPolicy": {"default": "100",
+                                                        "validRange": {"min": "0", "max": "100", "step": "1"}}},
             "shares": {"value": str(gpu.max_shares), "requestPolicy": {"default": "1", "validValues": ["1"]}},
         },
         "allowMultipleAllocations": True,
@@ -59,8 +107,7 @@ def devices(inv: NodeInventory) -> list[dict]:
 def resource_slice(inv: NodeInventory, generation: int, node_uid: str | None = None) -> dict:
     """The node's ResourceSlice at pool ``generation``; owned by the Node when its uid is given (the
     slice then goes when the Node is deleted)."""
-    metadata: dict = {"name": slice_name(inv.node), "labels": {"app.kubernetes.io/part-of": "tessera",
-                                                                "app.kubernetes.io/managed-by": "tessera-capacity"}}
+    metadata: dict = {"name": slice_name(inv.node), "labels": dict(SLICE_LABELS)}
     if node_uid:
         metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": inv.node, "uid": node_uid,
                                         "controller": True}]
@@ -71,7 +118,7 @@ def resource_slice(inv: NodeInventory, generation: int, node_uid: str | None = N
         "spec": {
             "driver": DRIVER,
             "nodeName": inv.node,
-            "pool": {"name": inv.node, "generation": generation, "resourceSliceCount": 1},
+            "pool": {"name": pool_name(inv.node), "generation": generation, "resourceSliceCount": 1},
             "devices": devices(inv),
         },
     }

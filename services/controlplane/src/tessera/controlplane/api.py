@@ -19,6 +19,7 @@ import msgspec
 from tessera.controlplane.capacity import HostCapacity, InsufficientCapacity, check_fits
 from tessera.controlplane.reconciler import Reconciler
 from tessera.controlplane.spec import (
+    ResourceRef,
     SpecError,
     TenantControlPlane,
     TenantControlPlaneSpec,
@@ -92,14 +93,36 @@ class TenantApi:
 
     async def create(self, data: bytes, headers: Mapping[str, str]) -> bytes:
         async def act(req: TenantRequest) -> bytes:
-            name = check_name(req.name)
-            spec = parse_spec(req.spec, req.quota)
-            async with self._admission:
-                record = await self._admit(name, spec)
-            record = await self.reconciler.reconcile(name) or record
-            return api.ok(view(record))
+            return api.ok(view(await self.apply(check_name(req.name), parse_spec(req.spec, req.quota))))
 
         return await self._guard(data, act)
+
+    async def apply(self, name: str, spec: TenantControlPlaneSpec, resource: ResourceRef | None = None,
+                    ) -> TenantControlPlane:
+        """Create the tenant or change its spec, then run one reconcile pass: what create does, and
+        what a TenantControlPlane object (``resource``, which then owns the tenant) does."""
+        async with self._admission:
+            record = await self._admit(name, spec, resource)
+        return await self.reconciler.reconcile(name) or record
+
+    async def remove(self, name: str) -> bool:
+        """Mark the tenant deleting and tear it down (also finishing an interrupted teardown and
+        cleaning orphans); whether it existed."""
+        for _ in range(20):
+            stored = await self.store.controlplanes.get(name)
+            if stored is None or stored.value.deleting:
+                break
+            marked = msgspec.structs.replace(stored.value, deleting=True)
+            try:
+                await self.store.controlplanes.put(name, marked, revision=stored.revision)
+                break
+            except ConflictError:
+                continue
+        existed = stored is not None
+        await self.reconciler.reconcile(name)
+        if not existed and await self.store.tenants.get(name) is not None:
+            await self.reconciler.resync()
+        return existed
 
     async def get(self, data: bytes, headers: Mapping[str, str]) -> bytes:
         async def act(req: TenantRequest) -> bytes:
@@ -121,43 +144,40 @@ class TenantApi:
     async def delete(self, data: bytes, headers: Mapping[str, str]) -> bytes:
         async def act(req: TenantRequest) -> bytes:
             name = check_name(req.name)
-            for _ in range(20):
-                stored = await self.store.controlplanes.get(name)
-                if stored is None:
-                    break
-                if stored.value.deleting:
-                    break
-                marked = msgspec.structs.replace(stored.value, deleting=True)
-                try:
-                    await self.store.controlplanes.put(name, marked, revision=stored.revision)
-                    break
-                except ConflictError:
-                    continue
-            existed = stored is not None
-            # Runs the teardown; also finishes an earlier, interrupted one and cleans orphans.
-            await self.reconciler.reconcile(name)
-            if not existed and await self.store.tenants.get(name) is not None:
-                await self.reconciler.resync()
-            return api.ok({"name": name, "deleted": True, "existed": existed})
+            stored = await self.store.controlplanes.get(name)
+            owner = stored.value.resource if stored is not None else None
+            if owner is not None:  # the controller would only create it again
+                raise ConflictError(f"tenant {name!r} belongs to TenantControlPlane {owner.namespace}/{owner.name};"
+                                    f" delete it there: kubectl delete tcp -n {owner.namespace} {owner.name}")
+            return api.ok({"name": name, "deleted": True, "existed": await self.remove(name)})
 
         return await self._guard(data, act)
 
-    async def _admit(self, name: str, spec: TenantControlPlaneSpec) -> TenantControlPlane:
-        """Store the desired spec (new tenant, or a changed spec); an identical create is a no-op."""
+    async def _admit(self, name: str, spec: TenantControlPlaneSpec, resource: ResourceRef | None = None,
+                     ) -> TenantControlPlane:
+        """Store the desired spec (new tenant, or a changed spec); an identical create is a no-op.
+        A tenant owned by one TenantControlPlane object is not another's (nor the API's) to change."""
         for _ in range(20):
             stored = await self.store.controlplanes.get(name)
             if stored is not None and stored.value.deleting:
                 raise ConflictError(f"tenant {name!r} is being deleted; retry once it is gone")
-            if stored is not None and stored.value.spec == spec:
+            owner = stored.value.resource if stored is not None else None
+            if owner is not None and (resource is None or (owner.namespace, owner.name) != (resource.namespace,
+                                                                                          resource.name)):
+                raise ConflictError(f"tenant {name!r} belongs to TenantControlPlane {owner.namespace}/{owner.name};"
+                                    " change or delete it there")
+            if stored is not None and stored.value.spec == spec and owner == resource:
                 return stored.value
             if self.capacity.cpu_millis or self.capacity.memory_mib:
                 check_fits(self.capacity, await self._all(), name, spec)
             if stored is None:
-                record = TenantControlPlane(name=name, uid=uuid.uuid4().hex[:12], spec=spec)
+                record = TenantControlPlane(name=name, uid=uuid.uuid4().hex[:12], spec=spec, resource=resource)
                 revision = None
             else:
+                changed = stored.value.spec != spec
                 record = msgspec.structs.replace(
-                    stored.value, spec=spec, generation=stored.value.generation + 1
+                    stored.value, spec=spec, resource=resource or owner,
+                    generation=stored.value.generation + changed,
                 )
                 revision = stored.revision
             try:

@@ -1,4 +1,5 @@
-"""The manager assembled: store, datastore drivers, PKI, host cluster, reconciler and API.
+"""The manager assembled: store, datastore drivers, PKI, host cluster, reconciler and API (and on
+Kubernetes the TenantControlPlane objects, served through that same API).
 
 Kept apart from __main__ so that tests and the benchmark can run a real manager inside their own
 event loop against their own servers, with the same wiring as the service.
@@ -32,7 +33,9 @@ class Manager:
         drivers: dict[str, DatastoreDriver],
         host: HostCluster,
         settings: ControlPlaneSettings,
+        resources=None,
     ) -> None:
+        self.resources = resources  # TenantResources on Kubernetes, else None
         self.store = store
         self.reconciler = reconciler
         self.api = api
@@ -59,13 +62,24 @@ class Manager:
 
         reconciler = Reconciler(store, publish, drivers, pki, host, settings.platform_namespace)
         capacity = HostCapacity(settings.host_cpu_millis, settings.host_memory_mib)
-        return cls(store, reconciler, TenantApi(store, reconciler, capacity), drivers, host, settings)
+        tenants = TenantApi(store, reconciler, capacity)
+        resources = None
+        if hasattr(host, "tenant_control_planes"):  # a Kubernetes host: serve its TenantControlPlane objects
+            from tessera.controlplane.resources import TenantResources
+
+            resources = TenantResources(tenants, store, host.tenant_control_planes())  # type: ignore[attr-defined]
+        return cls(store, reconciler, tenants, drivers, host, settings, resources)
 
     async def resync_forever(self, on_first: Callable[[], None] | None = None) -> None:
         try:
             first = True
             while True:
                 await self.reconciler.resync()
+                if self.resources is not None and not first:  # (the objects' own loop lists them first)
+                    try:
+                        await self.resources.resync()  # statuses current, orphans of lost objects gone
+                    except Exception as exc:
+                        log.warning("TenantControlPlane resync failed: %s", exc)
                 if first and on_first is not None:
                     on_first()
                 first = False
@@ -74,10 +88,13 @@ class Manager:
             await self.close()
 
     def root_tasks(self, on_first: Callable[[], None] | None = None) -> dict[str, Coroutine]:
-        """The manager's own loops: periodic resync, and in Kubernetes mode the readiness watch."""
+        """The manager's own loops: periodic resync, and in Kubernetes mode the readiness watch and
+        the TenantControlPlane objects."""
         tasks: dict[str, Coroutine] = {"resync": self.resync_forever(on_first)}
         if hasattr(self.host, "watch"):
             tasks["readiness-watch"] = self.follow_host()
+        if self.resources is not None:
+            tasks["tenantcontrolplanes"] = self.resources.run()
         return tasks
 
     async def follow_host(self) -> None:
@@ -87,6 +104,8 @@ class Manager:
     async def _on_host_change(self, tenant: str) -> None:
         try:
             await self.reconciler.reconcile(tenant)
+            if self.resources is not None:
+                await self.resources.report(tenant)
         except Exception as exc:  # the next event or resync tries again
             log.warning("reconcile %s after host change failed: %s", tenant, exc)
 

@@ -18,6 +18,7 @@ from tessera.controlplane.spec import TenantControlPlaneSpec, TenantControlPlane
 
 GROUP = "tessera.io"
 PLURAL = "tenantcontrolplanes"
+VERSION = "v1alpha1"
 
 
 def _structural(node: Any, defs: dict[str, Any]) -> Any:
@@ -68,16 +69,20 @@ def definition() -> dict[str, Any]:
             "names": {"kind": "TenantControlPlane", "listKind": "TenantControlPlaneList", "plural": PLURAL,
                       "singular": "tenantcontrolplane", "shortNames": ["tcp"]},
             "versions": [{
-                "name": "v1alpha1",
+                "name": VERSION,
                 "served": True,
                 "storage": True,
                 "subresources": {"status": {}},
+                # `kubectl get tcp`: phase, readiness, endpoint; `-o wide` adds the rest.
                 "additionalPrinterColumns": [
                     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-                    {"name": "Version", "type": "string", "jsonPath": ".spec.kubernetes.version"},
-                    {"name": "Size", "type": "string", "jsonPath": ".spec.size"},
-                    {"name": "Datastore", "type": "string", "jsonPath": ".spec.datastore.driver"},
+                    {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
                     {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
+                    {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
+                    {"name": "Version", "type": "string", "jsonPath": ".spec.kubernetes.version", "priority": 1},
+                    {"name": "Size", "type": "string", "jsonPath": ".spec.size", "priority": 1},
+                    {"name": "Datastore", "type": "string", "jsonPath": ".spec.datastore.driver", "priority": 1},
+                    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                 ],
                 "schema": {"openAPIV3Schema": {
                     "type": "object",

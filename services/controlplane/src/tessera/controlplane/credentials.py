@@ -19,6 +19,7 @@ class DatastoreCredentials(Struct, kw_only=True, frozen=True):
     password: str
     scope: str  # the bucket, database or key prefix the credentials are confined to
     inbox_prefix: str = ""  # NATS: the only reply subjects this tenant may subscribe to
+    replicas: int = 1  # NATS: the replicas of the tenant's bucket (kine creates it)
 
 
 class TenantSecrets(Struct, kw_only=True):

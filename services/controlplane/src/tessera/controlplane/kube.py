@@ -1,23 +1,31 @@
-"""Kubernetes mode: server-side apply of tenant manifests and a watch on their readiness.
+"""Kubernetes mode: server-side apply of tenant manifests, a watch on their readiness, and the
+TenantControlPlane objects the manager serves.
 
 The manager's only module that talks to Kubernetes, through `tessera.shared.kubeapi` (server-side
 apply with fieldManager=tessera-controlplane, so repeated applies are no-ops and fields other
 managers own are left alone). Readiness is the control-plane Deployment's status (ready replicas =
 desired, rolled out); ``watch`` streams Deployment changes and tells the reconciler which tenant to
-look at again.
+look at again. ``TenantControlPlanes`` lists and watches the custom resources and writes their
+finalizer (a merge patch carrying the resourceVersion read, so a concurrent change is a 409, not
+lost) and their status subresource; `tessera.controlplane.resources` decides what to write.
+``UsersSecret`` keeps the NATS datastore's tenant users in a Secret the NATS pods mount (the
+manager and nats-server share no filesystem on a cluster).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import base64
 import logging
-from typing import Any, Awaitable, Callable
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from tessera.shared.kubeapi import ApiException, KubeApi
 from tessera.shared.kubeapi import object_path as _path
 
 from tessera.controlplane import manifests
+from tessera.controlplane.crd import GROUP, PLURAL, VERSION
+from tessera.controlplane.datastores.natskv import UsersFile
 
 log = logging.getLogger("tessera.controlplane.kube")
 
@@ -41,6 +49,9 @@ class KubeHost:
     @classmethod
     def for_url(cls, url: str, *, manage_namespaces: bool = True) -> "KubeHost":
         return cls(KubeApi.for_url(url), manage_namespaces=manage_namespaces)
+
+    def tenant_control_planes(self) -> "TenantControlPlanes":
+        return TenantControlPlanes(self.kube)
 
     async def apply(self, tenant: str, objects: list[dict[str, Any]]) -> None:
         for obj in objects:
@@ -72,29 +83,79 @@ class KubeHost:
     async def watch(self, on_change: Callable[[str], Awaitable[None]]) -> None:
         """Forever: stream control-plane Deployments and hand each changed tenant to ``on_change``."""
         selector = f"app.kubernetes.io/managed-by={manifests.MANAGER}"
-        api = await self.kube.api()
         while True:
             try:
-                response = await api.call_api(
-                    "/apis/apps/v1/deployments", "GET",
-                    query_params=[("watch", "true"), ("labelSelector", selector), ("timeoutSeconds", "300")],
-                    header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
-                    _preload_content=False, _return_http_data_only=True,
-                )
-                async with response:
-                    while line := await response.content.readline():
-                        if not line.strip():
-                            continue
-                        event = json.loads(line)
-                        labels = ((event.get("object") or {}).get("metadata") or {}).get("labels") or {}
-                        tenant = labels.get("tessera.io/tenant")
-                        if tenant:
-                            await on_change(tenant)
+                async for _, obj in self.kube.watch("/apis/apps/v1/deployments", label_selector=selector):
+                    tenant = ((obj.get("metadata") or {}).get("labels") or {}).get("tessera.io/tenant")
+                    if tenant:
+                        await on_change(tenant)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # API server restart, expired resourceVersion: start over
-                log.warning("deployment watch ended (%s); restarting", exc)
-                await asyncio.sleep(1)
+            except Exception as exc:  # refused (RBAC, say): the periodic resync goes on meanwhile
+                log.warning("deployment watch failed (%s); retrying", exc)
+                await asyncio.sleep(30)
+
+    async def close(self) -> None:
+        await self.kube.close()
+
+
+class TenantControlPlanes:
+    """The TenantControlPlane custom resources (group tessera.io) as the manager reads and writes them."""
+
+    def __init__(self, kube: KubeApi) -> None:
+        self.kube = kube
+
+    @staticmethod
+    def path(namespace: str | None = None, name: str | None = None, sub: str = "") -> str:
+        return _path(f"{GROUP}/{VERSION}", PLURAL, name, namespace) + (f"/{sub}" if sub else "")
+
+    async def list(self) -> tuple[list[dict[str, Any]], str]:
+        return await self.kube.list(self.path())
+
+    def watch(self, version: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """(event type, object) from ``version`` on, forever (re-listing after a 410 or a restart)."""
+        return self.kube.watch(self.path(), version or None)
+
+    async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self.kube.get(self.path(namespace, name))
+
+    async def set_finalizers(self, obj: dict[str, Any], finalizers: list[str]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
+        return await self.kube.patch(self.path(meta["namespace"], meta["name"]), patch)
+
+    async def set_status(self, obj: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        return await self.kube.patch_status(self.path(meta["namespace"], meta["name"]), {"status": status})
+
+
+class UsersSecret(UsersFile):
+    """The NATS users file as a Secret (key ``users.conf``) in the NATS namespace: the NATS pods
+    mount it, and their config reloader signals nats-server when the kubelet has updated the file
+    (within about a minute). ``store`` does not wait for that: the tenant's kine retries until its
+    user is accepted."""
+
+    KEY = "users.conf"
+    confirm = False
+
+    def __init__(self, ref: str, platform_user: str, platform_password: str, kube: KubeApi | None = None) -> None:
+        super().__init__(Path("/nonexistent"), None, platform_user, platform_password)
+        self.namespace, self.name = ref.split("/", 1)
+        self.kube = kube or KubeApi()
+
+    async def load(self) -> dict[str, dict]:
+        secret = await self.kube.get(object_path("v1", "Secret", self.name, self.namespace))
+        data = ((secret or {}).get("data") or {}).get(self.KEY)
+        return self.parse(base64.b64decode(data).decode()) if data else {}
+
+    async def store(self, tenants: dict[str, dict]) -> None:
+        body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                "metadata": {"name": self.name, "namespace": self.namespace,
+                             "labels": {"app.kubernetes.io/part-of": "tessera",
+                                        "app.kubernetes.io/managed-by": FIELD_MANAGER}},
+                "data": {self.KEY: base64.b64encode(self.render(tenants).encode()).decode()}}
+        await self.kube.apply(object_path("v1", "Secret", self.name, self.namespace),
+                              object_path("v1", "Secret", None, self.namespace), body, FIELD_MANAGER)
 
     async def close(self) -> None:
         await self.kube.close()

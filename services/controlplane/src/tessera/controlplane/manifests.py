@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import json
 import re
 from typing import Any
 
@@ -19,7 +20,7 @@ import kubernetes_validate
 from kubernetes_validate import utils as kv_utils
 from referencing import Registry, Resource
 
-from tessera.controlplane.credentials import TenantSecrets
+from tessera.controlplane.credentials import DatastoreCredentials, TenantSecrets
 from tessera.controlplane.sizes import effective_resources
 from tessera.controlplane.spec import Resources, TenantControlPlane
 
@@ -48,11 +49,19 @@ def _resources(res: Resources) -> dict[str, Any]:
     }
 
 
+# Every control-plane container runs as this uid and gid (the distroless "nonroot" user). The
+# kubelet gives mounted Secret files root's uid and, with the pod's fsGroup, this group: so the
+# Secrets are mounted group-readable (0440), and nobody else on the node may read them.
+USER = 65532
+SECRET_MODE = 0o440
+DATASTORE_DIR = "/datastore"  # where kine finds the tenant's own NATS context (its credentials)
+
 _SECURITY = {
     "allowPrivilegeEscalation": False,
     "readOnlyRootFilesystem": True,
     "runAsNonRoot": True,
-    "runAsUser": 65532,
+    "runAsUser": USER,
+    "runAsGroup": USER,
     "capabilities": {"drop": ["ALL"]},
     "seccompProfile": {"type": "RuntimeDefault"},
 }
@@ -66,6 +75,25 @@ def _secret(name: str, ns: str, tenant: str, data: dict[str, str]) -> dict[str, 
         "type": "Opaque",
         "data": {k: base64.b64encode(v.encode()).decode() for k, v in sorted(data.items())},
     }
+
+
+def datastore_secret(ds: DatastoreCredentials | None) -> dict[str, str]:
+    """What the tenant's datastore Secret holds: its own credentials, never the platform's.
+
+    For NATS, kine (built with an embedded NATS server it would otherwise start: ``noEmbed``) reads a
+    NATS context file with the tenant's user, password and inbox prefix (a URL cannot carry the
+    prefix, and the tenant may only receive replies under it), and creates the tenant's bucket
+    itself, with the replicas the platform's streams have."""
+    if ds is None:
+        return {}
+    data = {"driver": ds.driver, "endpoint": ds.endpoint, "username": ds.username, "password": ds.password,
+            "scope": ds.scope}
+    if ds.driver == "nats":
+        context = {"url": ds.endpoint, "user": ds.username, "password": ds.password, "inbox_prefix": ds.inbox_prefix}
+        data["context.json"] = json.dumps({k: v for k, v in context.items() if v}, sort_keys=True)
+        data["endpoint"] = (f"nats://?contextFile={DATASTORE_DIR}/context.json&bucket={ds.scope}"
+                            f"&replicas={ds.replicas}&noEmbed")
+    return data
 
 
 def datastore_endpoint(secrets: TenantSecrets) -> str:
@@ -167,19 +195,15 @@ def render(record: TenantControlPlane, secrets: TenantSecrets, platform_namespac
                     "name": f"{t}-datastore", "key": "endpoint"}}}],
                 "resources": _resources(res["datastore_shim"]),
                 "securityContext": _SECURITY,
+                "volumeMounts": [{"name": "datastore", "mountPath": DATASTORE_DIR, "readOnly": True}],
             }
         )
-
-    datastore_data = {}
-    if ds is not None:
-        endpoint = ds.endpoint
-        if ds.driver == "nats" and ds.username:
-            scheme, _, rest = endpoint.partition("://")
-            endpoint = f"{scheme}://{ds.username}:{ds.password}@{rest}?bucket={ds.scope}"
-        elif ds.driver == "nats":
-            endpoint = f"{endpoint}?bucket={ds.scope}"
-        datastore_data = {"driver": ds.driver, "endpoint": endpoint, "username": ds.username,
-                          "password": ds.password, "scope": ds.scope}
+    volumes = [
+        {"name": "pki", "secret": {"secretName": f"{t}-pki", "defaultMode": SECRET_MODE}},
+        {"name": "kubeconfig", "secret": {"secretName": f"{t}-admin-kubeconfig", "defaultMode": SECRET_MODE}},
+    ]
+    if ds is None or ds.driver != "etcd":
+        volumes.append({"name": "datastore", "secret": {"secretName": f"{t}-datastore", "defaultMode": SECRET_MODE}})
 
     ingress_from: list[dict[str, Any]] = [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": platform_namespace}}},
@@ -190,7 +214,7 @@ def render(record: TenantControlPlane, secrets: TenantSecrets, platform_namespac
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": lab}},
         _secret(f"{t}-pki", ns, t, secrets.pki),
-        _secret(f"{t}-datastore", ns, t, datastore_data),
+        _secret(f"{t}-datastore", ns, t, datastore_secret(ds)),
         _secret(f"{t}-admin-kubeconfig", ns, t, {"admin.conf": secrets.kubeconfig}),
         {
             "apiVersion": "apps/v1",
@@ -205,12 +229,10 @@ def render(record: TenantControlPlane, secrets: TenantSecrets, platform_namespac
                     "spec": {
                         "automountServiceAccountToken": False,
                         "enableServiceLinks": False,
-                        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+                        "securityContext": {"runAsNonRoot": True, "runAsUser": USER, "runAsGroup": USER,
+                                            "fsGroup": USER, "seccompProfile": {"type": "RuntimeDefault"}},
                         "containers": containers,
-                        "volumes": [
-                            {"name": "pki", "secret": {"secretName": f"{t}-pki", "defaultMode": 0o400}},
-                            {"name": "kubeconfig", "secret": {"secretName": f"{t}-admin-kubeconfig", "defaultMode": 0o400}},
-                        ],
+                        "volumes": volumes,
                         "topologySpreadConstraints": [{
                             "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
                             "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": lab},

@@ -25,6 +25,9 @@ class ControlPlaneSettings:
     nats_tenant_url: str = ""
     nats_auth_file: str = ""
     nats_pid_file: str = ""
+    # Kubernetes: the Secret ("namespace/name") holding that users file, mounted by the NATS pods
+    # (whose config reloader signals nats-server when it changes); used instead of the file.
+    nats_users_secret: str = ""
     postgres_dsn: str = "postgresql://postgres@127.0.0.1:5432/postgres"
     postgres_tenant_host: str = "127.0.0.1:5432"
     etcd_endpoint: str = "http://127.0.0.1:2379"
@@ -51,6 +54,9 @@ class ControlPlaneSettings:
         manifests_dir = env_str(env, "TESSERA_CP_MANIFESTS_DIR", "")
         if mode == "render" and not manifests_dir:
             raise ConfigError("TESSERA_CP_HOST=render needs TESSERA_CP_MANIFESTS_DIR (where to write)")
+        users_secret = env_str(env, "TESSERA_CP_NATS_USERS_SECRET", "")
+        if users_secret and len(users_secret.split("/")) != 2:
+            raise ConfigError(f"TESSERA_CP_NATS_USERS_SECRET={users_secret!r}: use namespace/name")
         rotate = env_int(env, "TESSERA_CP_ROTATE_BEFORE_DAYS", 30, minimum=0)
         days = env_int(env, "TESSERA_CP_CERT_DAYS", 365, minimum=1)
         if rotate >= days:
@@ -60,6 +66,7 @@ class ControlPlaneSettings:
             nats_tenant_url=env_str(env, "TESSERA_CP_NATS_TENANT_URL", ""),
             nats_auth_file=env_str(env, "TESSERA_CP_NATS_AUTH_FILE", ""),
             nats_pid_file=env_str(env, "TESSERA_CP_NATS_PID_FILE", ""),
+            nats_users_secret=users_secret,
             postgres_dsn=env_str(env, "TESSERA_CP_POSTGRES_DSN", cls.postgres_dsn),
             postgres_tenant_host=env_str(env, "TESSERA_CP_POSTGRES_TENANT_HOST", cls.postgres_tenant_host),
             etcd_endpoint=env_str(env, "TESSERA_CP_ETCD_ENDPOINT", cls.etcd_endpoint),

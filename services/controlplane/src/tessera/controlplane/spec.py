@@ -104,6 +104,20 @@ class TenantControlPlaneSpec(_Spec):
     quota: QuotaSpec = QuotaSpec()
 
 
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class Condition(Struct, kw_only=True, rename="camel"):
+    """A Kubernetes-style status condition (``Ready``, ``Valid``) of a TenantControlPlane object."""
+
+    type: str
+    status: ConditionStatus
+    reason: str = ""
+    message: str = ""
+    observed_generation: int = 0
+    last_transition_time: str = ""  # RFC 3339, as kubectl shows it
+
+
 class TenantControlPlaneStatus(Struct, kw_only=True, rename="camel"):
     """Observed state; written only by the manager."""
 
@@ -115,6 +129,17 @@ class TenantControlPlaneStatus(Struct, kw_only=True, rename="camel"):
     datastore: str = ""  # the tenant's bucket / database / key prefix
     certificates_not_after: float = 0.0
     last_transition: float = field(default_factory=now)
+    # Only on the TenantControlPlane object (the status subresource): Ready, and Valid naming the
+    # field of a spec the manager refused.
+    conditions: list[Condition] = []
+
+
+class ResourceRef(Struct, kw_only=True, frozen=True):
+    """The TenantControlPlane object a tenant was created from (Kubernetes mode)."""
+
+    namespace: str
+    name: str
+    uid: str
 
 
 class TenantControlPlane(Struct, kw_only=True, rename="camel"):
@@ -127,6 +152,8 @@ class TenantControlPlane(Struct, kw_only=True, rename="camel"):
     status: TenantControlPlaneStatus = field(default_factory=TenantControlPlaneStatus)
     deleting: bool = False
     created: float = field(default_factory=now)
+    # Set when a TenantControlPlane object owns the tenant: its deletion deletes the tenant.
+    resource: ResourceRef | None = None
 
 
 class _NameOnly(Struct, forbid_unknown_fields=True):

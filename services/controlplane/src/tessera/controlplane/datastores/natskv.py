@@ -1,14 +1,17 @@
 """NATS JetStream KV datastore: one bucket per tenant, and a NATS user confined to it.
 
 This is the one module of the manager that talks to nats-py directly (beyond the shared Bus): it
-creates and deletes tenant buckets, and it checks the tenant's own connection after each change of
-credentials.
+deletes tenant buckets, and it checks the tenant's own connection after each change of credentials.
+The bucket itself is created by the tenant's kine, as the tenant, with kine's own bucket
+configuration: kine refuses a bucket that exists with any other configuration, so the manager
+does not create it first (it may create and update that one stream and no other).
 
 Tenant users are written to a users file that nats-server includes inside its ``authorization``
 block (config-file authorization); after each change the server is told to reload (SIGHUP to the
 pid in its pid file) and the manager waits until the server really accepts (or refuses) the user.
 Each tenant user may touch only:
-- its bucket: ``$KV.tenant-<t>.>`` and the JetStream API calls scoped to stream ``KV_tenant-<t>``;
+- its bucket: ``$KV.tenant-<t>.>`` and the JetStream API calls scoped to stream ``KV_tenant-<t>``
+  (creating and updating that stream included);
 - its claim subjects (publish ``requested`` / ``release``, subscribe to all of them) and its tenant
   events (subscribe only: those are the manager's to publish);
 - replies under its own inbox prefix ``_INBOX_<t>``, so it cannot snoop on other clients' replies.
@@ -32,7 +35,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 import nats
 from nats.aio.client import Client as NatsClient
-from nats.js import api as jsapi
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from tessera.controlplane.credentials import DatastoreCredentials
@@ -63,6 +65,8 @@ def tenant_permissions(tenant: str) -> dict:
         "publish": {
             "allow": [
                 f"$KV.{bucket_name(tenant)}.>",
+                f"{js}.STREAM.CREATE.{stream}",
+                f"{js}.STREAM.UPDATE.{stream}",
                 f"{js}.STREAM.INFO.{stream}",
                 f"{js}.STREAM.MSG.GET.{stream}",
                 f"{js}.DIRECT.GET.{stream}",
@@ -90,9 +94,16 @@ def tenant_permissions(tenant: str) -> dict:
 
 
 class UsersFile:
-    """The users file nats-server includes: read back, rewritten atomically, reload signalled."""
+    """The users file nats-server includes: read back, rewritten atomically, reload signalled.
+
+    ``load``/``store`` are what the driver calls; a users list kept elsewhere (on Kubernetes, a
+    Secret the NATS pods mount: `tessera.controlplane.kube.UsersSecret`) offers the same two, with
+    the same text."""
 
     HEADER = "# Written by tessera-controlplane: tenant users. Do not edit; changes are overwritten.\n"
+    # Whether ``store`` returns only once the server has loaded the new list (the driver then
+    # checks the user is accepted or refused before going on).
+    confirm = True
 
     def __init__(self, path: Path, pid_file: Path | None, platform_user: str, platform_password: str) -> None:
         self.path = path
@@ -101,28 +112,43 @@ class UsersFile:
         self.platform_password = platform_password
         self.lock = asyncio.Lock()
 
-    def read(self) -> dict[str, dict]:
-        """user -> entry for the tenant users in the file (the platform user is not listed)."""
-        try:
-            text = self.path.read_text()
-        except FileNotFoundError:
-            return {}
+    def parse(self, text: str) -> dict[str, dict]:
+        """user -> entry for the tenant users in ``text`` (the platform user is not listed)."""
         start = text.find("[")
         if start < 0:
             return {}
         users = json.loads(text[start:])
         return {u["user"]: u for u in users if u.get("user") != self.platform_user}
 
-    def write(self, tenants: dict[str, dict]) -> None:
+    def render(self, tenants: dict[str, dict]) -> str:
         users = [{"user": self.platform_user, "password": self.platform_password}]
         users += [tenants[k] for k in sorted(tenants)]
-        body = self.HEADER + "users: " + json.dumps(users, indent=1) + "\n"
+        return self.HEADER + "users: " + json.dumps(users, indent=1) + "\n"
+
+    def read(self) -> dict[str, dict]:
+        try:
+            return self.parse(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+
+    def write(self, tenants: dict[str, dict]) -> None:
+        body = self.render(tenants)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".users-")
         with os.fdopen(fd, "w") as f:
             f.write(body)
         os.chmod(tmp, 0o600)
         os.replace(tmp, self.path)
+
+    async def load(self) -> dict[str, dict]:
+        return self.read()
+
+    async def store(self, tenants: dict[str, dict]) -> None:
+        self.write(tenants)
+        self.reload()
+
+    async def close(self) -> None:
+        return None
 
     def reload(self) -> None:
         if self.pid_file is None:
@@ -147,12 +173,18 @@ class NatsKvDriver:
         parts = urlsplit(bus.settings.url)
         bare = urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
         users = None
-        if settings.nats_auth_file:
+        if settings.nats_auth_file or settings.nats_users_secret:
             if not parts.username:
                 raise ValueError(
-                    "TESSERA_CP_NATS_AUTH_FILE is set but TESSERA_NATS_URL carries no user: the platform"
-                    " user (nats://user:password@host:port) is written to the users file too"
+                    "TESSERA_CP_NATS_AUTH_FILE or TESSERA_CP_NATS_USERS_SECRET is set but TESSERA_NATS_URL"
+                    " carries no user: the platform user (nats://user:password@host:port) is written to the"
+                    " users list too"
                 )
+        if settings.nats_users_secret:
+            from tessera.controlplane.kube import UsersSecret
+
+            users = UsersSecret(settings.nats_users_secret, parts.username, parts.password or "")
+        elif settings.nats_auth_file:
             users = UsersFile(
                 Path(settings.nats_auth_file),
                 Path(settings.nats_pid_file) if settings.nats_pid_file else None,
@@ -163,60 +195,47 @@ class NatsKvDriver:
 
     async def ensure(self, tenant: str, current: DatastoreCredentials | None) -> DatastoreCredentials:
         bucket = bucket_name(tenant)
-        await self._ensure_bucket(bucket)
+        replicas = self.bus.settings.replicas
         if self.users is None:
             return DatastoreCredentials(
                 driver=self.name, endpoint=self.tenant_url, username="", password="", scope=bucket,
-                inbox_prefix=inbox_prefix(tenant),
+                inbox_prefix=inbox_prefix(tenant), replicas=replicas,
             )
         user = f"tenant-{tenant}"
         password = current.password if current and current.driver == self.name and current.username == user else ""
         async with self.users.lock:
-            users = self.users.read()
+            users = await self.users.load()
             entry = users.get(user)
             wanted = {"user": user, "password": password or (entry or {}).get("password") or secrets.token_urlsafe(24),
                       "permissions": tenant_permissions(tenant)}
             if entry != wanted:
                 users[user] = wanted
-                self.users.write(users)
-                self.users.reload()
-                await self._wait_for(user, wanted["password"], tenant, accepted=True)
+                await self.users.store(users)
+                if self.users.confirm:
+                    await self._wait_for(user, wanted["password"], tenant, accepted=True)
         return DatastoreCredentials(
             driver=self.name, endpoint=self.tenant_url, username=user, password=wanted["password"],
-            scope=bucket, inbox_prefix=inbox_prefix(tenant),
+            scope=bucket, inbox_prefix=inbox_prefix(tenant), replicas=replicas,
         )
 
     async def remove(self, tenant: str) -> None:
         if self.users is not None:
             user = f"tenant-{tenant}"
             async with self.users.lock:
-                users = self.users.read()
+                users = await self.users.load()
                 entry = users.pop(user, None)
                 if entry is not None:
-                    self.users.write(users)
-                    self.users.reload()
-                    await self._wait_for(user, entry["password"], tenant, accepted=False)
+                    await self.users.store(users)
+                    if self.users.confirm:
+                        await self._wait_for(user, entry["password"], tenant, accepted=False)
         try:
             await self.bus.js.delete_key_value(bucket_name(tenant))
         except (BucketNotFoundError, NotFoundError):
             pass
 
     async def close(self) -> None:
-        return None
-
-    async def _ensure_bucket(self, bucket: str) -> None:
-        try:
-            await self.bus.js.key_value(bucket)
-            return
-        except BucketNotFoundError:
-            pass
-        storage = jsapi.StorageType.FILE if self.bus.settings.file_storage else jsapi.StorageType.MEMORY
-        try:
-            await self.bus.js.create_key_value(
-                bucket=bucket, history=1, storage=storage, replicas=self.bus.settings.replicas
-            )
-        except Exception as exc:
-            raise DatastoreUnavailable(f"cannot create bucket {bucket}: {exc}") from exc
+        if self.users is not None:
+            await self.users.close()
 
     async def _wait_for(self, user: str, password: str, tenant: str, *, accepted: bool) -> None:
         """Poll until nats-server has reloaded: the user connects (accepted) or is refused."""

@@ -1,0 +1,59 @@
+"""On a cluster the NATS datastore's tenant users live in a Secret the NATS pods mount (the manager
+and nats-server share no filesystem): the manager writes it through the API server, keeps the
+platform user in it, and what it writes is a users list nats-server accepts and enforces."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+
+from tessera.controlplane.datastores.natskv import NatsKvDriver, connect_ok, tenant_permissions
+from tessera.controlplane.kube import UsersSecret
+from tessera.shared.bus import Bus
+from tessera.shared.kubeapi import KubeApi
+from tessera.shared.natsserver import NatsServer, find_binary
+from tessera.shared.settings import BusSettings
+
+PLATFORM = ("tessera", "platform-secret")
+
+
+def users_conf(apiserver) -> str:
+    secret = apiserver.object("v1", "secrets", "tessera-nats-users", "tessera-system")
+    return base64.b64decode(secret["data"]["users.conf"]).decode()
+
+
+async def test_tenant_users_go_into_the_secret_nats_server_includes(apiserver, tmp_path, nats_url):
+    await apiserver.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "tessera-system"}})
+    bus = await Bus.connect(BusSettings(url=nats_url, file_storage=False), "controlplane")
+    users = UsersSecret("tessera-system/tessera-nats-users", *PLATFORM, kube=KubeApi.for_url(apiserver.url))
+    driver = NatsKvDriver(bus, "nats://127.0.0.1:4222", users)
+    try:
+        creds = await driver.ensure("alpha", None)
+        again = await driver.ensure("alpha", creds)  # a resync: the same password, nothing rewritten
+        assert again == creds and creds.username == "tenant-alpha"
+        written = users.parse(users_conf(apiserver))
+        assert written["tenant-alpha"]["permissions"] == tenant_permissions("alpha")
+        assert f'"user": "{PLATFORM[0]}"' in users_conf(apiserver)  # the platform keeps its own access
+
+        # what nats-server makes of that file, included as nats.yaml includes it
+        (tmp_path / "nats-users").mkdir()
+        (tmp_path / "nats-users" / "users.conf").write_text(users_conf(apiserver))
+        (tmp_path / "conf").mkdir()
+        conf = tmp_path / "conf" / "nats.conf"
+        conf.write_text('authorization {\n  include "../nats-users/users.conf"\n}\n')
+        checked = subprocess.run([find_binary(), "-c", str(conf), "-t"], capture_output=True, text=True)
+        assert checked.returncode == 0, checked.stderr
+        server = NatsServer(tmp_path / "store", config_file=conf).start()
+        try:
+            url = f"nats://127.0.0.1:{server.port}"
+            assert await connect_ok(url, creds.username, creds.password, creds.inbox_prefix)
+            assert await connect_ok(url, *PLATFORM, "_INBOX")
+            assert not await connect_ok(url, creds.username, "not-the-password", creds.inbox_prefix)
+        finally:
+            server.stop()
+
+        await driver.remove("alpha")
+        assert "tenant-alpha" not in users.parse(users_conf(apiserver))
+    finally:
+        await users.close()
+        await bus.close()
