@@ -25,7 +25,9 @@ export DEBIAN_FRONTEND=noninteractive
 for pkg in "${need[@]}"; do
     apt-cache show "$pkg" >/dev/null 2>&1 || { "${sudo[@]}" apt-get update -qq; break; }
 done
-"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+install() { "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null; }
+# A package list that is known but stale names files the mirror no longer has: refresh once, retry.
+install || { "${sudo[@]}" apt-get update -qq && install; }
 for tool in "${need[@]}"; do
     command -v "$tool" >/dev/null 2>&1 || { echo "apt-get installed ${tool} but it is not on PATH" >&2; exit 1; }
 done
