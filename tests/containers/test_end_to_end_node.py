@@ -80,7 +80,9 @@ async def test_a_pod_admitted_allocated_prepared_and_enforced_then_given_back(
             reply = (await kubelet.prepare(ref))[ref["uid"]]
             assert reply.error == "", reply.error
             [device] = reply.devices
-            assert (device.pool_name, device.device_name) == (result["pool"], result["device"])
+            # the device the kubelet matches with the allocation's result: the same pool, device and share
+            assert (list(device.request_names), device.pool_name, device.device_name, device.share_id) == (
+                [result["request"]], result["pool"], result["device"], result["shareID"])
             [cdi_id] = device.cdi_device_ids
             assert (await kubelet_start(apiserver, pod))["status"]["phase"] == "Running"
 
