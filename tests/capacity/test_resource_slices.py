@@ -1,12 +1,12 @@
 """The capacity publisher's DRA ResourceSlices: the v1 shape the API server accepts, and the writer
-against kmock's emulated API server (server-side apply, pool generation, owner, retries)."""
+against the strict API-server emulator of tests/kubernetes, which validates every slice written
+(server-side apply, pool generation, owner, retries)."""
 
 from __future__ import annotations
 
 import asyncio
 from types import SimpleNamespace
 
-import aiohttp
 import kubernetes_validate
 import pytest
 
@@ -16,6 +16,8 @@ from tessera.capacity.service import CapacityService, CapacitySettings
 from tessera.shared.errors import ConfigError
 from tessera.shared.events import GpuDevice, NodeInventory
 from tessera.shared.kubeapi import KubeApi
+
+from kubetessera import write_kubeconfig
 
 K8S = "1.34"  # resource.k8s.io/v1 with consumable capacity (KEP-5075)
 
@@ -54,38 +56,33 @@ def test_a_sick_gpu_is_not_published_and_names_are_dns_safe():
     assert "ownerReferences" not in doc["metadata"]  # no Node object known (a simulated node)
 
 
-@pytest.fixture
-def api(kmock):
-    kmock.resources["resource.k8s.io/v1/resourceslices"] = {}
-    kmock.resources["v1/nodes"] = {}
-    return kmock
+RS = ("resource.k8s.io/v1", "resourceslices")
 
 
-def stored_slices(kmock) -> dict[str, dict]:
-    return {obj.raw["metadata"]["name"]: obj.raw for _, obj in kmock.objects.items()
-            if not obj.deleted and obj.raw.get("kind") == "ResourceSlice"}
+def stored_slices(apiserver) -> dict[str, dict]:
+    return {obj["metadata"]["name"]: obj for obj in apiserver.objects(*RS)}
 
 
-async def test_the_writer_applies_once_and_raises_the_generation_only_on_change(api):
-    base = str(api.url).rstrip("/")
-    async with aiohttp.ClientSession() as http:  # the real node's Node object
-        body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node-1", "uid": "node-uid-7"}}
-        async with http.post(f"{base}/api/v1/nodes", json=body) as r:
-            assert r.status in (200, 201)
-    writer = SliceWriter(KubeApi.for_url(base))
+async def test_the_writer_applies_once_and_raises_the_generation_only_on_change(apiserver):
+    # the real node's Node object (its uid is the API server's)
+    kubelet_node = await apiserver.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node-1"}})
+    writer = SliceWriter(KubeApi.for_url(apiserver.url))
     try:
         assert await writer.publish(node()) == 1
-        (doc,) = stored_slices(api).values()
+        (doc,) = stored_slices(apiserver).values()
         kubernetes_validate.validate(doc, K8S, strict=True)
         assert len(doc["spec"]["devices"]) == 2
-        assert doc["metadata"]["ownerReferences"][0]["uid"] == "node-uid-7"  # goes when the Node goes
+        # goes when the Node goes
+        assert doc["metadata"]["ownerReferences"][0]["uid"] == kubelet_node["metadata"]["uid"]
+        writes = len(apiserver.writes)
         assert await writer.publish(node()) is None  # nothing changed: nothing written
+        assert len(apiserver.writes) == writes
         assert await writer.publish(node(healthy=(True, False))) == 2  # a GPU fell sick: generation 2
-        (doc,) = stored_slices(api).values()
+        (doc,) = stored_slices(apiserver).values()
         assert doc["spec"]["pool"]["generation"] == 2 and len(doc["spec"]["devices"]) == 1
-        applies = [r for r in api if r.method == "PATCH"]
-        assert applies and all(r.params.get("fieldManager") == "tessera-capacity" and r.params.get("force") == "true"
-                               for r in applies)
+        applies = [query for method, path, query in apiserver.requests if method == "PATCH" and RS[1] in path]
+        assert applies and all(q.get("fieldManager") == "tessera-capacity" and q.get("force") == "true"
+                               for q in applies)
     finally:
         await writer.close()
 
@@ -125,25 +122,18 @@ def test_kubernetes_mode_is_off_unless_asked_and_refuses_nonsense():
         CapacitySettings.from_env({"TESSERA_KUBERNETES": "sometimes"})
 
 
-async def test_a_publisher_in_kubernetes_mode_writes_every_nodes_slice(api, nats_server, tmp_path, profiles_dir):
+async def test_a_publisher_in_kubernetes_mode_writes_every_nodes_slice(apiserver, nats_server, tmp_path,
+                                                                         profiles_dir):
     """The service process itself, reaching the emulated API server through a kubeconfig."""
     from tessera.cli.cluster import LocalCluster
 
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: kmock\n"
-        f"clusters:\n- name: kmock\n  cluster: {{server: '{str(api.url).rstrip('/')}'}}\n"
-        "users:\n- name: kmock\n  user: {token: test}\n"
-        "contexts:\n- name: kmock\n  context: {cluster: kmock, user: kmock}\n")
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", apiserver.url)
     cluster = LocalCluster(workdir=tmp_path, profile=profiles_dir / "tiny.yaml", nats_url=nats_server.url)
     cluster.spawn("capacity", instance="capacity-k8s", env={"TESSERA_KUBERNETES": "true", "KUBECONFIG": str(kubeconfig)})
     try:
         await asyncio.to_thread(cluster.wait_ready, 60)
-        for _ in range(200):
-            if len(stored_slices(api)) == 2:
-                break
-            await asyncio.sleep(0.05)
-        docs = stored_slices(api)
+        await apiserver.wait_for(lambda: len(stored_slices(apiserver)) == 2, timeout=30)
+        docs = stored_slices(apiserver)
         assert sorted(d["spec"]["nodeName"] for d in docs.values()) == ["gpu-0", "gpu-1"]
         for doc in docs.values():
             kubernetes_validate.validate(doc, K8S, strict=True)
@@ -176,29 +166,23 @@ async def test_a_lost_node_shows_no_devices_until_it_is_back():
     assert writer.published[-1] == ("a", 2) and svc.slices_due == set()
 
 
-async def test_a_wiped_or_edited_slice_is_restored_at_the_same_generation(api):
-    base = str(api.url).rstrip("/")
-    path = f"{base}/apis/resource.k8s.io/v1/resourceslices/{slices.slice_name('gpu-node-1')}"
-    writer = SliceWriter(KubeApi.for_url(base))
+async def test_a_wiped_or_edited_slice_is_restored_at_the_same_generation(apiserver):
+    name = slices.slice_name("gpu-node-1")
+    writer = SliceWriter(KubeApi.for_url(apiserver.url))
     try:
         assert await writer.publish(node()) == 1
         assert await writer.publish(node(healthy=(True, False))) == 2
-        async with aiohttp.ClientSession() as http:  # the kubelet starting: every slice of its node goes
-            async with http.delete(path) as r:
-                assert r.status == 200
-        assert stored_slices(api) == {}
+        await apiserver.delete(*RS, name)  # the kubelet starting: every slice of its node goes
+        assert stored_slices(apiserver) == {}
         assert await writer.publish(node(healthy=(True, False))) == 2  # same devices: same pool generation
-        (doc,) = stored_slices(api).values()
+        (doc,) = stored_slices(apiserver).values()
         assert doc["spec"]["pool"]["generation"] == 2 and len(doc["spec"]["devices"]) == 1
-        edited = {"spec": {"devices": []}}
-        async with aiohttp.ClientSession() as http:  # someone else's edit
-            async with http.patch(path, json=edited, headers={"Content-Type": "application/merge-patch+json"}) as r:
-                assert r.status == 200
+        await apiserver.patch(*RS, name, {"spec": {"devices": []}})  # someone else's edit
         assert await writer.publish(node(healthy=(True, False))) == 2
-        assert len(stored_slices(api)[slices.slice_name("gpu-node-1")]["spec"]["devices"]) == 1
+        assert len(stored_slices(apiserver)[name]["spec"]["devices"]) == 1
     finally:
         await writer.close()
-    restarted = SliceWriter(KubeApi.for_url(base))  # from empty memory: reads the generation back
+    restarted = SliceWriter(KubeApi.for_url(apiserver.url))  # from empty memory: reads the generation back
     try:
         assert await restarted.publish(node(healthy=(True, False))) is None
         assert await restarted.publish(node()) == 3  # the GPU is well again: a new generation

@@ -1,9 +1,14 @@
-"""Fixtures for the control-plane manager: a Bus on the test's own nats-server, a manager in-loop."""
+"""Fixtures for the control-plane manager: a Bus on the test's own nats-server, a manager in-loop,
+and the strict API-server emulator of tests/kubernetes (``apiserver``) for its Kubernetes host."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import msgspec
 import pytest
+
 
 from tessera.controlplane.app import Manager
 from tessera.controlplane.settings import ControlPlaneSettings
@@ -12,6 +17,9 @@ from tessera.controlplane.datastores.natskv import UsersFile
 from tessera.shared.bus import Bus
 from tessera.shared.natsserver import NatsServer
 from tessera.shared.settings import BusSettings
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kubernetes"))
+from kubefixtures import apiserver  # noqa: E402,F401 - the fixture, registered by being here
 
 
 @pytest.fixture

@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # The API-server emulator of tests/kubernetes (a directory of modules, not a package).
 sys.path.insert(0, str(ROOT / "tests" / "kubernetes"))
 from apiserver import ApiServer  # noqa: E402
+from kubetessera import write_kubeconfig  # noqa: E402
 PROFILES = ROOT / "tests" / "profiles"
 NODE = "gpu-0"
 FAST = {"TESSERA_USAGE_SECONDS": "0.2", "TESSERA_RECLAIM_SECONDS": "2", "TESSERA_LOST_RECLAIM_SECONDS": "60"}
@@ -151,12 +152,7 @@ class PluginNode:
         self.boot_file = self.root / "boot_id"
         self.boot_file.write_text(str(uuid.uuid4()) + "\n")
         self.state_dir = self.workdir / "state"
-        kubeconfig = self.workdir / "kubeconfig"
-        kubeconfig.write_text(
-            "apiVersion: v1\nkind: Config\ncurrent-context: test\n"
-            f"clusters:\n- name: test\n  cluster: {{server: '{self.kube_url}'}}\n"
-            "users:\n- name: test\n  user: {token: test}\n"
-            "contexts:\n- name: test\n  context: {cluster: test, user: test}\n")
+        kubeconfig = write_kubeconfig(self.workdir / "kubeconfig", self.kube_url)
         self.cluster = LocalCluster(workdir=self.workdir, profile=PROFILES / "tiny.yaml", nats_url=self.nats_url)
         self.env = dict(FAST, TESSERA_NODE=NODE, TESSERA_KUBERNETES="true", KUBECONFIG=str(kubeconfig),
                         TESSERA_STATE_DIR=str(self.state_dir), TESSERA_CDI_DIR=str(self.cdi_dir),

@@ -13,58 +13,24 @@ the kubelet.
 
 from __future__ import annotations
 
-import asyncio
-from pathlib import Path
-
 import pytest
-import yaml
 
 from tessera.shared.events import GpuQuota
 from tessera.shared.kubeclaims import SCHEDULING_GATE, TENANT_LABEL, claim_id
-from tessera.shared.natsserver import free_port
-
-from tessera.cli.client import Client
 from tessera.placement.claimstatus import allocation, same_allocation
 
 from kube_objects import namespace
-from kubeparts import Refused, allocated_node, claims_of, gpu_pod, kubelet_start, make_claims, node, schedule
-from kubetessera import create_tenant, eventually, ledgers, quota_in_use, start_services
-from webhook_server import CertificateAuthority
+from kubeparts import Refused, allocated_node, claims_of, gpu_pod, kubelet_start, make_claims, schedule
+from kubetessera import create_tenant, eventually, ledgers, quota_in_use, whole_tessera
 
 RC = "resource.k8s.io/v1"
-WEBHOOK = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "webhook.yaml"
-SERVICE = ("tessera-system", "tessera-translator-webhook", 443)  # the webhook's clientConfig.service
-
-
-def webhook_configuration(ca: CertificateAuthority) -> dict:
-    """deploy/k8s's MutatingWebhookConfiguration with the caBundle cert-manager would inject."""
-    [config] = [d for d in yaml.safe_load_all(WEBHOOK.read_text()) if d and d["kind"] == "MutatingWebhookConfiguration"]
-    for hook in config["webhooks"]:
-        hook["clientConfig"]["caBundle"] = ca.bundle
-    return config
 
 
 @pytest.fixture
 async def tessera(apiserver, nats_url, tmp_path):
     """The whole of Tessera in Kubernetes mode, its webhook installed; yields a client on the bus."""
-    ca = CertificateAuthority()
-    cert, key = ca.issue(tmp_path / "webhook-tls", [f"{SERVICE[1]}.{SERVICE[0]}.svc"])
-    port = free_port()
-    for name in ("gpu-0", "gpu-1"):
-        await apiserver.create(node(name))
-    cluster = await start_services(
-        tmp_path / "tessera", nats_url, apiserver.url,
-        services=("controlplane", "capacity", "translator", "placement"),
-        env={"TESSERA_WEBHOOK_PORT": str(port), "TESSERA_WEBHOOK_HOST": "127.0.0.1",
-             "TESSERA_WEBHOOK_CERT": str(cert), "TESSERA_WEBHOOK_KEY": str(key)})
-    apiserver.route_service(*SERVICE, f"https://127.0.0.1:{port}")
-    await apiserver.create(webhook_configuration(ca))
-    client = await Client.connect(nats_url)
-    try:
+    async with whole_tessera(apiserver, nats_url, tmp_path) as (_, client):
         yield client
-    finally:
-        await client.close()
-        await asyncio.to_thread(cluster.stop)
 
 
 async def test_a_gpu_pod_from_creation_to_deletion(tessera, apiserver):

@@ -221,7 +221,7 @@ class KubeApi:
         try:
             return await self.call("PATCH", path, obj, query=[("fieldManager", field_manager), ("force", "true")],
                                    content_type="application/apply-patch+yaml")
-        except NotFound:  # emulators that do not create on apply
+        except NotFound:  # an API server that does not create on apply (kmock's emulator did not)
             return await self.call("POST", collection, obj, query=[("fieldManager", field_manager)])
 
     async def watch(self, path: str, resource_version: str | None = None, *, label_selector: str | None = None,

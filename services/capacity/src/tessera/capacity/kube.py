@@ -7,8 +7,8 @@ would write — at each heartbeat with one list of its own slices, and as soon a
 reports a change — and re-applies what differs.
 
 The pool generation goes up only when the devices change: a slice re-applied with the same devices
-(after a kubelet wiped it, or someone edited it) keeps the generation last written, so the DRA
-allocator does not see a new pool for nothing; a restarted publisher reads the generation back from
+(after a kubelet wiped it, or someone edited it) keeps the generation last written, so DRA
+consumers do not see a new pool for nothing; a restarted publisher reads the generation back from
 the slice already there and neither rewinds it nor bumps it. The slice is owned by its Node object
 where one exists (a simulated node has none), so deleting the Node deletes its slice.
 """

@@ -13,8 +13,8 @@ true (`tessera.capacity.slices`, `tessera.capacity.kube`): at every heartbeat it
 and re-applies any that is missing (the kubelet deletes a node's slices when it starts) or says
 something else, and a watch on them does the same as soon as one changes; an API server that cannot
 be reached is retried at the next heartbeat, and NATS goes on meanwhile. While a node it serves is
-lost (its enforcer silent) the slice shows no devices, so the DRA allocator hands out nothing there
-either.
+lost (its enforcer silent) the slice shows no devices, so nothing on Kubernetes offers GPUs there
+either (placement already allocates none on a lost node).
 """
 
 from __future__ import annotations
@@ -236,8 +236,8 @@ class CapacityService:
                     await self._mark_lost(node, self.last_seen[node], why)
 
     async def _slice_shows(self, node: str, lost: bool) -> None:
-        """Kubernetes mode: a lost node we serve shows no devices in its ResourceSlice (the DRA
-        allocator must not hand out GPUs that nothing on the node can prepare); back, all of them."""
+        """Kubernetes mode: a lost node we serve shows no devices in its ResourceSlice (no GPU that
+        nothing on the node can prepare is offered); back, all of them."""
         served = next((n for n in self.nodes if n.node == node), None)
         if self.slices is None or served is None:
             return

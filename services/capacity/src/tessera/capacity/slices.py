@@ -1,6 +1,8 @@
 """A node's GPUs as a DRA ResourceSlice (``resource.k8s.io/v1``) with consumable capacity (KEP-5075).
 
-On Kubernetes the scheduler's DRA allocator only allocates what a driver publishes in ResourceSlices.
+On Kubernetes a driver's devices exist for the cluster only as it publishes them in ResourceSlices:
+they are what users and their CEL selectors see, and what kube-scheduler's own DRA allocator would
+allocate from for a claim Tessera's placement (the allocator of these devices) did not allocate.
 The translator's ResourceClaims (`tessera.translator.dra`) ask the device class ``gpu.tessera.dev``
 for GPUs and, per GPU, for ``memory`` and ``cores``; this module is the other half of that contract:
 
@@ -16,8 +18,8 @@ for GPUs and, per GPU, for ``memory`` and ``cores``; this module is the other ha
   whole card by default, so a claim that asks for no memory takes the whole card, as HAMi's "no
   gpumem" does), ``cores`` (``100``: any whole percent, the whole card by default; 0 is HAMi's "no
   SM limit") and ``shares`` (the GPU's share limit, HAMi's deviceSplitCount; every allocation
-  takes one by default and can take only one), so that the allocator keeps to the same limits as
-  Tessera's own placement.
+  takes one by default and can take only one), so that any allocation from the slice keeps to
+  the same limits as Tessera's own placement.
 
 A sick GPU is left out (nothing should be allocated on it); when the set of devices changes the
 pool's generation goes up, as DRA asks of a driver that republishes a pool.
