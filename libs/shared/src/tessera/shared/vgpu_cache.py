@@ -73,6 +73,7 @@ class ProcessUsage:
     pidns: int  # inode of /proc/<pid>/ns/pid
     alive: bool
     used_bytes: tuple[int, ...]  # per device index
+    cache: str = ""  # the accounting file the slot was read from (its process holds it open)
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,7 @@ def _parse(path: str, fd: int, m: bytes) -> VgpuSnapshot:
         alive = _slot_locked(fd, off)
         if alive is None:
             alive = _alive_by_proc(pid, start_time, pidns)
-        processes.append(ProcessUsage(k, pid, start_time, pidns, alive, tuple(used)))
+        processes.append(ProcessUsage(k, pid, start_time, pidns, alive, tuple(used), path))
     devices = []
     for i in range(MAX_DEVICES):
         mem_limit, sm_limit, dflags, uuid, _tat = DEVICE.unpack_from(m, DEVICES_OFFSET + i * DEVICE.size)
