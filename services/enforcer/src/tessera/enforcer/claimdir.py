@@ -35,6 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from tessera.shared.errors import ConfigError
+
+from tessera.enforcer.limits import node_config
+
 # Where a container of the claim finds libvgpu.so: the CDI spec mounts it there, the preload file
 # names it. Fixed, because the host's path (a checkout, /usr/local/vgpu) means nothing in an image.
 CONTAINER_LIBVGPU = "/usr/local/lib/tessera/libvgpu.so"
@@ -111,6 +115,16 @@ class ClaimDirs:
 
     def __init__(self, root: Path) -> None:
         self.root = root / "claims"
+
+    def install_node_config(self, path: Path) -> None:
+        """Install libvgpu's node file (host mode) making enforcement mandatory for every CUDA process
+        of the host: only a root-owned claim file under our claims directory gives memory."""
+        if os.geteuid() != 0:
+            raise ConfigError(f"TESSERA_VGPU_NODE_CONFIG={path}: the enforcer must run as root to install it "
+                              "(libvgpu trusts only root's claim files, and would refuse every allocation)")
+        self.root.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write(path, node_config(self.root.resolve()), 0o644)
 
     def of(self, claim: str) -> ClaimDir:
         return ClaimDir(self.root / claim)
