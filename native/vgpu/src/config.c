@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "vgpu.h"
@@ -59,6 +60,10 @@ typedef struct {
     char cache[4096];
     char uuids[VGPU_MAX_DEVICES][48];
     int n_uuids; /* -1: the file's list was unusable (the file then denies every GPU) */
+    int names_limits;      /* some limit or GPU list was set: this source is a claim's limits */
+    /* honoured in the node's file only: */
+    int enforce_required;  /* TESSERA_VGPU_ENFORCE=required: no trusted claim limits, no memory */
+    char claims_dir[4096]; /* TESSERA_VGPU_CLAIMS_DIR: where the enforcer's claim files live */
 } source;
 
 static void source_set_uuids(source *src, const char *val, const char *origin)
@@ -96,6 +101,17 @@ static void source_set(source *src, const char *key, const char *val, const char
         snprintf(src->cache, sizeof src->cache, "%s", val);
         return;
     }
+    if (!strcmp(key, "TESSERA_VGPU_ENFORCE")) {
+        /* anything but "required" is a mistake the operator must hear about; it never disables */
+        src->enforce_required = strcmp(val, "required") == 0;
+        if (!src->enforce_required)
+            vgpu_log(VGPU_LOG_ERROR, "%s: TESSERA_VGPU_ENFORCE=%s: the only value is \"required\"; ignored", origin, val);
+        return;
+    }
+    if (!strcmp(key, "TESSERA_VGPU_CLAIMS_DIR")) {
+        snprintf(src->claims_dir, sizeof src->claims_dir, "%s", val);
+        return;
+    }
     int is_mem = !strncmp(key, mp, ml), is_sm = !strncmp(key, sp, sl);
     if (!is_mem && !is_sm)
         return;
@@ -121,6 +137,7 @@ static void source_set(source *src, const char *key, const char *val, const char
             return;
         }
         if (dev < 0) src->mem_all = v; else src->mem[dev] = v;
+        src->names_limits |= v != 0;
     } else {
         char *end;
         long pct = strtol(val, &end, 10);
@@ -130,6 +147,7 @@ static void source_set(source *src, const char *key, const char *val, const char
         }
         uint32_t p = pct >= 100 ? 0 : (uint32_t)pct;
         if (dev < 0) src->sm_all = p; else src->sm[dev] = p;
+        src->names_limits |= p != 0;
     }
 }
 
@@ -144,11 +162,16 @@ static void source_merge(vgpu_config *c, const source *src)
     }
 }
 
-static int read_file(const char *path, source *src)
+/* Reads `path`; `st` (if given) receives what was actually opened, for the trust check. */
+static int read_file(const char *path, source *src, struct stat *st)
 {
     FILE *f = fopen(path, "re");
     if (!f)
         return -1;
+    if (st && fstat(fileno(f), st) != 0) {
+        fclose(f);
+        return -1;
+    }
     char line[4352];
     while (fgets(line, sizeof line, f)) {
         char *p = line;
@@ -170,13 +193,37 @@ static int read_file(const char *path, source *src)
             val[--vl] = 0;
         while (isspace((unsigned char)*val))
             val++;
-        if (!strcmp(p, "CUDA_VISIBLE_DEVICES"))
+        if (!strcmp(p, "CUDA_VISIBLE_DEVICES")) {
             source_set_uuids(src, val, path);
+            src->names_limits = 1;
+        }
         else
             source_set(src, p, val, path);
     }
     fclose(f);
     return 0;
+}
+
+/* Host mode with enforcement required: the claim's file named by TESSERA_VGPU_CONFIG is trusted only
+ * if root wrote it where the enforcer keeps claim files and nobody else can change it. Returns "" or
+ * why not (into `why`). The workload chooses the name, so the name proves nothing; the file must. */
+static const char *claim_file_untrusted(const char *path, const char *claims_dir, char *why, size_t n)
+{
+    char real[4096], dir[4096];
+    struct stat st;
+    why[0] = 0;
+    if (!path || !*path)
+        snprintf(why, n, "TESSERA_VGPU_CONFIG is not set: no claim's limits file");
+    else if (!realpath(path, real))
+        snprintf(why, n, "TESSERA_VGPU_CONFIG=%.150s cannot be resolved", path);
+    else if (claims_dir[0] && (!realpath(claims_dir, dir) || strncmp(real, dir, strlen(dir)) || real[strlen(dir)] != '/'))
+        snprintf(why, n, "TESSERA_VGPU_CONFIG=%.150s is not under the node's claims directory %.150s", path, claims_dir);
+    else if (stat(real, &st) != 0 || !S_ISREG(st.st_mode))
+        snprintf(why, n, "TESSERA_VGPU_CONFIG=%.150s is not a regular file", path);
+    else if (st.st_uid != 0 || (st.st_mode & 022))
+        snprintf(why, n, "TESSERA_VGPU_CONFIG=%.150s is not root's alone (owner uid %u, mode %03o): a workload could "
+                 "have written it", path, (unsigned)st.st_uid, (unsigned)(st.st_mode & 0777));
+    return why;
 }
 
 void vgpu_config_load(vgpu_config *c)
@@ -188,11 +235,24 @@ void vgpu_config_load(vgpu_config *c)
     if (getenv("TESSERA_VGPU_TEST_NODE_CONFIG"))
         node_path = getenv("TESSERA_VGPU_TEST_NODE_CONFIG");
 #endif
-    int have_node = read_file(node_path, &node) == 0;
+    int have_node = read_file(node_path, &node, NULL) == 0;
     const char *extra_path = getenv("TESSERA_VGPU_CONFIG");
-    int have_extra = extra_path && *extra_path && read_file(extra_path, &extra) == 0;
-    if (extra_path && *extra_path && !have_extra)
-        vgpu_log(VGPU_LOG_WARN, "TESSERA_VGPU_CONFIG=%s cannot be read; ignored", extra_path);
+    /* Enforcement required and the node's file is not itself a claim's (a container gets the claim's
+     * file there): the limits must come from a trusted claim file, or there is no memory at all. */
+    int need_claim = node.enforce_required && !node.names_limits;
+    if (need_claim && claim_file_untrusted(extra_path, node.claims_dir, c->refusal, sizeof c->refusal)[0])
+        extra_path = NULL;
+    struct stat est;
+    int have_extra = extra_path && *extra_path && read_file(extra_path, &extra, &est) == 0;
+    if (extra_path && *extra_path && !have_extra) {
+        vgpu_log(VGPU_LOG_WARN, "TESSERA_VGPU_CONFIG=%.150s cannot be read; ignored", extra_path);
+        if (need_claim)
+            snprintf(c->refusal, sizeof c->refusal, "TESSERA_VGPU_CONFIG=%.150s cannot be read", extra_path);
+    }
+    if (need_claim && have_extra && (est.st_uid != 0 || (est.st_mode & 022))) /* swapped after the check */
+        snprintf(c->refusal, sizeof c->refusal, "TESSERA_VGPU_CONFIG=%.150s changed while it was read", extra_path);
+    if (need_claim && have_extra && !c->refusal[0] && (!extra.names_limits || !extra.cache[0]))
+        snprintf(c->refusal, sizeof c->refusal, "TESSERA_VGPU_CONFIG=%.150s names no limits or no shared cache", extra_path);
     for (char **e = environ; e && *e; e++) {
         if (strncmp(*e, "CUDA_DEVICE_", 12) != 0)
             continue;
@@ -207,7 +267,8 @@ void vgpu_config_load(vgpu_config *c)
     source_merge(c, &node);
     source_merge(c, &extra);
     source_merge(c, &env);
-    const char *cache = node.cache[0] ? node.cache : extra.cache[0] ? extra.cache : env.cache;
+    /* where enforcement is required the environment never chooses the budget's file */
+    const char *cache = node.cache[0] ? node.cache : extra.cache[0] ? extra.cache : node.enforce_required ? "" : env.cache;
     snprintf(c->cache_path, sizeof c->cache_path, "%s", cache);
     const source *listed = node.n_uuids ? &node : &extra;
     if (listed->n_uuids) {

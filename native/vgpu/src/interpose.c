@@ -246,9 +246,24 @@ VGPU_EXPORT void *dlsym(void *handle, const char *symbol)
     return r;
 }
 
+/* Names of entry points that take device memory. One that reaches substitute() unmatched (a newer
+ * ABI, or one hooks.def does not know) would allocate uncharged, so it is refused, never handed back. */
+static int allocates_device_memory(const char *symbol)
+{
+    static const char *const prefixes[] = {"cuMemAlloc", "cuMemCreate", "cuArrayCreate", "cuArray3DCreate",
+                                           "cuMipmappedArrayCreate"};
+    if (!strncmp(symbol, "cuMemAllocHost", 14)) /* pinned host memory: not the GPU's */
+        return 0;
+    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++)
+        if (!strncmp(symbol, prefixes[i], strlen(prefixes[i])))
+            return 1;
+    return 0;
+}
+
 /* What cuGetProcAddress answered (`fn`) is swapped for our wrapper when it is the real function of a
  * hooked symbol. Matching by address follows the driver's own version mapping exactly; when the
- * driver answers with an internal address we fall back to the version rules recorded in hooks.def. */
+ * driver answers with an internal address we fall back to the version rules recorded in hooks.def.
+ * NULL: refuse the lookup (an allocation entry point we cannot wrap must not leave unwrapped). */
 static void *substitute(const char *symbol, void *fn, int cuda_version, cuuint64_t flags)
 {
     for (int i = 0; i < HOOK_COUNT; i++)
@@ -256,8 +271,16 @@ static void *substitute(const char *symbol, void *fn, int cuda_version, cuuint64
             return vgpu_hooks[i].wrapper;
     if (cuda_version > VGPU_KNOWN_CUDA_VERSION_MAX) {
         /* a newer ABI may exist for this name: never hand back a wrapper of an older one */
-        vgpu_log(VGPU_LOG_WARN, "cuGetProcAddress(%s, %d): unknown address for a CUDA version newer than "
-                 "libvgpu knows; not wrapped", symbol, cuda_version);
+        int hooked = 0;
+        for (int i = 0; i < HOOK_COUNT; i++)
+            if (vgpu_hooks[i].lib == VGPU_LIB_CUDA && !strcmp(vgpu_hooks[i].base, symbol))
+                hooked = 1;
+        if (hooked || allocates_device_memory(symbol)) {
+            vgpu_log(VGPU_LOG_ERROR, "cuGetProcAddress(%s, %d): the driver answered for a CUDA version newer than "
+                     "libvgpu knows and libvgpu cannot wrap it; refused (not found). Ask for version %d or "
+                     "update libvgpu", symbol, cuda_version, VGPU_KNOWN_CUDA_VERSION_MAX);
+            return NULL;
+        }
         return fn;
     }
     int want_ptds = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
@@ -278,6 +301,11 @@ static void *substitute(const char *symbol, void *fn, int cuda_version, cuuint64
                  symbol, cuda_version, vgpu_hooks[best].name);
         return vgpu_hooks[best].wrapper;
     }
+    if (allocates_device_memory(symbol)) {
+        vgpu_log(VGPU_LOG_ERROR, "cuGetProcAddress(%s, %d): an allocation entry point libvgpu does not know; "
+                 "refused (not found)", symbol, cuda_version);
+        return NULL;
+    }
     return fn;
 }
 
@@ -285,8 +313,9 @@ VGPU_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVe
 {
     VGPU_ENTER(cuGetProcAddress);
     CUresult r = REAL(cuGetProcAddress)(symbol, pfn, cudaVersion, flags);
-    if (r == CUDA_SUCCESS && symbol && pfn && *pfn && vgpu_ready())
-        *pfn = substitute(symbol, *pfn, cudaVersion, flags);
+    if (r == CUDA_SUCCESS && symbol && pfn && *pfn && vgpu_ready() &&
+        !(*pfn = substitute(symbol, *pfn, cudaVersion, flags)))
+        r = CUDA_ERROR_NOT_FOUND;
     return r;
 }
 
@@ -295,7 +324,11 @@ VGPU_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cud
 {
     VGPU_ENTER(cuGetProcAddress_v2);
     CUresult r = REAL(cuGetProcAddress_v2)(symbol, pfn, cudaVersion, flags, symbolStatus);
-    if (r == CUDA_SUCCESS && symbol && pfn && *pfn && vgpu_ready())
-        *pfn = substitute(symbol, *pfn, cudaVersion, flags);
+    if (r == CUDA_SUCCESS && symbol && pfn && *pfn && vgpu_ready() &&
+        !(*pfn = substitute(symbol, *pfn, cudaVersion, flags))) {
+        r = CUDA_ERROR_NOT_FOUND;
+        if (symbolStatus)
+            *symbolStatus = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    }
     return r;
 }

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,20 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int64_t last_reclaim_ns;
 static int any_sm;
 static int forked;              /* set in a fork child: reattach before the next use */
+/* Why every allocation is refused ("" = none): the workload's accounting cannot be trusted to be the one
+ * shared budget (a bad or unopenable file, no free slot) or no trusted limits exist. Accounting such a
+ * process on its own would hand it a fresh budget, so it gets no memory instead (fail closed). */
+static char refusal[384];
+
+static void refuse(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void refuse(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(refusal, sizeof refusal, fmt, ap);
+    va_end(ap);
+    vgpu_log(VGPU_LOG_ERROR, "every GPU memory allocation of this process will be refused: %s", refusal);
+}
 
 static void file_lock(short type)
 {
@@ -150,7 +165,9 @@ static int header_ok(void)
     const ledger_header *h = &L->header;
     return !memcmp(h->magic, LEDGER_MAGIC, 8) && h->version == LEDGER_VERSION && h->max_devices == LEDGER_MAX_DEVICES &&
            h->max_procs == LEDGER_MAX_PROCS && h->device_record_size == sizeof(ledger_device) &&
-           h->proc_record_size == sizeof(ledger_proc) && h->procs_offset == LEDGER_PROCS_OFFSET;
+           h->proc_record_size == sizeof(ledger_proc) && h->procs_offset == LEDGER_PROCS_OFFSET &&
+           h->header_size == sizeof(ledger_header) && h->devices_offset == LEDGER_DEVICES_OFFSET &&
+           h->file_size == sizeof(ledger_file) && h->proc_hwm <= LEDGER_MAX_PROCS;
 }
 
 /* under the lock: the recorded limits only ever go down */
@@ -199,8 +216,7 @@ static void register_slot(void)
             break;
         }
     if (slot < 0) {
-        vgpu_log(VGPU_LOG_ERROR, "shared cache has no free process slot (%d in use); this process is accounted "
-                 "on its own", LEDGER_MAX_PROCS);
+        refuse("the shared cache has no free process slot (all %d in use)", LEDGER_MAX_PROCS);
         memset(&private_slot, 0, sizeof private_slot);
         me = &private_slot;
         return;
@@ -222,19 +238,18 @@ static int open_file(const char *path)
 {
     fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     if (fd < 0) {
-        vgpu_log(VGPU_LOG_ERROR, "cannot open the shared cache %s: %s; accounting this process on its own", path,
-                 strerror(errno));
+        refuse("cannot open the shared cache %.200s: %s", path, strerror(errno));
         return -1;
     }
     file_lock(F_WRLCK);
     struct stat st;
     if (fstat(fd, &st) != 0 || (st.st_size < (off_t)sizeof(ledger_file) && ftruncate(fd, sizeof(ledger_file)) != 0)) {
-        vgpu_log(VGPU_LOG_ERROR, "cannot size the shared cache %s: %s", path, strerror(errno));
+        refuse("cannot size the shared cache %.200s: %s", path, strerror(errno));
         goto fail;
     }
     void *m = mmap(NULL, sizeof(ledger_file), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED) {
-        vgpu_log(VGPU_LOG_ERROR, "cannot map the shared cache %s: %s", path, strerror(errno));
+        refuse("cannot map the shared cache %.200s: %s", path, strerror(errno));
         goto fail;
     }
     L = m;
@@ -242,8 +257,7 @@ static int open_file(const char *path)
     if (!memcmp(L->header.magic, zero, 8)) {
         header_init();
     } else if (!header_ok()) {
-        vgpu_log(VGPU_LOG_ERROR, "shared cache %s has an unknown layout (magic/version); accounting this process on "
-                 "its own", path);
+        refuse("the shared cache %.200s has an unknown or damaged header (magic, version or record sizes)", path);
         munmap(m, sizeof(ledger_file));
         L = NULL;
         goto fail;
@@ -264,6 +278,8 @@ void ledger_open(const vgpu_config *c)
 {
     int saved = errno;
     pthread_mutex_lock(&mu);
+    if (c->refusal[0])
+        refuse("%s", c->refusal);
     if (!c->cache_path[0] || open_file(c->cache_path) != 0)
         use_private();
     pthread_mutex_unlock(&mu);
@@ -276,6 +292,7 @@ static void reattach(void)
     forked = 0;
     int nfd = open(vgpu_cfg.cache_path, O_RDWR | O_CLOEXEC);
     if (nfd < 0) {
+        refuse("cannot reopen the shared cache %.200s after fork: %s", vgpu_cfg.cache_path, strerror(errno));
         use_private();
         return;
     }
@@ -309,6 +326,12 @@ int ledger_reserve(int dev, uint64_t bytes)
         return 0;
     int saved = errno, rc = 0;
     lock();
+    if (refusal[0]) {
+        vgpu_log(VGPU_LOG_INFO, "device %d: %llu bytes refused: %s", dev, (unsigned long long)bytes, refusal);
+        unlock();
+        errno = saved;
+        return -1;
+    }
     uint64_t lim = limit_of(dev);
     if (lim) {
         uint64_t used = used_total(dev);

@@ -86,6 +86,7 @@ typedef struct {
     char uuids[VGPU_MAX_DEVICES][48];
     int n_uuids;
     int test_hold_lock_ms;                /* only read in a VGPU_TEST_HOOKS build */
+    char refusal[384];                    /* "" or why no allocation may be granted (fail closed) */
 } vgpu_config;
 extern vgpu_config vgpu_cfg;
 void vgpu_config_load(vgpu_config *c);

@@ -100,6 +100,29 @@ run_case order-bad-list-denies "LD_PRELOAD=$TESTLIB" "TESSERA_VGPU_TEST_NODE_CON
 run_case config-cache-min    "$L64" "CUDA_DEVICE_MEMORY_SHARED_CACHE=$WORK/min.cache" -- \
     sh -c '"$1" 64 && CUDA_DEVICE_MEMORY_LIMIT_0=1g "$1" 64 && CUDA_DEVICE_MEMORY_LIMIT_0= "$1" 64' sh "$T/t_config"
 
+# Attacks that used to lift limits (each passed against the old library: the bypass worked).
+run_case attack-procaddr-newer "$L64" TESSERA_SIM_PROCADDR_INTERNAL=1 -- "$T/t_procaddr_newer"
+run_case attack-ledger-header  "$L64" -- "$T/t_ledger_attack" header
+run_case attack-ledger-full    "$L64" -- "$T/t_ledger_attack" full
+run_case attack-ledger-unopenable "$L64" -- "$T/t_ledger_attack" unopenable
+# Host mode: the node's config (root's, at /etc/tessera/vgpu.conf) makes enforcement mandatory and names
+# where trusted claim files live; the workload's environment then cannot remove or replace its limits.
+mkdir -p "$WORK/claims/run-a" "$WORK/elsewhere"
+printf 'TESSERA_VGPU_ENFORCE=required\nTESSERA_VGPU_CLAIMS_DIR=%s\n' "$WORK/claims" > "$WORK/host-node.conf"
+printf 'CUDA_DEVICE_MEMORY_LIMIT_0=64m\nCUDA_DEVICE_MEMORY_SHARED_CACHE=%s\n' "$WORK/claims/run-a/vgpu.cache" \
+    > "$WORK/claims/run-a/vgpu.conf"
+printf 'CUDA_DEVICE_MEMORY_LIMIT_0=4g\n' > "$WORK/elsewhere/own.conf"
+cp "$WORK/elsewhere/own.conf" "$WORK/claims/run-a/forged.conf"; chmod 0666 "$WORK/claims/run-a/forged.conf"
+HOST=("LD_PRELOAD=$TESTLIB" "TESSERA_VGPU_TEST_NODE_CONFIG=$WORK/host-node.conf")
+run_case attack-host-unset-config "${HOST[@]}" CUDA_DEVICE_MEMORY_SHARED_CACHE= -- "$T/t_failclosed" refused
+run_case attack-host-own-config  "${HOST[@]}" "TESSERA_VGPU_CONFIG=$WORK/elsewhere/own.conf" -- "$T/t_failclosed" refused
+run_case attack-host-writable-config "${HOST[@]}" "TESSERA_VGPU_CONFIG=$WORK/claims/run-a/forged.conf" -- \
+    "$T/t_failclosed" refused
+run_case host-claim-config       "${HOST[@]}" "TESSERA_VGPU_CONFIG=$WORK/claims/run-a/vgpu.conf" \
+                                 CUDA_DEVICE_MEMORY_LIMIT_0=1g -- "$T/t_failclosed" granted 64
+run_case host-claim-env-lowers   "${HOST[@]}" "TESSERA_VGPU_CONFIG=$WORK/claims/run-a/vgpu.conf" \
+                                 CUDA_DEVICE_MEMORY_LIMIT_0=16m -- "$T/t_failclosed" granted 16
+
 # SM share: kernels of 500 us device time; the first two take ~1.5 s and ~1 s of wall time
 run_case sm-30            "$SM" CUDA_DEVICE_SM_LIMIT=30 -- "$T/t_sm" one 30 900
 run_case sm-50            "$SM" CUDA_DEVICE_SM_LIMIT_0=50 -- "$T/t_sm" one 50 1000

@@ -8,7 +8,10 @@ defined in ``native/vgpu/src/ledger_layout.h``; keep the two in step).
 
 Reading needs no lock for a snapshot that is consistent enough for reports (each field is written
 atomically); ``lock=True`` takes the same fcntl read lock libvgpu's writers exclude, for an exact
-snapshot. Liveness of a process slot is read the way libvgpu reads it: the owner holds a read lock
+snapshot. The file is written by the workload, so the reader treats it as hostile input: it never
+waits on the lock (a lock held past ``lock_wait`` seconds raises ``VgpuCacheLocked``), reads a fixed
+number of bytes with ``pread`` (no mapping a workload could truncate under it), and refuses any header
+field that differs from layout version 1, so the slot count is bounded by the library's maximum. Liveness of a process slot is read the way libvgpu reads it: the owner holds a read lock
 on the first byte of its slot, which the kernel drops when it dies, so a slot whose byte nobody
 locks belongs to a dead process (its usage is not counted in ``DeviceUsage.used_bytes``).
 """
@@ -16,9 +19,10 @@ locks belongs to a dead process (its usage is not counted in ``DeviceUsage.used_
 from __future__ import annotations
 
 import fcntl
-import mmap
 import os
+import stat
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,11 +37,23 @@ DEVICE_UUID_SET = 1
 # pid_t l_pid (+ padding to 32 bytes)
 _FLOCK = struct.Struct("@hhqqi0q")
 _F_OFD_GETLK = getattr(fcntl, "F_OFD_GETLK", 36)
-_F_OFD_SETLKW = getattr(fcntl, "F_OFD_SETLKW", 38)
+_F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)
+# Layout version 1, exactly as ledger_layout.h defines it: anything else in a header is refused.
+MAX_DEVICES = 16
+MAX_PROCS = 1024
+DEVICES_OFFSET = HEADER.size
+PROCS_OFFSET = DEVICES_OFFSET + MAX_DEVICES * DEVICE.size
+PROC_SIZE = PROC_HEAD.size + 8 * MAX_DEVICES
+FILE_SIZE = PROCS_OFFSET + MAX_PROCS * PROC_SIZE
+_LOCK_POLL = 0.002  # seconds between tries of a lock libvgpu holds for microseconds per update
 
 
 class VgpuCacheError(Exception):
     """The file is missing, too short, or not a libvgpu accounting file of a known version."""
+
+
+class VgpuCacheLocked(VgpuCacheError):
+    """Someone held the file's update lock longer than the reader waits: a stuck or hostile workload."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +73,7 @@ class ProcessUsage:
     pidns: int  # inode of /proc/<pid>/ns/pid
     alive: bool
     used_bytes: tuple[int, ...]  # per device index
+    cache: str = ""  # the accounting file the slot was read from (its process holds it open)
 
 
 @dataclass(frozen=True)
@@ -98,46 +115,89 @@ def _alive_by_proc(pid: int, start_time: int, pidns: int) -> bool:
     return fields[0] not in ("Z", "X") and int(fields[19]) == start_time
 
 
-def read_vgpu_cache(path: str | os.PathLike[str], *, lock: bool = False) -> VgpuSnapshot:
-    """Read the accounting file at ``path``; raise VgpuCacheError if it is not a valid one."""
+def _try_lock(fd: int, kind: int) -> bool:
+    try:
+        fcntl.fcntl(fd, _F_OFD_SETLK, _FLOCK.pack(kind, os.SEEK_SET, 0, 1, 0))
+    except (BlockingIOError, PermissionError):
+        return False
+    except OSError as e:
+        if e.errno in (11, 13):  # EAGAIN, EACCES: held by someone else
+            return False
+        raise
+    return True
+
+
+def _lock_within(fd: int, path: str, wait: float) -> None:
+    deadline = time.monotonic() + wait
+    while not _try_lock(fd, fcntl.F_RDLCK):
+        if time.monotonic() >= deadline:
+            raise VgpuCacheLocked(
+                f"{path}: the update lock has been held for more than {wait:g} s by a process of the "
+                "workload; not waiting for it (a libvgpu update holds it for microseconds)"
+            )
+        time.sleep(_LOCK_POLL)
+
+
+def read_vgpu_cache(path: str | os.PathLike[str], *, lock: bool = False, lock_wait: float = 0.1) -> VgpuSnapshot:
+    """Read the accounting file at ``path``; raise VgpuCacheError if it is not a valid one.
+
+    With ``lock``, wait at most ``lock_wait`` seconds for the update lock (VgpuCacheLocked after)."""
     path = os.fspath(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
     except FileNotFoundError as e:
         raise VgpuCacheError(f"{path}: no such accounting file") from e
     except OSError as e:
         raise VgpuCacheError(f"{path}: cannot open: {e.strerror}") from e
     try:
-        size = os.fstat(fd).st_size
-        if size < HEADER.size:
-            raise VgpuCacheError(f"{path}: {size} bytes, too short for a libvgpu accounting file")
-        with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise VgpuCacheError(f"{path}: not a regular file")
+        if st.st_size < HEADER.size:
+            raise VgpuCacheError(f"{path}: {st.st_size} bytes, too short for a libvgpu accounting file")
+        if lock:
+            _lock_within(fd, path, lock_wait)
+        try:
+            data = os.pread(fd, FILE_SIZE, 0)
+            return _parse(path, fd, data)
+        finally:
             if lock:
-                fcntl.fcntl(fd, _F_OFD_SETLKW, _FLOCK.pack(fcntl.F_RDLCK, os.SEEK_SET, 0, 1, 0))
-            try:
-                return _parse(path, fd, m, size)
-            finally:
-                if lock:
-                    fcntl.fcntl(fd, _F_OFD_SETLKW, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, 0, 1, 0))
+                fcntl.fcntl(fd, _F_OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, 0, 1, 0))
     finally:
         os.close(fd)
 
 
-def _parse(path: str, fd: int, m: mmap.mmap, size: int) -> VgpuSnapshot:
+def _check_header(path: str, fields: tuple, size: int) -> int:
+    """Every header field against layout version 1; returns the number of process slots to read."""
     (magic, version, header_size, max_devices, max_procs, device_count, device_size, proc_size, _flags,
-     devices_offset, procs_offset, file_size, proc_hwm, _r0) = HEADER.unpack_from(m, 0)
+     devices_offset, procs_offset, file_size, proc_hwm, _r0) = fields
     if magic != MAGIC:
         raise VgpuCacheError(f"{path}: wrong magic {magic!r}, not a libvgpu accounting file")
     if version != VERSION:
         raise VgpuCacheError(f"{path}: layout version {version}, this reader knows {VERSION}")
-    if header_size != HEADER.size or device_size != DEVICE.size or proc_size != PROC_HEAD.size + 8 * max_devices:
-        raise VgpuCacheError(f"{path}: record sizes do not match layout version {VERSION}")
-    if size < file_size or file_size < procs_offset + max_procs * proc_size:
+    want = {"header_size": (header_size, HEADER.size), "max_devices": (max_devices, MAX_DEVICES),
+            "max_procs": (max_procs, MAX_PROCS), "device_record_size": (device_size, DEVICE.size),
+            "proc_record_size": (proc_size, PROC_SIZE), "devices_offset": (devices_offset, DEVICES_OFFSET),
+            "procs_offset": (procs_offset, PROCS_OFFSET), "file_size": (file_size, FILE_SIZE)}
+    for name, (got, expected) in want.items():
+        if got != expected:
+            raise VgpuCacheError(f"{path}: header field {name} is {got}, layout version {VERSION} has {expected}")
+    if device_count > MAX_DEVICES or proc_hwm > MAX_PROCS:
+        raise VgpuCacheError(f"{path}: header counts out of range (device_count {device_count}, proc_hwm "
+                             f"{proc_hwm}; at most {MAX_DEVICES} and {MAX_PROCS})")
+    if size < FILE_SIZE:
         raise VgpuCacheError(f"{path}: {size} bytes, the header says {file_size}")
-    used_fmt = struct.Struct(f"<{max_devices}Q")
+    return proc_hwm
+
+
+def _parse(path: str, fd: int, m: bytes) -> VgpuSnapshot:
+    fields = HEADER.unpack_from(m, 0)
+    proc_hwm = _check_header(path, fields, len(m))
+    version, device_count = fields[1], fields[5]
+    used_fmt = struct.Struct(f"<{MAX_DEVICES}Q")
     processes = []
-    for k in range(min(proc_hwm, max_procs)):
-        off = procs_offset + k * proc_size
+    for k in range(proc_hwm):
+        off = PROCS_OFFSET + k * PROC_SIZE
         pid, state, start_time, pidns, _res = PROC_HEAD.unpack_from(m, off)
         if state != PROC_LIVE:
             continue
@@ -145,10 +205,10 @@ def _parse(path: str, fd: int, m: mmap.mmap, size: int) -> VgpuSnapshot:
         alive = _slot_locked(fd, off)
         if alive is None:
             alive = _alive_by_proc(pid, start_time, pidns)
-        processes.append(ProcessUsage(k, pid, start_time, pidns, alive, tuple(used)))
+        processes.append(ProcessUsage(k, pid, start_time, pidns, alive, tuple(used), path))
     devices = []
-    for i in range(max_devices):
-        mem_limit, sm_limit, dflags, uuid, _tat = DEVICE.unpack_from(m, devices_offset + i * device_size)
+    for i in range(MAX_DEVICES):
+        mem_limit, sm_limit, dflags, uuid, _tat = DEVICE.unpack_from(m, DEVICES_OFFSET + i * DEVICE.size)
         if i >= device_count and not mem_limit and not sm_limit:
             continue
         used = sum(p.used_bytes[i] for p in processes if p.alive)

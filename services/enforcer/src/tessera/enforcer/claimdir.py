@@ -3,8 +3,12 @@
 The directory is what a restarted enforcer reads to adopt its workloads (reconcile, don't remember),
 and what `tessera run` and libvgpu meet in:
 
-  vgpu.cache   the shared accounting file libvgpu.so maps (created empty, mode 0666, so a workload of
-               any user can size it); the enforcer reads usage and process slots from it. A container
+  vgpu.cache   the shared accounting file libvgpu.so maps (created empty, mode 0600, owned by the
+               workload's uid when the enforcer is given it, else by the enforcer's own: the claim's
+               processes must write it, no other user may); the enforcer reads usage and process
+               slots from it as hostile input (accounting.py). A workload of another uid than its
+               owner cannot open it, and libvgpu then refuses its allocations rather than account it
+               alone (fail closed). A container
                gets this file alone, bind-mounted writable at the same path: a mount point cannot be
                removed or renamed over, so a workload cannot swap in a fresh file (a fresh budget)
   vgpu.conf    the claim's limits and cache path as a libvgpu config file (TESSERA_VGPU_CONFIG; in a
@@ -18,7 +22,8 @@ and what `tessera run` and libvgpu meet in:
   kubelet.json (Kubernetes mode) the kubelet plugin's finished prepare of the claim: the devices and
                CDI ids it answered; written last, so its absence marks a prepare that did not finish
   owner.lock   held (flock, shared) by the `tessera run` that owns the claim for as long as it lives;
-               the kernel drops it however that process ends, which is how the enforcer knows
+               the kernel drops it however that process ends, which is how the enforcer knows. Mode
+               0644: a flock needs only a read-only descriptor, so nobody needs to write it
 """
 
 from __future__ import annotations
@@ -29,6 +34,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
+
+from tessera.shared.errors import ConfigError
+
+from tessera.enforcer.limits import node_config
 
 # Where a container of the claim finds libvgpu.so: the CDI spec mounts it there, the preload file
 # names it. Fixed, because the host's path (a checkout, /usr/local/vgpu) means nothing in an image.
@@ -70,13 +79,21 @@ class ClaimDir:
     def exists(self) -> bool:
         return self.path.is_dir()
 
-    def create(self, env: Mapping[str, str], config_text: str) -> None:
+    def create(self, env: Mapping[str, str], config_text: str, *, workload_uid: int | None = None) -> None:
+        """Create (or re-create, keeping an existing accounting file's contents) the claim's files.
+
+        ``workload_uid``: the uid the claim's processes run as, which alone may write its accounting
+        file; None keeps it the enforcer's (a workload of the enforcer's uid, e.g. root in a container)."""
         self.path.mkdir(parents=True, exist_ok=True)
         os.chmod(self.path, 0o755)
-        for path, mode in ((self.cache, 0o666), (self.owner_lock, 0o666)):
-            if not path.exists():
-                path.touch()
-            os.chmod(path, mode)
+        for path, mode in ((self.cache, 0o600), (self.owner_lock, 0o644)):
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+            try:
+                os.fchmod(fd, mode)
+                if path == self.cache and workload_uid is not None:
+                    os.fchown(fd, workload_uid, -1)
+            finally:
+                os.close(fd)
         _write(self.config, config_text, 0o444)
         _write(self.preload, CONTAINER_LIBVGPU + "\n", 0o444)
         _write(self.env_file, json.dumps(dict(env), indent=1, sort_keys=True), 0o644)
@@ -98,6 +115,16 @@ class ClaimDirs:
 
     def __init__(self, root: Path) -> None:
         self.root = root / "claims"
+
+    def install_node_config(self, path: Path) -> None:
+        """Install libvgpu's node file (host mode) making enforcement mandatory for every CUDA process
+        of the host: only a root-owned claim file under our claims directory gives memory."""
+        if os.geteuid() != 0:
+            raise ConfigError(f"TESSERA_VGPU_NODE_CONFIG={path}: the enforcer must run as root to install it "
+                              "(libvgpu trusts only root's claim files, and would refuse every allocation)")
+        self.root.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write(path, node_config(self.root.resolve()), 0o644)
 
     def of(self, claim: str) -> ClaimDir:
         return ClaimDir(self.root / claim)

@@ -61,6 +61,14 @@ def vgpu_config(shares: list[DeviceShare], cache_path: str | Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def node_config(claims_dir: str | Path) -> str:
+    """libvgpu's node file for host mode: enforcement is mandatory, and a claim's limits file is
+    trusted only if it is root's alone and under ``claims_dir`` (native/vgpu/README.md, rule 5)."""
+    return ("# written by the Tessera enforcer: a CUDA process without a trusted claim file gets no GPU memory\n"
+            "TESSERA_VGPU_ENFORCE=required\n"
+            f"TESSERA_VGPU_CLAIMS_DIR={claims_dir}\n")
+
+
 def simulated_driver_env(shares: list[DeviceShare], devices: Mapping[str, GpuDevice], driver_dir: str) -> dict[str, str]:
     """What the simulated libcuda/libnvidia-ml need to show exactly the claim's GPUs."""
     ordered = sorted(shares, key=lambda s: s.index)

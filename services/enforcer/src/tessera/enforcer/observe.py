@@ -67,6 +67,7 @@ class Observer:
         self.inventory_kv = inventory_kv
         self.devices: dict[str, GpuDevice] = {}
         self.labels: dict[str, str] = {}
+        self.unreadable: dict[str, str] = {}  # claim -> why its accounting file was not read, last pass
 
     async def inventory(self) -> None:
         try:
@@ -95,8 +96,8 @@ class Observer:
         await asyncio.to_thread(self._read_files, list(view.claims.values()))
         return view
 
-    @staticmethod
-    def _read_files(views: list[ClaimView]) -> None:
+    def _read_files(self, views: list[ClaimView]) -> None:
+        unreadable: dict[str, str] = {}
         for cv in views:
             if cv.directory is None:
                 continue
@@ -104,7 +105,14 @@ class Observer:
             try:
                 cv.snapshot = accounting.read(cv.directory.cache)
             except (accounting.VgpuCacheError, OSError) as exc:
-                cv.error = str(exc)
+                cv.error = unreadable[cv.claim] = str(exc)
                 # Unreadable is not idle: keep it looking used so nothing is released on a guess.
                 cv.snapshot = accounting.EMPTY
+                if self.unreadable.get(cv.claim) != cv.error:  # once per condition, not every pass
+                    held = isinstance(exc, accounting.VgpuCacheLocked)
+                    log.warning("claim %s: accounting file %s: %s", cv.claim,
+                                "lock held too long, not waited for" if held else "unreadable", exc)
+        for claim in set(self.unreadable) - set(unreadable):
+            log.info("claim %s: accounting file readable again", claim)
+        self.unreadable = unreadable
 

@@ -74,6 +74,8 @@ class EnforcerService:
         self.inventory_kv = await self.bus.kv(subjects.KV_INVENTORY)
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         self.settings.cdi_dir.mkdir(parents=True, exist_ok=True)
+        if self.settings.vgpu_node_config:  # host mode: libvgpu refuses memory without a trusted claim file
+            self.dirs.install_node_config(self.settings.vgpu_node_config)
         self.observer = Observer(self.node, self.dirs, self.claims, self.ledger, self.inventory_kv)
         self.gpustats = GpuStats(enabled=not self.settings.simulated)
         if self.settings.simulated:

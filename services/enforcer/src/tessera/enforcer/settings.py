@@ -99,6 +99,10 @@ class EnforcerSettings:
     kubelet_plugin_dir: Path = Path(f"/var/lib/kubelet/plugins/{DRIVER}")
     # The kernel's id of this boot: a checkpoint written in another boot describes nothing that exists.
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
+    # Host mode: where to install libvgpu's node file making enforcement mandatory (None: not
+    # installed; /etc/tessera/vgpu.conf on a node whose host processes use the GPUs). See
+    # docs/isolation-host-mode.md.
+    vgpu_node_config: Path | None = None
 
     @property
     def simulated(self) -> bool:
@@ -139,4 +143,6 @@ class EnforcerSettings:
             kubelet_plugin_dir=_absolute("TESSERA_KUBELET_PLUGIN_DIR", env_str(
                 env, "TESSERA_KUBELET_PLUGIN_DIR", str(cls.kubelet_plugin_dir))),
             boot_id_file=Path(env_str(env, "TESSERA_BOOT_ID_FILE", str(cls.boot_id_file))),
+            vgpu_node_config=_absolute("TESSERA_VGPU_NODE_CONFIG", env_str(env, "TESSERA_VGPU_NODE_CONFIG", ""))
+            if env_str(env, "TESSERA_VGPU_NODE_CONFIG", "") else None,
         )
