@@ -73,16 +73,13 @@ class Stored(Generic[T]):
     revision: int
 
 
-class Bucket(Generic[T]):
-    """A typed view of one KV bucket with compare-and-set writes."""
+class Codec(Generic[T]):
+    """Decoding of one bucket's values, for readers that get them from a watch rather than a get."""
 
-    def __init__(self, kv: KeyValue, kind: type[T], name: str | None = None) -> None:
-        self.kv = kv
-        self.name = name or getattr(kv, "_name", None) or kind.__name__
+    def __init__(self, kind: type[T], name: str) -> None:
+        self.name = name
         self._decoder = msgspec.json.Decoder(kind)
         self._encoder = msgspec.json.Encoder()
-
-    # --- decoding ------------------------------------------------------------------------
 
     def decode(self, key: str, data: bytes) -> T:
         """The value of ``key``; BadValue (permanent) if it does not decode."""
@@ -102,6 +99,18 @@ class Bucket(Generic[T]):
 
     def encode(self, value: T) -> bytes:
         return self._encoder.encode(value)
+
+
+class Bucket(Generic[T]):
+    """A typed view of one KV bucket with compare-and-set writes."""
+
+    def __init__(self, kv: KeyValue, kind: type[T], name: str | None = None) -> None:
+        self.kv = kv
+        self.name = name or getattr(kv, "_name", None) or kind.__name__
+        self.codec: Codec[T] = Codec(kind, self.name)
+        self.decode = self.codec.decode
+        self.decode_or_skip = self.codec.decode_or_skip
+        self.encode = self.codec.encode
 
     # --- reads -----------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ import msgspec
 from tessera.shared import subjects
 from tessera.shared.bus import Bus, Delivery
 from tessera.shared.claimstore import ClaimStore
-from tessera.shared.errors import ConflictError, PermanentError
+from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
 from tessera.shared.events import (
     ClaimAllocated,
     ClaimRecord,
@@ -51,7 +51,10 @@ from tessera.shared.events import (
     TenantRecord,
     claim_decoder,
 )
-from tessera.shared.ledger import Ledger, check_fit, claim_quota, decode_node_ledger, tenant_totals
+from tessera.shared.inventory import is_lost
+from tessera.shared.kv import Codec
+from tessera.shared.ledger import Ledger, check_fit, claim_quota, tenant_totals
+from tessera.shared.lifecycle import ON_NODE, UNPLACED, release_route
 from tessera.shared.runner import ServiceContext
 from tessera.shared.telemetry import inject
 from tessera.shared.settings import ConfigError, env_bool, env_choice, env_float, env_int
@@ -68,8 +71,9 @@ CONFLICT_RETRIES = 20
 POLICIES = ("binpack", "spread", "fragmentation-aware", "best-fit")
 CORES = ("auto", "compiled", "python")
 
-_inventory_decoder = msgspec.json.Decoder(NodeInventory)
-_tenant_decoder = msgspec.json.Decoder(TenantRecord)
+_inventories: Codec[NodeInventory] = Codec(NodeInventory, subjects.KV_INVENTORY)
+_tenants: Codec[TenantRecord] = Codec(TenantRecord, subjects.KV_TENANTS)
+_node_ledgers: Codec[NodeLedger] = Codec(NodeLedger, subjects.KV_LEDGER)
 
 
 @dataclass(frozen=True)
@@ -135,7 +139,7 @@ class PlacementService:
         self.inventories: dict[str, NodeInventory] = {}
         self.quotas: dict[str, GpuQuota] = {}
         self.tenants_known: set[str] = set()
-        self.node_locks: dict[str, asyncio.Lock] = {}
+        self.claim_locks: dict[str, asyncio.Lock] = {}
         self.tentative: dict[str, dict[str, LedgerEntry]] = {}  # node -> claim -> entry in flight
         self.commit_queues: dict[str, list[tuple[LedgerEntry, asyncio.Future]]] = {}
         self.flushing: set[str] = set()
@@ -199,7 +203,10 @@ class PlacementService:
                 if entry is None:  # end of the initial values
                     open_gate()
                     continue
-                apply(entry.key, entry.value, entry.revision, entry.operation)
+                try:
+                    apply(entry.key, entry.value, entry.revision, entry.operation)
+                except Exception:  # one value we cannot apply must not stop the view from following
+                    log.exception("cannot apply %s/%s at revision %d; skipped", bucket, entry.key, entry.revision)
         finally:
             await watcher.stop()
 
@@ -256,10 +263,12 @@ class PlacementService:
             self.inventories.pop(key, None)
             self.fleet.remove_node(key)
         else:
-            inv = _inventory_decoder.decode(value)
+            inv = _inventories.decode_or_skip(key, value)
+            if inv is None:
+                return
             self.inventories[inv.node] = inv
             self.fleet.upsert_node(inv)
-            if inv.labels.get("tessera.dev/lost") == "true":
+            if is_lost(inv):
                 self.fleet.mark_lost(inv.node)
             known = self.node_ledgers.get(inv.node)
             if known is not None:
@@ -278,7 +287,9 @@ class PlacementService:
         if op in ("DEL", "PURGE") or not value:
             ledger = NodeLedger(node=node)
         else:
-            ledger = decode_node_ledger(value)
+            ledger = _node_ledgers.decode_or_skip(key, value)
+            if ledger is None:
+                return  # keep what we knew; a commit to this node re-reads (and refuses) it
         released = known is not None and any(c not in ledger.entries for c in known[0].entries)
         self._remember(node, ledger, revision)
         if released:
@@ -289,7 +300,9 @@ class PlacementService:
             self.quotas.pop(key, None)
             self.tenants_known.discard(key)
         else:
-            record = _tenant_decoder.decode(value)
+            record = _tenants.decode_or_skip(key, value)
+            if record is None:
+                return
             self.quotas[record.tenant] = record.quota
             self.tenants_known.add(record.tenant)
         self._retry_wanted.set()
@@ -350,8 +363,31 @@ class PlacementService:
     async def handle_batch(self, items: list) -> list[BaseException | None]:
         """A fetched batch at once: decide fresh claims one by one in memory, then write the ledger
         once per node, the claim records and the ``allocated`` events pipelined. Everything else
-        (releases, redeliveries, quota-limited tenants) takes the one-claim path."""
+        (releases, redeliveries, quota-limited tenants) takes the one-claim path.
+
+        An error outside the per-claim handling (a pipelined write whose connection went) is the
+        outcome of every claim not yet settled: they are redelivered, and each redelivery finds what
+        this pass did get done. It never escapes, so it cannot end the consumer (and the process)."""
         outcomes: list[BaseException | None] = [None] * len(items)
+        try:
+            await self._handle_batch(items, outcomes)
+        except Exception as exc:
+            log.exception("placement batch of %d failed; its unsettled claims are redelivered", len(items))
+            error = TemporaryError(f"placement batch failed: {exc!r}", delay=1.0)
+            outcomes = [error if outcome is None else outcome for outcome in outcomes]
+            self._unbook({getattr(event, "claim", "") for event, _ in items})
+        return outcomes
+
+    def _unbook(self, claims: set[str]) -> None:
+        """Forget local bookings of ``claims`` that never reached the ledger (the view shows the ledger)."""
+        for node, booked in self.tentative.items():
+            if claims & booked.keys():
+                for claim in claims & booked.keys():
+                    del booked[claim]
+                known = self.node_ledgers.get(node)
+                self._apply_to_fleet(node, known[0] if known else NodeLedger(node=node))
+
+    async def _handle_batch(self, items: list, outcomes: list[BaseException | None]) -> None:
         seen: set[str] = set()
         fast, slow = [], []
         for i, (event, delivery) in enumerate(items):
@@ -441,7 +477,6 @@ class PlacementService:
                     await asyncio.sleep(0.001 * attempt)
         for i in slow:  # in order: a release after a request in the same batch must see it
             await one(i)
-        return outcomes
 
     async def _unschedulable_many(self, rejected: list, outcomes: list) -> None:
         """Record and announce a batch's rejections with pipelined writes (a full fleet rejects a lot)."""
@@ -503,7 +538,18 @@ class PlacementService:
         Fast path: a fresh ``requested`` event names the revision of the claim's record, so the
         outcome is written with one compare-and-set against it; if anything changed the record
         since (a release request, a peer's decision), that CAS fails and the slow path re-reads.
+        One claim is handled by one coroutine of this process at a time (the retry loop and the
+        consumer may both hold it); peers are kept apart by the compare-and-set writes.
         """
+        lock = self.claim_locks.setdefault(event.claim, asyncio.Lock())
+        try:
+            async with lock:
+                return await self._place(event)
+        finally:
+            if not lock.locked() and not lock._waiters:
+                self.claim_locks.pop(event.claim, None)
+
+    async def _place(self, event: ClaimRequested) -> bool:
         if event.record_revision and event.claim not in self.pending:
             record = ClaimRecord(claim=event.claim, tenant=event.tenant, state="requested", spec=event.spec,
                                  traceparent=self.traces.get(event.claim, ""), kube=event.kube)
@@ -516,6 +562,9 @@ class PlacementService:
                 revision = await self.claims.create(record)
                 if revision is None:
                     raise ConflictError(f"{event.claim} was created concurrently")
+            elif record.tenant != event.tenant:
+                raise PermanentError(f"claim {event.claim} belongs to tenant {record.tenant!r}, not {event.tenant!r}: "
+                                     "a tenant can only place its own claims (pick a claim id of your own)")
             elif record.spec != event.spec or record.kube != event.kube:
                 # A peer's waiting claim: its record holds the spec and the ResourceClaim.
                 event = msgspec.structs.replace(event, spec=record.spec, kube=record.kube or event.kube)
@@ -529,8 +578,15 @@ class PlacementService:
 
         existing = self.claim_nodes.get(event.claim)
         if existing is not None:  # committed before a crash or by a peer: finish, don't re-place
-            entry = self.node_ledgers[existing][0].entries[event.claim]
-            return await self._finish(event, existing, entry, record, revision)
+            # ... but only from the ledger as it is now, never from memory: the entry may have been
+            # dropped since (an enforcer's orphan sweep), and allocating a claim with no entry sells
+            # its GPU twice. Gone: place it afresh.
+            ledger, at = await self.ledger.read_node(existing)
+            self._remember(existing, ledger, at)
+            entry = ledger.entries.get(event.claim)
+            if entry is not None:
+                await self._charge(event.tenant, event.claim, entry)
+                return await self._finish(event, existing, entry, record, revision)
 
         if event.tenant not in self.tenants_known:
             await self._unschedulable(
@@ -563,7 +619,10 @@ class PlacementService:
         try:
             await self._commit(decision.node, entry)
         except BaseException:
-            if has_limits(quota):
+            # Whether the write landed is unknown (a timeout) or a peer holds the claim: give the
+            # quota back only where no ledger entry of the claim is known. A committed write comes
+            # back through the ledger watch, and the redelivery charges it again (`_charge`).
+            if has_limits(quota) and event.claim not in self.claim_nodes:
                 await self.ledger.return_quota(event.tenant, event.claim)
             raise
         return await self._finish(event, decision.node, entry, record, revision)
@@ -676,9 +735,11 @@ class PlacementService:
             if current is None or current.state not in ("requested", "unschedulable") or current.release_requested:
                 if current is not None and current.node == node and current.state in ("allocated", "prepared", "running"):
                     break  # our own earlier write (a redelivery after a crash): just say it again
-                # A peer allocated it elsewhere, or it was released meanwhile: give back what we took.
-                await self.ledger.release(node, event.claim)
-                await self.ledger.return_quota(event.tenant, event.claim)
+                # A peer allocated it elsewhere, or it was released meanwhile: give back what we took,
+                # our entry only (not a peer's), and the quota only if the claim lives nowhere (the
+                # reservation is the claim's, so a winner's would go with it).
+                live = current is not None and current.state in ON_NODE
+                await self.ledger.give_back(event.tenant, event.claim, node, shares=list(entry.shares), quota=not live)
                 self._forget(event.claim)
                 return False
             allocated = msgspec.structs.replace(
@@ -696,6 +757,15 @@ class PlacementService:
             msg_id=f"{event.claim}:allocated",
         )
         return True
+
+    async def _charge(self, tenant: str, claim: str, entry: LedgerEntry) -> None:
+        """Make sure a claim that holds a ledger entry is counted in its tenant's quota usage (a
+        reservation given back after a write whose outcome was unknown, and that did land)."""
+        if not has_limits(self.quotas.get(tenant)):
+            return
+        usage, revision = await self.ledger.read_tenant(tenant)
+        if claim not in usage.claims:
+            await self.ledger.reserve_quota(tenant, claim, claim_quota(entry), usage, revision)
 
     def _forget(self, claim: str) -> None:
         self.pending.pop(claim, None)
@@ -762,14 +832,19 @@ class PlacementService:
         self._forget(event.claim)
         if record is not None and record.tenant != event.tenant:
             raise PermanentError(f"release of {event.claim} by tenant {event.tenant!r}: the claim is not theirs")
-        if record is None or record.state not in ("requested", "unschedulable"):
-            if record is not None and record.node and record.state in ("allocated", "prepared", "running") \
-                    and not addressed:
-                await self.bus.publish(subjects.claim(record.tenant, record.claim, "release", record.node), event,
-                                       msg_id=f"{record.claim}:release:{record.node}")
+        route = release_route(record.state, record.node) if record is not None else None
+        if route is None or route.owner != "placement":
+            if route is not None and not addressed:
+                await self.bus.publish(route.subject(record.tenant, record.claim), event,
+                                       msg_id=route.msg_id(record.claim))
             return  # on a node: the enforcer releases it
-        done = await self.claims.transition(event.claim, "released")
+        if record.state not in UNPLACED:
+            return
+        done = await self.claims.transition(event.claim, "released", expect=lambda r: r.state in UNPLACED)
         if done is not None:
+            # What a placement that stopped midway took: the quota reserved before its ledger
+            # write, or a ledger entry whose claim record was never written.
+            await self.ledger.give_back(event.tenant, event.claim, self.claim_nodes.get(event.claim))
             await self.bus.publish(
                 subjects.claim(event.tenant, event.claim, "released"),
                 ClaimReleased(claim=event.claim, tenant=event.tenant, reason=event.reason),
