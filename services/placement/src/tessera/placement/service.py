@@ -63,6 +63,7 @@ from tessera.placement.engine import COMPILED_CORE, Placement, Placer, Rejection
 from tessera.placement.fleet import Fleet
 from tessera.placement.quota import has_limits, over_quota
 from tessera.placement.kubesync import Allocated, ClaimStatusSync, Unschedulable
+from tessera.placement.reconcile import Reconciler
 
 log = logging.getLogger("tessera.placement")
 
@@ -94,6 +95,10 @@ class PlacementSettings:
     # unreachable before the allocation is given back; and the limit on one API call.
     kube_retry_seconds: float = 60.0
     kube_timeout_seconds: float = 10.0
+    # The reconciler (tessera.placement.reconcile): how often it checks placement's invariants, and
+    # how old a record or ledger entry must be before it is repaired (younger: maybe mid-commit).
+    reconcile_seconds: float = 30.0
+    reconcile_grace_seconds: float = 30.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "PlacementSettings":
@@ -108,7 +113,16 @@ class PlacementSettings:
             kube_workers=env_int(env, "TESSERA_PLACEMENT_KUBE_WORKERS", cls.kube_workers, minimum=1),
             kube_retry_seconds=env_float(env, "TESSERA_PLACEMENT_KUBE_RETRY_SECONDS", cls.kube_retry_seconds),
             kube_timeout_seconds=env_float(env, "TESSERA_PLACEMENT_KUBE_TIMEOUT_SECONDS", cls.kube_timeout_seconds),
+            reconcile_seconds=env_float(env, "TESSERA_PLACEMENT_RECONCILE_SECONDS", cls.reconcile_seconds),
+            reconcile_grace_seconds=env_float(env, "TESSERA_PLACEMENT_RECONCILE_GRACE_SECONDS",
+                                              cls.reconcile_grace_seconds),
         )
+        if settings.reconcile_seconds <= 0:
+            raise ConfigError(f"TESSERA_PLACEMENT_RECONCILE_SECONDS={settings.reconcile_seconds:g} must be above 0, "
+                              "e.g. 30")
+        if settings.reconcile_grace_seconds < 0:
+            raise ConfigError(f"TESSERA_PLACEMENT_RECONCILE_GRACE_SECONDS={settings.reconcile_grace_seconds:g} is "
+                              "negative; set the seconds a record may be mid-commit, e.g. 30")
         if settings.kube_retry_seconds < 0:
             raise ConfigError(f"TESSERA_PLACEMENT_KUBE_RETRY_SECONDS={settings.kube_retry_seconds:g} is negative; "
                               "set the seconds to keep retrying, e.g. 60")
@@ -148,6 +162,7 @@ class PlacementService:
         self._retry_wanted = asyncio.Event()
         self.counts = {"allocated": 0, "unschedulable": 0, "conflicts": 0}
         self.kube: ClaimStatusSync | None = None
+        self.reconciler = Reconciler(self, settings.reconcile_seconds, settings.reconcile_grace_seconds)
 
     # --- start-up --------------------------------------------------------------------------
 
@@ -174,7 +189,13 @@ class PlacementService:
             "retry-unschedulable": self._retry_loop(),
             "follow-unschedulable": self._follow_unschedulable(),
             "report": self._report(),
+            "reconcile": self._reconcile_when_ready(),
         }
+
+    async def _reconcile_when_ready(self) -> None:
+        while not self.ctx.ready:  # repairs decide from the fleet view: it must be loaded
+            await asyncio.sleep(0.05)
+        await self.reconciler.run()
 
     async def _run_kube(self, writer) -> None:
         try:
