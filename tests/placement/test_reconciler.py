@@ -43,6 +43,7 @@ async def test_an_allocated_record_whose_event_never_went_out_is_announced_again
         await sub.unsubscribe()
         assert done["allocated republished"] == 1
         assert got[0].claim == "c" and got[0].node == "n1" and got[0].devices == [share("n1", 0)]
+        assert (await svc.reconciler.run_once())["allocated republished"] == 0  # once per revision
 
 
 async def _some(items) -> bool:

@@ -121,18 +121,20 @@ class OutcomeWriter:
         """Record and announce refusals; the claims wait in ``pending`` for a change."""
         svc = self.svc
         now = time.time()
-        news = []
-        for r in items:
+        news: list[Refusal] = []
+        at: list[int] = []  # news[k] is items[at[k]]
+        for i, r in enumerate(items):
             svc.pending[r.event.claim] = r.event
             svc.counts["unschedulable"] += 1
             if not (r.record.state == "unschedulable" and r.record.reason == r.reason and not r.first):
                 news.append(r)  # else nothing new to say
+                at.append(i)
         records = [msgspec.structs.replace(r.record, state="unschedulable", reason=r.reason, updated=now)
                    for r in news]
         fast = [i for i, r in enumerate(news) if r.revision]
         revisions = await svc.claims.replace_many([(records[i], news[i].revision) for i in fast]) if fast else []
         written = {i for i, rev in zip(fast, revisions) if rev is not None}
-        out: dict[int, BaseException] = {}
+        out: list[BaseException | None] = [None] * len(items)
         announce = []
         for i, r in enumerate(news):
             if i not in written:
@@ -140,7 +142,7 @@ class OutcomeWriter:
                     done = await svc.claims.transition(
                         r.event.claim, "unschedulable", lambda rec, why=r.reason: msgspec.structs.replace(rec, reason=why))
                 except Exception as exc:
-                    out[id(r)] = exc
+                    out[at[i]] = exc
                     continue
                 if done is None:  # moved on (allocated by a peer, released): not waiting any more
                     svc._forget(r.event.claim)
@@ -152,4 +154,4 @@ class OutcomeWriter:
                 None, r.headers))
         if announce:
             await svc.bus.publish_many(announce)
-        return [out.get(id(r)) for r in items]
+        return out

@@ -52,6 +52,9 @@ class Reconciler:
         self.period = period
         self.grace = grace
         self.repairs: Counter[str] = Counter()
+        # (claim, record revision) announced again by this process: once is enough (a record that
+        # stays ``allocated`` because its node is down must not be announced every pass).
+        self.announced: set[tuple[str, int]] = set()
 
     async def run(self) -> None:
         while True:
@@ -70,11 +73,13 @@ class Reconciler:
         where = {claim: node for node, ledger in nodes.items() for claim in ledger.entries}
         snap = Snapshot(records, nodes, where)
         now = time.time()
-        for claim, (record, _) in records.items():
+        announce = []
+        for claim, (record, revision) in records.items():
             if self._busy(claim) or now - record.updated < self.grace:
                 continue
-            if record.state == "allocated" and not record.release_requested:
-                await self._announce(record)
+            if record.state == "allocated" and not record.release_requested \
+                    and (claim, revision) not in self.announced:
+                announce.append((record, revision))
             if record.state in ON_NODE and not record.release_requested and claim not in where:
                 await self._restore_entry(record)
         for node, ledger in nodes.items():
@@ -82,6 +87,7 @@ class Reconciler:
                 if not self._busy(claim) and now - entry.ts >= self.grace:
                     await self._check_entry(node, entry, snap)
         await self._check_quota(snap, now)
+        await self._announce(announce)
         done = self.repairs - before
         if done:
             log.warning("reconciled: %s", ", ".join(f"{k} {v}" for k, v in sorted(done.items())))
@@ -90,14 +96,16 @@ class Reconciler:
     def _busy(self, claim: str) -> bool:
         return claim in self.svc.claim_locks or any(claim in t for t in self.svc.tentative.values())
 
-    async def _announce(self, record: ClaimRecord) -> None:
-        await self.svc.bus.publish(
-            subjects.claim(record.tenant, record.claim, "allocated", record.node),
-            ClaimAllocated(claim=record.claim, tenant=record.tenant, node=record.node,
-                           devices=list(record.devices), spec=record.spec),
-            msg_id=f"{record.claim}:allocated",
-        )
-        self.repairs["allocated republished"] += 1
+    async def _announce(self, records: list[tuple[ClaimRecord, int]]) -> None:
+        if not records:
+            return
+        await self.svc.bus.publish_many([
+            (subjects.claim(r.tenant, r.claim, "allocated", r.node),
+             ClaimAllocated(claim=r.claim, tenant=r.tenant, node=r.node, devices=list(r.devices), spec=r.spec),
+             f"{r.claim}:allocated")
+            for r, _ in records])
+        self.announced.update((r.claim, revision) for r, revision in records)
+        self.repairs["allocated republished"] += len(records)
 
     async def _check_entry(self, node: str, entry: LedgerEntry, snap: Snapshot) -> None:
         claim = entry.claim
