@@ -16,7 +16,6 @@ from tessera.shared import subjects
 from tessera.shared.bus import Bus
 from tessera.shared.claimstore import ClaimStore
 from tessera.shared.events import ClaimRecord, ClaimRequested, ClaimSpec, GpuQuota, TenantRecord, encode
-from tessera.shared.ledger import Ledger
 from tessera.shared.runner import ServiceContext
 from tessera.shared.settings import BusSettings
 from tessera.shared.telemetry import Telemetry
@@ -91,7 +90,3 @@ async def settled(predicate, timeout: float = 5.0) -> None:
         assert loop.time() < deadline, "condition never held"
         await asyncio.sleep(0.02)
 
-
-def stores(bus_or_svc) -> tuple[ClaimStore, Ledger]:
-    svc = bus_or_svc
-    return svc.claims, svc.ledger

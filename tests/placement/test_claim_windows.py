@@ -112,7 +112,7 @@ async def test_a_ledger_write_that_timed_out_but_committed_still_charges_the_ten
             raise asyncio.TimeoutError("no reply from the server")
 
         svc.ledger.write_nodes = committed_then_timed_out
-        with pytest.raises(Exception):
+        with pytest.raises(asyncio.TimeoutError):
             await svc.place(event)
         svc.ledger.write_nodes = write_nodes
         await settled(lambda: _holds(svc, "n1", "c") or _holds(svc, "n2", "c"))
