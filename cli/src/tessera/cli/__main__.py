@@ -29,7 +29,7 @@ from tessera.shared import api
 from tessera.shared.bus import redact
 
 from tessera.cli import scenario, views
-from tessera.cli.client import Client, CliError
+from tessera.cli.client import Client, CliError, add_identity_args
 from tessera.cli.cluster import LocalCluster
 from tessera.cli.gpuflags import resources_from
 
@@ -173,7 +173,7 @@ def _annotations(args) -> dict:
 
 
 async def cmd_submit(args) -> int:
-    client = await Client.connect(args.nats)
+    client = await Client.from_args(args)
     try:
         result = await client.submit(
             api.SubmitRequest(tenant=args.tenant, resources=resources_from(args), annotations=_annotations(args),
@@ -195,7 +195,7 @@ async def cmd_submit(args) -> int:
 
 
 async def cmd_release(args) -> int:
-    client = await Client.connect(args.nats)
+    client = await Client.from_args(args)
     try:
         result = await client.release(args.claim)
         if args.wait:
@@ -208,7 +208,7 @@ async def cmd_release(args) -> int:
 
 
 async def cmd_status(args) -> int:
-    client = await Client.connect(args.nats)
+    client = await Client.from_args(args)
     try:
         state = await client.fleet()
         console.print(views.gpu_table(state))
@@ -219,7 +219,7 @@ async def cmd_status(args) -> int:
 
 
 async def cmd_claims(args) -> int:
-    client = await Client.connect(args.nats)
+    client = await Client.from_args(args)
     try:
         console.print(views.claims_table(await client.fleet()))
         return 0
@@ -296,7 +296,7 @@ def parser() -> argparse.ArgumentParser:
 
     def client_cmd(name: str, help_: str):
         sp = sub.add_parser(name, help=help_, description=help_)
-        sp.add_argument("--nats", default=None, help="NATS URL (default: $TESSERA_NATS_URL or nats://127.0.0.1:4222)")
+        add_identity_args(sp)
         return sp
 
     s = client_cmd("submit", "ask for GPUs (HAMi resource names as flags)")
