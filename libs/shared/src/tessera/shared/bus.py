@@ -75,8 +75,8 @@ def ride_out_reloads(nc: NatsClient) -> None:
 
     With accounts in the config (one per tenant: `tessera.shared.identities`), every reload (each
     tenant created or deleted) re-registers each account's JetStream API, and for ~0.2 s requests
-    to it, and publishes to streams, get "no responders" (nats-py: ServiceUnavailableError,
-    NoStreamResponseError). Nothing was stored, so sending again is safe (stream publishes carry
+    to it get "JetStream not enabled for account" or no responder, and so do publishes to streams
+    (nats-py: ServiceUnavailableError, NoStreamResponseError). Nothing was stored, so sending again is safe (stream publishes carry
     message ids as well). The request/reply APIs (``tessera.api.*``) are not retried: there "no
     responders" means the service is not running, and callers say so at once."""
     plain = nc.request
@@ -87,11 +87,15 @@ def ride_out_reloads(nc: NatsClient) -> None:
         deadline = loop.time() + RELOAD_GRACE
         while True:
             try:
-                return await plain(subject, payload, timeout=timeout, old_style=old_style, headers=headers)
+                msg = await plain(subject, payload, timeout=timeout, old_style=old_style, headers=headers)
             except nats.errors.NoRespondersError:
                 if subject.startswith(f"{subjects.API}.") or loop.time() > deadline:
                     raise
-                await asyncio.sleep(0.02)
+            else:
+                # "JetStream not enabled for account" (503, err_code 10039) while it is re-enabled.
+                if not (subject.startswith("$JS.API.") and b'"err_code":10039' in msg.data) or loop.time() > deadline:
+                    return msg
+            await asyncio.sleep(0.02)
 
     nc.request = request  # type: ignore[method-assign]
 

@@ -79,6 +79,10 @@ class TenantApi:
         body = self._as_tenant(tenant, data)
         if isinstance(body, bytes):
             return body
+        if isinstance(body.get("claim"), str):  # another tenant's claim: "does not exist", as for `get`
+            owned = await self._own_record(msgspec.json.encode({"claim": body["claim"]}), tenant)
+            if isinstance(owned, bytes):
+                return owned
         return await self.translator.release(msgspec.json.encode(body), headers)
 
     async def _own_record(self, data: bytes, tenant: str | None) -> api.ClaimRequest | ClaimRecord | bytes:
