@@ -75,7 +75,7 @@ async def test_the_datastore_secret_holds_the_tenants_own_credentials_and_they_w
     assert query["contextFile"] == [f"{manifests.DATASTORE_DIR}/context.json"]
     assert query["bucket"] == ["tenant-alpha"] and "noEmbed" in query
     # the platform's credentials are nowhere in what the tenant is given
-    platform_password = manager.drivers["nats"].users.platform_password
+    platform_password = urlsplit(manager.drivers["nats"].bus.settings.url).password
     for secret in (o for o in objects if o["kind"] == "Secret"):
         for value in secret_data(objects, secret["metadata"]["name"]).values():
             assert platform_password not in value

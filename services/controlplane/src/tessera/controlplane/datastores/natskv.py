@@ -171,18 +171,30 @@ class NatsKvDriver:
         )
 
     async def remove(self, tenant: str) -> None:
-        if self.users is not None:
-            async with self.users.lock:
-                accounts = await self.users.load()
-                if accounts.pop(tenant, None) is not None:
-                    await self.users.store(accounts)
-            # (The bucket lives in the tenant's own account, out of the platform's reach; it goes
-            # with that account's JetStream data.)
+        if self.users is None:
+            try:
+                await self.bus.js.delete_key_value(bucket_name(tenant))
+            except (BucketNotFoundError, NotFoundError):
+                pass
             return
-        try:
-            await self.bus.js.delete_key_value(bucket_name(tenant))
-        except (BucketNotFoundError, NotFoundError):
-            pass
+        user = f"tenant-{tenant}"
+        async with self.users.lock:
+            accounts = await self.users.load()
+            if tenant not in accounts:
+                return
+            if self.users.confirm:
+                # The bucket is in the tenant's own account, out of the platform's reach: the manager
+                # becomes the tenant for a moment (a password only it knows) to delete it, so a tenant
+                # created later under the same name starts empty.
+                password = secrets.token_urlsafe(24)
+                accounts[tenant] = identities.tenant_account(tenant, identities.hash_password(password))
+                await self.users.store(accounts)
+                await self._wait_for(user, password, tenant, accepted=True)
+                await delete_own_bucket(self.tenant_url, user, password, tenant)
+            del accounts[tenant]
+            await self.users.store(accounts)
+            if self.users.confirm:
+                await self._wait_for(user, password, tenant, accepted=False)
 
     async def close(self) -> None:
         if self.users is not None:
@@ -218,6 +230,17 @@ async def connect_ok(url: str, user: str, password: str, inbox: str) -> bool:
         return False
     finally:
         await _close_quietly(nc)
+
+
+async def delete_own_bucket(url: str, user: str, password: str, tenant: str) -> None:
+    nc = await nats.connect(servers=[url], user=user, password=password, inbox_prefix=inbox_prefix(tenant),
+                            allow_reconnect=False, connect_timeout=3)
+    try:
+        await nc.jetstream(timeout=5).delete_key_value(bucket_name(tenant))
+    except (BucketNotFoundError, NotFoundError):
+        pass
+    finally:
+        await nc.close()
 
 
 async def _close_quietly(nc: NatsClient) -> None:
