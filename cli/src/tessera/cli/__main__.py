@@ -25,7 +25,8 @@ from pathlib import Path
 from rich.console import Console, Group
 from rich.live import Live
 
-from tessera.shared import api
+from tessera.shared import api, identities
+from tessera.shared import profile as profiles
 from tessera.shared.bus import redact
 
 from tessera.cli import scenario, views
@@ -227,6 +228,15 @@ async def cmd_claims(args) -> int:
         await client.close()
 
 
+def cmd_nats_auth(args) -> int:
+    """The authorization of a nats-server outside `make up` (compose): per-service users."""
+    nodes = [n.node for n in profiles.load(args.profile)]
+    out = Path(args.out)
+    passwords = identities.write_auth_dir(out, nodes)
+    console.print(f"wrote {out / 'nats.conf'} ({len(passwords)} users) and their passwords in {out / 'passwords'}")
+    return 0
+
+
 def cmd_asyncapi(args) -> int:
     from tessera.shared.asyncapi import render
 
@@ -323,6 +333,11 @@ def parser() -> argparse.ArgumentParser:
 
     client_cmd("status", "the fleet: GPUs and their slices per tenant").set_defaults(func=cmd_status)
     client_cmd("claims", "every claim and its state").set_defaults(func=cmd_claims)
+
+    n = sub.add_parser("nats-auth", help="write a nats-server authorization directory: one user per service and node")
+    n.add_argument("--out", required=True, help="directory for nats.conf, tenants.conf and passwords/")
+    n.add_argument("--profile", default=_default_profile(), help="fleet profile YAML: one enforcer user per node")
+    n.set_defaults(func=cmd_nats_auth)
 
     a = sub.add_parser("asyncapi", help="write the AsyncAPI document of Tessera's subjects")
     a.add_argument("--output", default=str(REPO_ROOT / "docs" / "asyncapi.json"))

@@ -11,11 +11,11 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import msgspec
-from nats.js.errors import BucketNotFoundError
 
-from tessera.shared import api, subjects
+from tessera.shared import api, identities, subjects
 from tessera.shared.bus import Bus
 from tessera.shared.claimstore import ClaimStore
 from tessera.shared.errors import ConfigError, TemporaryError
@@ -82,8 +82,8 @@ def add_identity_args(parser) -> None:
 class Client:
     def __init__(self, bus: Bus, claims_kv=None) -> None:
         self.bus = bus
-        # The claims bucket where this identity can read it (the platform's); None for a tenant,
-        # whose account has no such bucket: it asks the translator, which answers for its claims.
+        # The claims bucket, for the platform's identities; None for a tenant, whose account has
+        # no such bucket: it asks the translator, which answers for its own claims.
         self.claims_kv = claims_kv
 
     @classmethod
@@ -94,13 +94,14 @@ class Client:
             bus = await Bus.connect(settings, "cli", connect_timeout=3)
         except TemporaryError as exc:
             raise CliError(f"{exc}\nIs Tessera running? Start it with 'make up', or set TESSERA_NATS_URL.") from None
+        user = settings.user or urlsplit(settings.url).username
+        if identities.is_tenant_user(user):
+            return cls(bus, None)
         try:
-            claims_kv = await bus.js.key_value(subjects.KV_CLAIMS)
-        except BucketNotFoundError:
-            claims_kv = None
+            claims_kv = await bus.kv(subjects.KV_CLAIMS)
         except Exception as exc:
             await bus.close()
-            raise CliError(f"cannot read the claims bucket as this NATS identity: {exc!r}") from None
+            raise CliError(f"cannot read the claims bucket as NATS user {user or '(none)'}: {exc!r}") from None
         return cls(bus, claims_kv)
 
     @classmethod

@@ -8,9 +8,7 @@ what is left, so a clean shutdown leaves no process behind.
 
 from __future__ import annotations
 
-import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -74,26 +72,10 @@ class LocalCluster:
         per service (per node for enforcers) and the operator in account TESSERA, and one account per
         tenant that the control-plane manager writes into tenants.conf and reloads (tenant
         credentials work in `make up` exactly as against a production server). The plain passwords
-        stay in passwords.json (0600); the server config holds bcrypt hashes."""
+        stay in passwords/ (0600); the server config holds bcrypt hashes."""
         auth = self.workdir / "nats-auth"
-        auth.mkdir(parents=True, exist_ok=True)
-        stored = auth / "passwords.json"
-        known = json.loads(stored.read_text()) if stored.exists() else {}
-        names = identities.platform_user_names(self.nodes()) + ["enforcer"]
-        self.passwords = {name: known.get(name) or secrets.token_urlsafe(24) for name in names}
-        stored.write_text(json.dumps(self.passwords))
-        stored.chmod(0o600)
-        users = identities.platform_users({n: identities.hash_password(p) for n, p in self.passwords.items()},
-                                          self.nodes())
-        users.append({"user": "enforcer", "password": identities.hash_password(self.passwords["enforcer"]),
-                      "permissions": identities.permissions("enforcer")})
-        tenants = auth / "tenants.conf"
-        if not tenants.exists():  # the manager rewrites it (same format) once it has tenants
-            tenants.write_text("")
-            tenants.chmod(0o600)
+        self.passwords = identities.write_auth_dir(auth, self.nodes(), pid_file=str(auth / "nats.pid"))
         conf = auth / "nats.conf"
-        conf.write_text(identities.server_config(users, "tenants.conf", pid_file=str(auth / "nats.pid")))
-        conf.chmod(0o600)
         return NatsServer(self.workdir / "nats", config_file=conf)
 
     def nodes(self) -> list[str]:

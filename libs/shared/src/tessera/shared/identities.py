@@ -25,7 +25,9 @@ bcrypt); clients hold the plain passwords.
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import bcrypt
 
@@ -55,6 +57,18 @@ def public_api_subject(op: str) -> str:
 
 def tenant_account_name(tenant: str) -> str:
     return f"TENANT_{subjects.token(tenant)}"
+
+
+TENANT_USER_PREFIX = "tenant-"
+
+
+def tenant_user(tenant: str) -> str:
+    return f"{TENANT_USER_PREFIX}{subjects.token(tenant)}"
+
+
+def is_tenant_user(user: str | None) -> bool:
+    """Whether ``user`` is a tenant's (its account holds none of the platform's buckets)."""
+    return bool(user) and user.startswith(TENANT_USER_PREFIX)
 
 
 def inbox_prefix(user: str) -> str:
@@ -248,7 +262,7 @@ def tenant_account(tenant: str, password_hash: str, limits: TenantLimits = Tenan
         {"stream": {"account": PLATFORM_ACCOUNT, "subject": f"{subjects.TENANTS}.{tenant}.>"}},
     ]
     return {
-        "users": [{"user": f"tenant-{tenant}", "password": password_hash}],
+        "users": [{"user": tenant_user(tenant), "password": password_hash}],
         "jetstream": {"max_file": limits.max_file, "max_mem": limits.max_mem,
                       "max_streams": limits.max_streams, "max_consumers": limits.max_consumers},
         "limits": {"max_connections": limits.max_connections, "max_payload": limits.max_payload},
@@ -294,6 +308,34 @@ def server_config(users: list[dict], tenants_include: str, *, pid_file: str | No
     head = f'pid_file: "{pid_file}"\n' if pid_file else ""
     return (head + "accounts {\n  " + PLATFORM_ACCOUNT + ": " + json.dumps(platform, indent=1)
             + f'\n  include "{tenants_include}"\n}}\n')
+
+
+def write_auth_dir(auth: Path, nodes: list[str], *, pid_file: str | None = None) -> dict[str, str]:
+    """An authorization directory for one nats-server: ``nats.conf`` (bcrypt hashes), an empty
+    ``tenants.conf`` for the manager to fill, and each platform user's password in
+    ``passwords/<user>`` (0600; kept across calls). Returns user -> password. `make up` and the
+    compose deployment (`tessera nats-auth`) both use it."""
+    passwords_dir = auth / "passwords"
+    passwords_dir.mkdir(parents=True, exist_ok=True)
+    passwords: dict[str, str] = {}
+    for name in platform_user_names(nodes) + ["enforcer"]:  # "enforcer": one without a node of its own
+        file = passwords_dir / name
+        if not file.exists():
+            file.write_text(secrets.token_urlsafe(24))
+            file.chmod(0o600)
+        passwords[name] = file.read_text().strip()
+    hashes = {n: hash_password(p) for n, p in passwords.items()}
+    users = platform_users(hashes, nodes)
+    if nodes:
+        users.append({"user": "enforcer", "password": hashes["enforcer"], "permissions": permissions("enforcer")})
+    tenants = auth / "tenants.conf"
+    if not tenants.exists():  # the manager rewrites it once it has tenants
+        tenants.write_text("")
+        tenants.chmod(0o600)
+    conf = auth / "nats.conf"
+    conf.write_text(server_config(users, "tenants.conf", pid_file=pid_file))
+    conf.chmod(0o600)
+    return passwords
 
 
 def operator_only_config(user: str, password: str, tenants_include: str, *, pid_file: str | None = None) -> str:

@@ -154,7 +154,7 @@ class NatsKvDriver:
                 driver=self.name, endpoint=self.tenant_url, username="", password="", scope=bucket,
                 inbox_prefix=inbox_prefix(tenant), replicas=replicas,
             )
-        user = f"tenant-{tenant}"
+        user = identities.tenant_user(tenant)
         password = current.password if current and current.driver == self.name and current.username == user else ""
         async with self.users.lock:
             accounts = await self.users.load()
@@ -177,7 +177,7 @@ class NatsKvDriver:
             except (BucketNotFoundError, NotFoundError):
                 pass
             return
-        user = f"tenant-{tenant}"
+        user = identities.tenant_user(tenant)
         async with self.users.lock:
             accounts = await self.users.load()
             if tenant not in accounts:
