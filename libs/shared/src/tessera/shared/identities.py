@@ -25,6 +25,7 @@ bcrypt); clients hold the plain passwords.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -341,6 +342,21 @@ def write_auth_dir(auth: Path, nodes: list[str], *, pid_file: str | None = None)
 def operator_only_config(user: str, password: str, tenants_include: str, *, pid_file: str | None = None) -> str:
     """A server whose platform account has one unrestricted user (benches, the manager's tests)."""
     return server_config([{"user": user, "password": hash_password(password)}], tenants_include, pid_file=pid_file)
+
+
+def password_env(user: str) -> str:
+    """The environment variable a Kubernetes NATS pod holds ``user``'s password in (from the
+    user's Secret), referenced unquoted from the config so the config itself holds no secret."""
+    return "TESSERA_NATS_PW_" + user.upper().replace("-", "_")
+
+
+def k8s_platform_account(operator: str = "tessera") -> str:
+    """Account TESSERA as deploy/k8s/nats.yaml includes it: the operator and one user per service
+    (one ``enforcer`` for the whole DaemonSet), passwords as environment references."""
+    users = [{"user": operator, "password": f"${password_env(OPERATOR)}"}]
+    users += [{"user": s, "password": f"${password_env(s)}", "permissions": permissions(s)} for s in SERVICES]
+    body = json.dumps({"jetstream": "enabled", "users": users, "exports": PLATFORM_EXPORTS}, indent=1)
+    return f"{PLATFORM_ACCOUNT}: " + re.sub(r'"\$(TESSERA_NATS_PW_[A-Z_]+)"', r"$\1", body) + "\n"
 
 
 def render_tenant_accounts(accounts: dict[str, dict]) -> str:
