@@ -21,7 +21,6 @@ but no credentials of their own, and the driver says so in the credentials it re
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import secrets
