@@ -37,7 +37,7 @@ def service_secrets() -> dict[str, dict]:
 
 def test_the_k8s_platform_account_is_the_generated_one():
     assert nats_config()["platform.conf"] == identities.k8s_platform_account(), (
-        "deploy/k8s/nats.yaml's platform.conf is stale: paste identities.k8s_platform_account() there")
+        "deploy/k8s/nats.yaml's platform.conf is stale: run 'tessera nats-auth --k8s'")
 
 
 def test_each_service_secret_names_its_own_user_with_its_password():

@@ -228,8 +228,28 @@ async def cmd_claims(args) -> int:
         await client.close()
 
 
+K8S_NATS = REPO_ROOT / "deploy" / "k8s" / "nats.yaml"
+
+
+def write_k8s_platform_account(path: Path = K8S_NATS) -> None:
+    """Regenerate nats.yaml's ``platform.conf`` from the identities table (after a new subject)."""
+    text = path.read_text()
+    head = "  platform.conf: |\n"
+    start = text.index(head) + len(head)
+    end = text.index("---\n", start)
+    block = "".join(f"    {line}\n" if line else "\n" for line in identities.k8s_platform_account().splitlines())
+    path.write_text(text[:start] + block + text[end:])
+
+
 def cmd_nats_auth(args) -> int:
-    """The authorization of a nats-server outside `make up` (compose): per-service users."""
+    """The authorization of a nats-server outside `make up`: compose's directory, or (--k8s)
+    deploy/k8s/nats.yaml's generated platform account."""
+    if args.k8s:
+        write_k8s_platform_account()
+        console.print(f"rewrote platform.conf in {K8S_NATS}")
+        return 0
+    if not args.out:
+        raise CliError("give --out DIR (compose's authorization directory) or --k8s", code=2)
     nodes = [n.node for n in profiles.load(args.profile)]
     out = Path(args.out)
     passwords = identities.write_auth_dir(out, nodes)
@@ -335,7 +355,8 @@ def parser() -> argparse.ArgumentParser:
     client_cmd("claims", "every claim and its state").set_defaults(func=cmd_claims)
 
     n = sub.add_parser("nats-auth", help="write a nats-server authorization directory: one user per service and node")
-    n.add_argument("--out", required=True, help="directory for nats.conf, tenants.conf and passwords/")
+    n.add_argument("--out", help="directory for nats.conf, tenants.conf and passwords/")
+    n.add_argument("--k8s", action="store_true", help="rewrite deploy/k8s/nats.yaml's platform account instead")
     n.add_argument("--profile", default=_default_profile(), help="fleet profile YAML: one enforcer user per node")
     n.set_defaults(func=cmd_nats_auth)
 

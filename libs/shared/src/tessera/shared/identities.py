@@ -90,7 +90,6 @@ class Uses:
     publish: tuple[str, ...] = ()  # core or JetStream publishes (the stream is inferred)
     subscribe: tuple[str, ...] = ()  # core subscriptions
     serves: tuple[str, ...] = ()  # request/reply subjects it answers
-    requests: tuple[str, ...] = ()  # request/reply subjects it calls
     consumes: tuple[str, ...] = ()  # streams it runs pull consumers on
     reads: tuple[str, ...] = ()  # KV buckets it reads (get, keys, watch)
     writes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # bucket -> key patterns
@@ -134,7 +133,6 @@ def uses(service: str, node: str | None = None) -> Uses:
         return Uses(
             publish=(f"{subjects.TENANTS}.>", f"{inbox_prefix(OPERATOR)}.>", *dlq),
             serves=(f"{subjects.API_TENANTS}.*",),
-            requests=(f"{subjects.API_TENANTS}.*",),
             reads=(subjects.KV_TENANTS, KV_CONTROLPLANES, KV_SECRETS),
             writes={subjects.KV_TENANTS: (">",), KV_CONTROLPLANES: (">",), KV_SECRETS: (">",)},
         )
@@ -209,7 +207,7 @@ def permissions(service: str, node: str | None = None) -> dict:
     """nats-server ``permissions`` of a service's user, from its `uses` entry."""
     u = uses(service, node)
     user = user_for(service, node)
-    publish = [*u.publish, *u.requests, f"{JS}.INFO"]
+    publish = [*u.publish, f"{JS}.INFO"]
     subscribe = [*u.subscribe, *u.serves, f"{inbox_prefix(user)}.>"]
     for stream in u.streams():
         publish += _manage(stream)
