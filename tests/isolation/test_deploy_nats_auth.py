@@ -73,4 +73,4 @@ def test_nats_server_accepts_the_k8s_config_with_a_tenant_account_included(tmp_p
     # Without a service's password in the environment the config does not load: none is built in.
     del env[identities.password_env("enforcer")]
     missing = subprocess.run([find_binary(), "-c", str(conf), "-t"], capture_output=True, text=True, env=env)
-    assert missing.returncode != 0 and "TESSERA_NATS_PW_ENFORCER" in missing.stderr + missing.stdout
+    assert missing.returncode != 0 and "NATS_PW_ENFORCER" in missing.stderr + missing.stdout

@@ -345,7 +345,7 @@ def operator_only_config(user: str, password: str, tenants_include: str, *, pid_
 def password_env(user: str) -> str:
     """The environment variable a Kubernetes NATS pod holds ``user``'s password in (from the
     user's Secret), referenced unquoted from the config so the config itself holds no secret."""
-    return "TESSERA_NATS_PW_" + user.upper().replace("-", "_")
+    return "NATS_PW_" + user.upper().replace("-", "_")
 
 
 def k8s_platform_account(operator: str = "tessera") -> str:
@@ -354,7 +354,7 @@ def k8s_platform_account(operator: str = "tessera") -> str:
     users = [{"user": operator, "password": f"${password_env(OPERATOR)}"}]
     users += [{"user": s, "password": f"${password_env(s)}", "permissions": permissions(s)} for s in SERVICES]
     body = json.dumps({"jetstream": "enabled", "users": users, "exports": PLATFORM_EXPORTS}, indent=1)
-    return f"{PLATFORM_ACCOUNT}: " + re.sub(r'"\$(TESSERA_NATS_PW_[A-Z_]+)"', r"$\1", body) + "\n"
+    return f"{PLATFORM_ACCOUNT}: " + re.sub(r'"\$(NATS_PW_[A-Z_]+)"', r"$\1", body) + "\n"
 
 
 def render_tenant_accounts(accounts: dict[str, dict]) -> str:
