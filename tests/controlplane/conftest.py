@@ -14,6 +14,7 @@ from tessera.controlplane.app import Manager
 from tessera.controlplane.settings import ControlPlaneSettings
 from tessera.shared import api, subjects
 from tessera.controlplane.datastores.natskv import UsersFile
+from tessera.shared import identities
 from tessera.shared.bus import Bus
 from tessera.shared.natsserver import NatsServer
 from tessera.shared.settings import BusSettings
@@ -52,11 +53,9 @@ PLATFORM = ("platform", "platform-secret")
 @pytest.fixture
 def secured_nats(tmp_path):
     users = tmp_path / "users.conf"
-    UsersFile(users, None, *PLATFORM).write({})
+    UsersFile(users, None).write({})
     conf = tmp_path / "nats.conf"
-    conf.write_text(
-        f'pid_file: "{tmp_path / "nats.pid"}"\nauthorization {{\n  include "users.conf"\n}}\n'
-    )
+    conf.write_text(identities.operator_only_config(*PLATFORM, "users.conf", pid_file=str(tmp_path / "nats.pid")))
     server = NatsServer(tmp_path / "store", config_file=conf).start()
     try:
         yield server, users, tmp_path / "nats.pid"

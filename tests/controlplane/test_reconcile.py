@@ -6,6 +6,7 @@ import msgspec
 import yaml
 
 from tessera.controlplane.app import Manager
+from tessera.controlplane.datastores.natskv import account_is
 from tessera.controlplane.settings import ControlPlaneSettings
 
 
@@ -47,8 +48,7 @@ async def test_a_manager_restarted_from_empty_memory_repairs_what_drifted(platfo
     try:
         await second.reconciler.resync()
         assert manifest.exists()
-        assert "tenant-alpha" in users.read()
-        assert users.read()["tenant-alpha"]["password"] == creds.password  # same credentials come back
+        assert account_is(users.read().get("alpha"), "alpha", creds.password)  # same credentials come back
         assert (await second.store.tenants.get("alpha")).value.phase == "Ready"
     finally:
         await second.close()
@@ -64,7 +64,7 @@ async def test_delete_removes_datastore_credentials_certificates_and_manifests(m
     assert await manager.store.secrets.get("alpha") is None  # certificates and datastore credentials
     assert await manager.store.controlplanes.get("alpha") is None
     assert await manager.store.tenants.get("alpha") is None
-    assert "tenant-alpha" not in manager.drivers["nats"].users.read()
+    assert "alpha" not in manager.drivers["nats"].users.read()
     assert await manager.store.secrets.keys() == []
     again = await call(manager, "delete", {"name": "alpha"})
     assert again["ok"] and not again["result"]["existed"]

@@ -75,7 +75,7 @@ async def test_the_datastore_secret_holds_the_tenants_own_credentials_and_they_w
     assert query["contextFile"] == [f"{manifests.DATASTORE_DIR}/context.json"]
     assert query["bucket"] == ["tenant-alpha"] and "noEmbed" in query
     # the platform's credentials are nowhere in what the tenant is given
-    platform_password = manager.drivers["nats"].users.platform_password
+    platform_password = urlsplit(manager.drivers["nats"].bus.settings.url).password
     for secret in (o for o in objects if o["kind"] == "Secret"):
         for value in secret_data(objects, secret["metadata"]["name"]).values():
             assert platform_password not in value
@@ -176,8 +176,12 @@ def test_the_nats_deployment_admits_the_users_the_manager_writes():
     env = {e["name"]: e.get("value") for d in manager if d and d["kind"] == "Deployment"
            for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["TESSERA_CP_NATS_USERS_SECRET"] == "tessera-system/tessera-nats-users"
-    # the initial users file admits the platform user of the base's NATS URL
+    # the platform account admits the operator of the base's NATS URL, its password from that Secret
     config_docs = [d for d in yaml.safe_load_all((DEPLOY / "config.yaml").read_text()) if d]
-    url = urlsplit(next(d for d in config_docs if d["kind"] == "Secret")["stringData"]["url"])
-    listed = json.loads(users["stringData"]["users.conf"].partition(":")[2])
-    assert {"user": url.username, "password": url.password} in listed
+    secret = next(d for d in config_docs if d["kind"] == "Secret" and d["metadata"]["name"] == "tessera-nats")
+    url = urlsplit(secret["stringData"]["url"])
+    platform = next(d for d in docs if d["kind"] == "ConfigMap")["data"]["platform.conf"]
+    assert f'"user": "{url.username}",\n   "password": $NATS_PW_OPERATOR' in platform
+    env = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef") for e in nats["env"]}
+    assert env["NATS_PW_OPERATOR"] == {"name": "tessera-nats", "key": "password"}
+    assert secret["stringData"]["password"] == url.password

@@ -35,6 +35,8 @@ def test_demo_runs_the_scenario_to_the_end_and_cleans_up(tmp_path):
     assert "all released, ledger entries left: 0" in " ".join(run.stdout.split())
     assert "unschedulable" in run.stdout and "tenant quota exceeded" in " ".join(run.stdout.split())
     assert processes_started_under(tmp_path) == []
-    # The embedded server runs with authorization: each tenant got its own NATS user.
-    users = (tmp_path / "nats-auth" / "users.conf").read_text()
-    assert '"platform"' in users and "vision" in users and "nlp" in users
+    # The embedded server runs with authorization: one user per service, each tenant its own account.
+    config = (tmp_path / "nats-auth" / "nats.conf").read_text()
+    assert all(f'"user": "{name}"' in config for name in ("operator", "controlplane", "enforcer-a100-0"))
+    accounts = (tmp_path / "nats-auth" / "tenants.conf").read_text()
+    assert "TENANT_vision:" in accounts and "TENANT_nlp:" in accounts

@@ -82,8 +82,7 @@ async def manager(apiserver, nats_url):
     await bus.ensure_topology()
     for namespace in (NAMESPACE, "tessera-system"):
         await apiserver.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-    users = UsersSecret("tessera-system/tessera-nats-users", "tessera", "platform-secret",
-                        kube=KubeApi.for_url(apiserver.url))
+    users = UsersSecret("tessera-system/tessera-nats-users", kube=KubeApi.for_url(apiserver.url))
     mgr = await Manager.start(bus, ControlPlaneSettings(host_mode="kubernetes"), host=KubeHost.for_url(apiserver.url),
                               drivers={"nats": NatsKvDriver(bus, nats_url, users)})
     tasks = [asyncio.create_task(mgr.resources.run(), name="tenantcontrolplanes"),

@@ -1,14 +1,16 @@
-"""On a cluster the NATS datastore's tenant users live in a Secret the NATS pods mount (the manager
-and nats-server share no filesystem): the manager writes it through the API server, keeps the
-platform user in it, and what it writes is a users list nats-server accepts and enforces."""
+"""On a cluster the NATS datastore's tenant accounts live in a Secret the NATS pods mount (the
+manager and nats-server share no filesystem): the manager writes it through the API server, and
+what it writes is an accounts list nats-server accepts and enforces, included in the accounts block
+next to the platform's account as nats.yaml includes it."""
 
 from __future__ import annotations
 
 import base64
 import subprocess
 
-from tessera.controlplane.datastores.natskv import NatsKvDriver, connect_ok, tenant_permissions
+from tessera.controlplane.datastores.natskv import NatsKvDriver, account_is, connect_ok
 from tessera.controlplane.kube import UsersSecret
+from tessera.shared import identities
 from tessera.shared.bus import Bus
 from tessera.shared.kubeapi import KubeApi
 from tessera.shared.natsserver import NatsServer, find_binary
@@ -25,22 +27,22 @@ def users_conf(apiserver) -> str:
 async def test_tenant_users_go_into_the_secret_nats_server_includes(apiserver, tmp_path, nats_url):
     await apiserver.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "tessera-system"}})
     bus = await Bus.connect(BusSettings(url=nats_url, file_storage=False), "controlplane")
-    users = UsersSecret("tessera-system/tessera-nats-users", *PLATFORM, kube=KubeApi.for_url(apiserver.url))
+    users = UsersSecret("tessera-system/tessera-nats-users", kube=KubeApi.for_url(apiserver.url))
     driver = NatsKvDriver(bus, "nats://127.0.0.1:4222", users)
     try:
         creds = await driver.ensure("alpha", None)
         again = await driver.ensure("alpha", creds)  # a resync: the same password, nothing rewritten
         assert again == creds and creds.username == "tenant-alpha"
         written = users.parse(users_conf(apiserver))
-        assert written["tenant-alpha"]["permissions"] == tenant_permissions("alpha")
-        assert f'"user": "{PLATFORM[0]}"' in users_conf(apiserver)  # the platform keeps its own access
+        assert account_is(written["alpha"], "alpha", creds.password)
+        assert creds.password not in users_conf(apiserver)  # a bcrypt hash, never the password
 
         # what nats-server makes of that file, included as nats.yaml includes it
         (tmp_path / "nats-users").mkdir()
         (tmp_path / "nats-users" / "users.conf").write_text(users_conf(apiserver))
         (tmp_path / "conf").mkdir()
         conf = tmp_path / "conf" / "nats.conf"
-        conf.write_text('authorization {\n  include "../nats-users/users.conf"\n}\n')
+        conf.write_text(identities.operator_only_config(*PLATFORM, "../nats-users/users.conf"))
         checked = subprocess.run([find_binary(), "-c", str(conf), "-t"], capture_output=True, text=True)
         assert checked.returncode == 0, checked.stderr
         server = NatsServer(tmp_path / "store", config_file=conf).start()
@@ -53,7 +55,7 @@ async def test_tenant_users_go_into_the_secret_nats_server_includes(apiserver, t
             server.stop()
 
         await driver.remove("alpha")
-        assert "tenant-alpha" not in users.parse(users_conf(apiserver))
+        assert "alpha" not in users.parse(users_conf(apiserver))
     finally:
         await users.close()
         await bus.close()

@@ -25,11 +25,12 @@ from pathlib import Path
 from rich.console import Console, Group
 from rich.live import Live
 
-from tessera.shared import api
+from tessera.shared import api, identities
+from tessera.shared import profile as profiles
 from tessera.shared.bus import redact
 
 from tessera.cli import scenario, views
-from tessera.cli.client import Client, CliError
+from tessera.cli.client import Client, CliError, add_identity_args
 from tessera.cli.cluster import LocalCluster
 from tessera.cli.gpuflags import resources_from
 
@@ -173,7 +174,7 @@ def _annotations(args) -> dict:
 
 
 async def cmd_submit(args) -> int:
-    client = await Client.connect(args.nats)
+    client = await Client.from_args(args)
     try:
         result = await client.submit(
             api.SubmitRequest(tenant=args.tenant, resources=resources_from(args), annotations=_annotations(args),
@@ -195,7 +196,7 @@ async def cmd_submit(args) -> int:
 
 
 async def cmd_release(args) -> int:
-    client = await Client.connect(args.nats)
+    client = await Client.from_args(args)
     try:
         result = await client.release(args.claim)
         if args.wait:
@@ -208,7 +209,7 @@ async def cmd_release(args) -> int:
 
 
 async def cmd_status(args) -> int:
-    client = await Client.connect(args.nats)
+    client = await Client.from_args(args)
     try:
         state = await client.fleet()
         console.print(views.gpu_table(state))
@@ -219,12 +220,41 @@ async def cmd_status(args) -> int:
 
 
 async def cmd_claims(args) -> int:
-    client = await Client.connect(args.nats)
+    client = await Client.from_args(args)
     try:
         console.print(views.claims_table(await client.fleet()))
         return 0
     finally:
         await client.close()
+
+
+K8S_NATS = REPO_ROOT / "deploy" / "k8s" / "nats.yaml"
+
+
+def write_k8s_platform_account(path: Path = K8S_NATS) -> None:
+    """Regenerate nats.yaml's ``platform.conf`` from the identities table (after a new subject)."""
+    text = path.read_text()
+    head = "  platform.conf: |\n"
+    start = text.index(head) + len(head)
+    end = text.index("---\n", start)
+    block = "".join(f"    {line}\n" if line else "\n" for line in identities.k8s_platform_account().splitlines())
+    path.write_text(text[:start] + block + text[end:])
+
+
+def cmd_nats_auth(args) -> int:
+    """The authorization of a nats-server outside `make up`: compose's directory, or (--k8s)
+    deploy/k8s/nats.yaml's generated platform account."""
+    if args.k8s:
+        write_k8s_platform_account()
+        console.print(f"rewrote platform.conf in {K8S_NATS}")
+        return 0
+    if not args.out:
+        raise CliError("give --out DIR (compose's authorization directory) or --k8s", code=2)
+    nodes = [n.node for n in profiles.load(args.profile)]
+    out = Path(args.out)
+    passwords = identities.write_auth_dir(out, nodes)
+    console.print(f"wrote {out / 'nats.conf'} ({len(passwords)} users) and their passwords in {out / 'passwords'}")
+    return 0
 
 
 def cmd_asyncapi(args) -> int:
@@ -296,7 +326,7 @@ def parser() -> argparse.ArgumentParser:
 
     def client_cmd(name: str, help_: str):
         sp = sub.add_parser(name, help=help_, description=help_)
-        sp.add_argument("--nats", default=None, help="NATS URL (default: $TESSERA_NATS_URL or nats://127.0.0.1:4222)")
+        add_identity_args(sp)
         return sp
 
     s = client_cmd("submit", "ask for GPUs (HAMi resource names as flags)")
@@ -323,6 +353,12 @@ def parser() -> argparse.ArgumentParser:
 
     client_cmd("status", "the fleet: GPUs and their slices per tenant").set_defaults(func=cmd_status)
     client_cmd("claims", "every claim and its state").set_defaults(func=cmd_claims)
+
+    n = sub.add_parser("nats-auth", help="write a nats-server authorization directory: one user per service and node")
+    n.add_argument("--out", help="directory for nats.conf, tenants.conf and passwords/")
+    n.add_argument("--k8s", action="store_true", help="rewrite deploy/k8s/nats.yaml's platform account instead")
+    n.add_argument("--profile", default=_default_profile(), help="fleet profile YAML: one enforcer user per node")
+    n.set_defaults(func=cmd_nats_auth)
 
     a = sub.add_parser("asyncapi", help="write the AsyncAPI document of Tessera's subjects")
     a.add_argument("--output", default=str(REPO_ROOT / "docs" / "asyncapi.json"))

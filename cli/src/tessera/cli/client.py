@@ -11,14 +11,15 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import msgspec
 
-from tessera.shared import api, subjects
+from tessera.shared import api, identities, subjects
 from tessera.shared.bus import Bus
 from tessera.shared.claimstore import ClaimStore
-from tessera.shared.errors import TemporaryError
-from tessera.shared.events import ClaimRecord, NodeInventory, NodeLedger
+from tessera.shared.errors import ConfigError, TemporaryError
+from tessera.shared.events import ClaimPrepared, ClaimRecord, NodeInventory, NodeLedger
 from tessera.shared.kvkeys import live_values
 from tessera.shared.ledger import Ledger
 from tessera.shared.settings import BusSettings
@@ -55,18 +56,61 @@ class FleetState:
     claims: dict[str, ClaimRecord]
 
 
+def identity(user: str | None = None, password_file: str | None = None) -> dict:
+    """Who the CLI connects as: --user / --password-file, else $TESSERA_NATS_USER and
+    $TESSERA_NATS_PASSWORD(_FILE) or $TESSERA_NATS_CREDS; else whoever the URL names."""
+    env = dict(os.environ)
+    if user:
+        env["TESSERA_NATS_USER"] = user
+    if password_file:
+        env["TESSERA_NATS_PASSWORD_FILE"] = password_file
+    try:
+        bus = BusSettings.from_env(env)
+    except ConfigError as exc:
+        raise CliError(str(exc), code=2) from None
+    return {"user": bus.user, "password": bus.password, "creds_file": bus.creds_file}
+
+
+def add_identity_args(parser) -> None:
+    parser.add_argument("--nats", default=None, help="NATS URL (default: $TESSERA_NATS_URL or nats://127.0.0.1:4222)")
+    parser.add_argument("--user", default=None,
+                        help="NATS user to connect as, e.g. a tenant's (default: $TESSERA_NATS_USER, else the URL's)")
+    parser.add_argument("--password-file", default=None,
+                        help="file holding that user's password (default: $TESSERA_NATS_PASSWORD_FILE)")
+
+
 class Client:
-    def __init__(self, bus: Bus) -> None:
+    def __init__(self, bus: Bus, claims_kv=None) -> None:
         self.bus = bus
+        # The claims bucket, for the platform's identities; None for a tenant, whose account has
+        # no such bucket: it asks the translator, which answers for its own claims.
+        self.claims_kv = claims_kv
 
     @classmethod
-    async def connect(cls, url: str | None = None) -> "Client":
-        settings = BusSettings(url=nats_url(url), max_reconnect_attempts=3)
+    async def connect(cls, url: str | None = None, *, user: str | None = None,
+                      password_file: str | None = None) -> "Client":
+        settings = BusSettings(url=nats_url(url), max_reconnect_attempts=3, **identity(user, password_file))
         try:
             bus = await Bus.connect(settings, "cli", connect_timeout=3)
         except TemporaryError as exc:
             raise CliError(f"{exc}\nIs Tessera running? Start it with 'make up', or set TESSERA_NATS_URL.") from None
-        return cls(bus)
+        user = settings.user or urlsplit(settings.url).username
+        if identities.is_tenant_user(user):
+            return cls(bus, None)
+        try:
+            claims_kv = await bus.kv(subjects.KV_CLAIMS)
+        except Exception as exc:
+            await bus.close()
+            raise CliError(f"cannot read the claims bucket as NATS user {user or '(none)'}: {exc!r}") from None
+        return cls(bus, claims_kv)
+
+    @classmethod
+    async def from_args(cls, args) -> "Client":
+        return await cls.connect(args.nats, user=args.user, password_file=args.password_file)
+
+    @property
+    def as_tenant(self) -> bool:
+        return self.claims_kv is None
 
     async def close(self) -> None:
         await self.bus.close()
@@ -90,14 +134,32 @@ class Client:
         return await self.call(subjects.API_RELEASE, api.ReleaseRequest(claim=claim, reason=reason))
 
     async def fleet(self) -> FleetState:
+        if self.as_tenant:
+            raise CliError("this NATS identity is a tenant's: the fleet's state needs operator credentials")
         inventories = await live_values(await self.bus.kv(subjects.KV_INVENTORY), _inventory)
         ledgers = await Ledger(await self.bus.kv(subjects.KV_LEDGER)).all_nodes()
         claims = {c.claim: c for c in await ClaimStore(await self.bus.kv(subjects.KV_CLAIMS)).all()}
         return FleetState(inventories, ledgers, claims)
 
     async def claim(self, claim: str) -> ClaimRecord | None:
-        record, _ = await ClaimStore(await self.bus.kv(subjects.KV_CLAIMS)).get(claim)
+        if self.as_tenant:
+            try:
+                found = await self.call(subjects.API_CLAIM_GET, api.ClaimRequest(claim=claim))
+            except CliError as exc:
+                if "does not exist" in str(exc):
+                    return None
+                raise
+            return msgspec.convert(found["record"], ClaimRecord)
+        record, _ = await ClaimStore(self.claims_kv).get(claim)
         return record
+
+    async def prepared(self, claim: str) -> ClaimPrepared | None:
+        """The claim's ``prepared`` event (its environment), through the translator."""
+        found = await self.call(subjects.API_CLAIM_GET, api.ClaimRequest(claim=claim))
+        return msgspec.convert(found["prepared"], ClaimPrepared) if found.get("prepared") else None
+
+    async def running(self, claim: str, pids: list[int]) -> None:
+        await self.call(subjects.API_CLAIM_RUNNING, api.ClaimRequest(claim=claim, pids=pids))
 
     async def wait_for(self, claim: str, states: set[str], timeout: float = 30.0) -> ClaimRecord:
         """Poll the claim's record until it reaches one of ``states`` (the CLI is not latency-bound)."""

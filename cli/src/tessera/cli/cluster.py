@@ -8,9 +8,7 @@ what is left, so a clean shutdown leaves no process behind.
 
 from __future__ import annotations
 
-import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -18,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tessera.shared import identities
 from tessera.shared import profile as profiles
 from tessera.shared.natsserver import NatsServer, die_with_parent, free_port
 from tessera.shared.runner import is_ready
@@ -55,33 +54,28 @@ class LocalCluster:
     lost_after_seconds: float = 10.0
     nats: NatsServer | None = None
     processes: list[ServiceProcess] = field(default_factory=list)
-    platform_password: str = ""
+    passwords: dict[str, str] = field(default_factory=dict)  # NATS user -> password (embedded server)
 
     @property
     def url(self) -> str:
-        """The URL services and the CLI use; for the embedded server it carries the platform user."""
+        """The URL the CLI and tests use: for the embedded server, the operator's identity."""
+        return self.url_for(identities.OPERATOR)
+
+    def url_for(self, user: str) -> str:
         if self.nats_url:
             return self.nats_url
         assert self.nats is not None, "cluster not started"
-        return self.nats.url.replace("nats://", f"nats://platform:{self.platform_password}@", 1)
+        return self.nats.url.replace("nats://", f"nats://{user}:{self.passwords[user]}@", 1)
 
     def _secured_nats(self) -> NatsServer:
-        """The embedded server with config-file authorization: the platform user, plus one user per
-        tenant that the control-plane manager writes into users.conf and reloads (tenant-scoped
-        credentials work in `make up` exactly as against a production server)."""
+        """The embedded server with config-file authorization (`tessera.shared.identities`): one user
+        per service (per node for enforcers) and the operator in account TESSERA, and one account per
+        tenant that the control-plane manager writes into tenants.conf and reloads (tenant
+        credentials work in `make up` exactly as against a production server). The plain passwords
+        stay in passwords/ (0600); the server config holds bcrypt hashes."""
         auth = self.workdir / "nats-auth"
-        auth.mkdir(parents=True, exist_ok=True)
-        secret = auth / "platform.secret"
-        if not secret.exists():
-            secret.write_text(secrets.token_urlsafe(24))
-            secret.chmod(0o600)
-        self.platform_password = secret.read_text().strip()
-        users = auth / "users.conf"
-        if not users.exists():  # the manager rewrites it (same format) once it has tenants
-            users.write_text("users: " + json.dumps([{"user": "platform", "password": self.platform_password}]) + "\n")
-            users.chmod(0o600)
+        self.passwords = identities.write_auth_dir(auth, self.nodes(), pid_file=str(auth / "nats.pid"))
         conf = auth / "nats.conf"
-        conf.write_text(f'pid_file: "{auth / "nats.pid"}"\nauthorization {{\n  include "users.conf"\n}}\n')
         return NatsServer(self.workdir / "nats", config_file=conf)
 
     def nodes(self) -> list[str]:
@@ -105,10 +99,11 @@ class LocalCluster:
         progress(f"started {len(self.processes)} service processes for {len(nodes)} nodes")
         return self
 
-    def service_env(self, name: str, instance: str, http_port: int) -> dict[str, str]:
+    def service_env(self, name: str, instance: str, http_port: int, node: str | None = None) -> dict[str, str]:
         env = dict(os.environ)
+        user = identities.user_for(name, node)
         env.update(
-            TESSERA_NATS_URL=self.url,
+            TESSERA_NATS_URL=self.url_for(user if user in self.passwords else name),
             TESSERA_HTTP_PORT=str(http_port),
             TESSERA_INSTANCE=instance,
             TESSERA_PROFILE=str(self.profile),
@@ -121,7 +116,7 @@ class LocalCluster:
             env["OTEL_EXPORTER_OTLP_ENDPOINT"] = self.otlp_endpoint
         if name == "controlplane" and self.nats is not None:
             auth = self.workdir / "nats-auth"
-            env.update(TESSERA_CP_NATS_AUTH_FILE=str(auth / "users.conf"),
+            env.update(TESSERA_CP_NATS_AUTH_FILE=str(auth / "tenants.conf"),
                        TESSERA_CP_NATS_PID_FILE=str(auth / "nats.pid"),
                        TESSERA_CP_NATS_TENANT_URL=self.nats.url)
         env.update(self.extra_env)
@@ -129,7 +124,7 @@ class LocalCluster:
 
     def spawn(self, name: str, *, instance: str, env: dict[str, str] | None = None) -> ServiceProcess:
         port = free_port()
-        full_env = self.service_env(name, instance, port)
+        full_env = self.service_env(name, instance, port, (env or {}).get("TESSERA_NODE"))
         full_env.update(env or {})
         logs = self.workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)

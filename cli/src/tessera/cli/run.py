@@ -44,7 +44,7 @@ from tessera.shared import api, subjects
 from tessera.shared.events import ClaimPrepared, ClaimRecord, ClaimRunning, claim_decoder
 from tessera.shared.workload import OWNER_LOCK_VAR, RUN_CLAIM_PREFIX
 
-from tessera.cli.client import Client, CliError
+from tessera.cli.client import Client, CliError, add_identity_args
 from tessera.cli.gpuflags import resources_from
 
 err = Console(stderr=True)
@@ -73,7 +73,7 @@ def register(sub) -> None:
     p.add_argument("--use-gpuuuid", help="nvidia.com/use-gpuuuid: only these GPUs (comma-separated UUIDs)")
     p.add_argument("--gpu-policy", help="hami.io/gpu-scheduler-policy: binpack | spread | ...")
     p.add_argument("--node", help="the node to run on (default: $TESSERA_NODE, else the hostname)")
-    p.add_argument("--nats", default=None, help="NATS URL (default: $TESSERA_NATS_URL or nats://127.0.0.1:4222)")
+    add_identity_args(p)
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the claim to be prepared")
     p.add_argument("--quiet", "-q", action="store_true", help="no status lines on stderr")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
@@ -187,8 +187,11 @@ class Run:
         subject = subjects.claim(record.tenant, self.claim, "prepared", subjects.ANY_NODE)
         for _ in range(100):
             try:
-                msg = await self.client.bus.js.get_last_msg(subjects.STREAM_CLAIMS, subject)
-                event = claim_decoder.decode(msg.data)
+                if self.client.as_tenant:
+                    event = await self.client.prepared(self.claim)
+                else:
+                    msg = await self.client.bus.js.get_last_msg(subjects.STREAM_CLAIMS, subject)
+                    event = claim_decoder.decode(msg.data)
                 if isinstance(event, ClaimPrepared):
                     return event
             except Exception:  # not in the stream yet
@@ -228,11 +231,14 @@ class Run:
         if self.signalled is not None:  # a signal that arrived while we were starting it
             self._forward(self.signalled)
         try:
-            await self.client.bus.publish(
-                subjects.claim(prepared.tenant, self.claim, "running", prepared.node),
-                ClaimRunning(claim=self.claim, tenant=prepared.tenant, node=prepared.node, pids=[self.proc.pid]),
-                msg_id=f"{self.claim}:running",
-            )
+            if self.client.as_tenant:  # a tenant publishes nothing itself: the translator does, for it
+                await self.client.running(self.claim, [self.proc.pid])
+            else:
+                await self.client.bus.publish(
+                    subjects.claim(prepared.tenant, self.claim, "running", prepared.node),
+                    ClaimRunning(claim=self.claim, tenant=prepared.tenant, node=prepared.node, pids=[self.proc.pid]),
+                    msg_id=f"{self.claim}:running",
+                )
         except Exception as exc:  # the workload runs regardless; the enforcer watches the owner lock
             self.say(f"could not publish 'running' ({exc})")
         return None
@@ -309,7 +315,7 @@ async def cmd_run(args) -> int:
     node = args.node or os.environ.get("TESSERA_NODE") or socket.gethostname().lower()
     # The bus logs reconnects as warnings; on a terminal shared with the workload's output, only errors.
     logging.getLogger("tessera.bus").setLevel(logging.ERROR)
-    client = await Client.connect(args.nats)
+    client = await Client.from_args(args)
     try:
         return await Run(client, args, f"{RUN_CLAIM_PREFIX}{uuid.uuid4().hex[:16]}", node, command).run()
     finally:

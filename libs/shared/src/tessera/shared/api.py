@@ -32,6 +32,14 @@ class ReleaseRequest(Struct, forbid_unknown_fields=True, kw_only=True):
     reason: str = "requested"
 
 
+class ClaimRequest(Struct, forbid_unknown_fields=True, kw_only=True):
+    """A claim's state (``get``) or its workload's start (``running``, with the pids)."""
+
+    claim: str
+    tenant: str | None = None
+    pids: list[int] = []
+
+
 class TenantRequest(Struct, forbid_unknown_fields=True, kw_only=True):
     """create | get | list | delete; ``spec`` is the control-plane manager's own spec document."""
 

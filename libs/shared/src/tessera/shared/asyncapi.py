@@ -41,6 +41,10 @@ PARAMETERS = {
 REQUESTS = [
     ("submit", subjects.API_SUBMIT, api.SubmitRequest, "Submit a GPU request (translator); reply: Reply."),
     ("release", subjects.API_RELEASE, api.ReleaseRequest, "Release a claim (translator); reply: Reply."),
+    ("claim-get", subjects.API_CLAIM_GET, api.ClaimRequest,
+     "A claim's record and its 'prepared' event (translator); reply: Reply."),
+    ("claim-running", subjects.API_CLAIM_RUNNING, api.ClaimRequest,
+     "A prepared claim's workload started, with its pids (translator); reply: Reply."),
     ("tenants", subjects.API_TENANTS + ".{verb}", api.TenantRequest,
      "Tenant API (control-plane manager): verb is create, get, list or delete; reply: Reply."),
 ]

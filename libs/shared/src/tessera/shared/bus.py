@@ -13,6 +13,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Mapping
+from urllib.parse import urlsplit
 
 import msgspec
 import nats
@@ -23,7 +24,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFound
 from nats.js.kv import KeyValue
 from opentelemetry.trace import SpanKind
 
-from tessera.shared import subjects
+from tessera.shared import identities, subjects
 from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
 from tessera.shared.events import DeadLetter, encode
 from tessera.shared.jspub import PubAck, publisher
@@ -64,6 +65,39 @@ def redact(url: str) -> str:
     if sep and "@" in rest:
         return f"{scheme}://***@{rest.split('@', 1)[1]}"
     return url
+
+
+RELOAD_GRACE = 3.0  # seconds a JetStream request waits out a server reload
+
+
+def ride_out_reloads(nc: NatsClient) -> None:
+    """Retry JetStream requests that find no responder while nats-server reloads its accounts.
+
+    With accounts in the config (one per tenant: `tessera.shared.identities`), every reload (each
+    tenant created or deleted) re-registers each account's JetStream API, and for ~0.2 s requests
+    to it get "JetStream not enabled for account" or no responder, and so do publishes to streams
+    (nats-py: ServiceUnavailableError, NoStreamResponseError). Nothing was stored, so sending again is safe (stream publishes carry
+    message ids as well). The request/reply APIs (``tessera.api.*``) are not retried: there "no
+    responders" means the service is not running, and callers say so at once."""
+    plain = nc.request
+
+    async def request(subject: str, payload: bytes = b"", timeout: float = 0.5, old_style: bool = False,
+                      headers: dict[str, Any] | None = None):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RELOAD_GRACE
+        while True:
+            try:
+                msg = await plain(subject, payload, timeout=timeout, old_style=old_style, headers=headers)
+            except nats.errors.NoRespondersError:
+                if subject.startswith(f"{subjects.API}.") or loop.time() > deadline:
+                    raise
+            else:
+                # "JetStream not enabled for account" (503, err_code 10039) while it is re-enabled.
+                if not (subject.startswith("$JS.API.") and b'"err_code":10039' in msg.data) or loop.time() > deadline:
+                    return msg
+            await asyncio.sleep(0.02)
+
+    nc.request = request  # type: ignore[method-assign]
 
 
 class Bus:
@@ -112,10 +146,16 @@ class Bus:
         )
         if settings.creds_file:
             options["user_credentials"] = settings.creds_file
+        if settings.user:
+            options.update(user=settings.user, password=settings.password or "")
+        user = settings.user or urlsplit(settings.url).username
+        if user:  # replies to this identity only: its permissions allow no other inbox
+            options["inbox_prefix"] = identities.inbox_prefix(user)
         try:
             nc = await nats.connect(**options)
         except Exception as exc:  # nats raises several unrelated types for "cannot connect"
             raise TemporaryError(f"cannot connect to NATS at {shown}: {exc}") from exc
+        ride_out_reloads(nc)
         bus = cls(nc, settings, service, telemetry or Telemetry(service, None))
         bus._state = state
         return bus
@@ -133,9 +173,13 @@ class Bus:
     # --- topology --------------------------------------------------------------------------
 
     async def ensure_topology(self) -> None:
-        """Create (or update) every stream and KV bucket; safe to call from every service."""
+        """Create (or update) the streams and KV buckets this service uses (its identity may touch
+        no others: `tessera.shared.identities`), every one for a tool with no entry there."""
         storage = api.StorageType.FILE if self.settings.file_storage else api.StorageType.MEMORY
+        streams, buckets = identities.topology(self.service)
         for name, subject in subjects.STREAMS.items():
+            if name not in streams:
+                continue
             config = api.StreamConfig(
                 name=name,
                 subjects=[subject],
@@ -149,7 +193,7 @@ class Bus:
                 await self.js.add_stream(config)
             except nats.js.errors.BadRequestError:
                 await self.js.update_stream(config)
-        for bucket in subjects.KV_BUCKETS:
+        for bucket in buckets:
             await self.kv(bucket)
 
     async def kv(self, bucket: str) -> KeyValue:
@@ -403,8 +447,12 @@ class Bus:
 
     # --- request / reply -------------------------------------------------------------------
 
-    async def serve(self, subject: str, handler: ApiHandler, *, queue: str | None = None) -> None:
-        """Answer requests on ``subject`` forever; each request runs in its own task and span."""
+    async def serve(self, subject: str, handler: ApiHandler, *, queue: str | None = None,
+                    with_subject: bool = False) -> None:
+        """Answer requests on ``subject`` forever; each request runs in its own task and span.
+
+        ``with_subject``: the handler is called ``(subject, data, headers)`` with the subject the
+        request arrived on (a wildcard ``subject`` whose tokens the server set, e.g. a tenant's)."""
         inflight: set[asyncio.Task] = set()
 
         async def answer(msg: Msg) -> None:
@@ -412,7 +460,10 @@ class Bus:
             with self.telemetry.span(
                 f"{self.service} serve {subject}", parent_headers=headers, kind=SpanKind.SERVER
             ):
-                reply = await handler(msg.data, headers)
+                if with_subject:
+                    reply = await handler(msg.subject, msg.data, headers)
+                else:
+                    reply = await handler(msg.data, headers)
                 if msg.reply:
                     await msg.respond(reply)
 

@@ -66,12 +66,27 @@ def env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     return value in _TRUE
 
 
+def _password(env: Mapping[str, str]) -> str | None:
+    """TESSERA_NATS_PASSWORD_FILE (a mounted Secret) before TESSERA_NATS_PASSWORD."""
+    path = env.get("TESSERA_NATS_PASSWORD_FILE")
+    if path:
+        try:
+            with open(path) as f:
+                return f.read().strip()
+        except OSError as exc:
+            raise ConfigError(f"TESSERA_NATS_PASSWORD_FILE={path}: cannot read it ({exc.strerror})") from None
+    return env.get("TESSERA_NATS_PASSWORD") or None
+
+
 @dataclass(frozen=True)
 class BusSettings:
     """How to reach NATS and how to shape the streams (production values are the defaults)."""
 
     url: str = "nats://127.0.0.1:4222"
     creds_file: str | None = None
+    # The identity, when not in the URL: a user (and its password) of `tessera.shared.identities`.
+    user: str | None = None
+    password: str | None = None
     # Never give up reconnecting: a service outlives a NATS restart (the client default stops ~2 min).
     max_reconnect_attempts: int = -1
     reconnect_time_wait: float = 0.5
@@ -87,6 +102,8 @@ class BusSettings:
         return cls(
             url=env_str(env, "TESSERA_NATS_URL", cls.url),
             creds_file=env.get("TESSERA_NATS_CREDS") or None,
+            user=env.get("TESSERA_NATS_USER") or None,
+            password=_password(env),
             replicas=env_int(env, "TESSERA_STREAM_REPLICAS", 1, minimum=1),
             file_storage=env_choice(env, "TESSERA_STREAM_STORAGE", "file", ("file", "memory")) == "file",
             max_deliver=env_int(env, "TESSERA_MAX_DELIVER", 5, minimum=1),

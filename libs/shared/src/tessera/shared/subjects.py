@@ -43,6 +43,8 @@ KV_BUCKETS = (KV_INVENTORY, KV_LEDGER, KV_CLAIMS, KV_TENANTS)
 API = f"{PREFIX}.api"
 API_SUBMIT = f"{API}.claims.submit"  # translator: GPU request -> claim id, or an error
 API_RELEASE = f"{API}.claims.release"  # translator: release a claim by id
+API_CLAIM_GET = f"{API}.claims.get"  # translator: a claim's record (and its 'prepared' event)
+API_CLAIM_RUNNING = f"{API}.claims.running"  # translator: `tessera run` reports its workload's pids
 API_TENANTS = f"{API}.tenants"  # control-plane manager: .create .get .list .delete
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")

@@ -26,7 +26,7 @@ from pathlib import Path
 import msgspec
 
 from tessera.controlplane.datastores.natskv import UsersFile
-from tessera.shared import api, subjects
+from tessera.shared import api, identities, subjects
 from tessera.shared.bus import Bus
 from tessera.shared.natsserver import NatsServer, free_port
 from tessera.shared.settings import BusSettings
@@ -59,10 +59,10 @@ async def wait_ready(bus: Bus, timeout: float = 60) -> None:
 
 
 async def run(tenants: int, concurrency: int, workdir: Path) -> dict[str, float]:
-    users = workdir / "users.conf"
-    UsersFile(users, None, *PLATFORM).write({})
+    users = workdir / "tenants.conf"
+    UsersFile(users, None).write({})
     conf = workdir / "nats.conf"
-    conf.write_text(f'pid_file: "{workdir / "nats.pid"}"\nauthorization {{\n  include "users.conf"\n}}\n')
+    conf.write_text(identities.operator_only_config(*PLATFORM, "tenants.conf", pid_file=str(workdir / "nats.pid")))
     server = NatsServer(workdir / "store", config_file=conf).start()
     url = f"nats://{PLATFORM[0]}:{PLATFORM[1]}@127.0.0.1:{server.port}"
     env = dict(

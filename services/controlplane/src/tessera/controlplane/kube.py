@@ -130,7 +130,7 @@ class TenantControlPlanes:
 
 
 class UsersSecret(UsersFile):
-    """The NATS users file as a Secret (key ``users.conf``) in the NATS namespace: the NATS pods
+    """The NATS tenant accounts file as a Secret (key ``users.conf``) in the NATS namespace: the NATS pods
     mount it, and their config reloader signals nats-server when the kubelet has updated the file
     (within about a minute). ``store`` does not wait for that: the tenant's kine retries until its
     user is accepted."""
@@ -138,8 +138,8 @@ class UsersSecret(UsersFile):
     KEY = "users.conf"
     confirm = False
 
-    def __init__(self, ref: str, platform_user: str, platform_password: str, kube: KubeApi | None = None) -> None:
-        super().__init__(Path("/nonexistent"), None, platform_user, platform_password)
+    def __init__(self, ref: str, kube: KubeApi | None = None) -> None:
+        super().__init__(Path("/nonexistent"), None)
         self.namespace, self.name = ref.split("/", 1)
         self.kube = kube or KubeApi()
 

@@ -47,6 +47,7 @@ from tessera.shared.telemetry import inject
 from tessera.translator import claimflow
 from tessera.translator.certs import ServingCertificate
 from tessera.translator.hami import TranslationError, translate
+from tessera.translator.tenantapi import TenantApi
 from tessera.translator.webhook import make_app
 
 log = logging.getLogger("tessera.translator")
@@ -122,6 +123,7 @@ class TranslatorService:
         tasks = {
             "api-submit": self.bus.serve(subjects.API_SUBMIT, self.submit),
             "api-release": self.bus.serve(subjects.API_RELEASE, self.release),
+            **TenantApi(self).tasks(),
         }
         cluster = None
         if self.settings.kubernetes:

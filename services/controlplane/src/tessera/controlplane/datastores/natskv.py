@@ -6,17 +6,14 @@ The bucket itself is created by the tenant's kine, as the tenant, with kine's ow
 configuration: kine refuses a bucket that exists with any other configuration, so the manager
 does not create it first (it may create and update that one stream and no other).
 
-Tenant users are written to a users file that nats-server includes inside its ``authorization``
-block (config-file authorization); after each change the server is told to reload (SIGHUP to the
-pid in its pid file) and the manager waits until the server really accepts (or refuses) the user.
-Each tenant user may touch only:
-- its bucket: ``$KV.tenant-<t>.>`` and the JetStream API calls scoped to stream ``KV_tenant-<t>``
-  (creating and updating that stream included);
-- its claim subjects (publish ``requested`` / ``release``, subscribe to all of them) and its tenant
-  events (subscribe only: those are the manager's to publish);
-- replies under its own inbox prefix ``_INBOX_<t>``, so it cannot snoop on other clients' replies.
-The file itself is the durable record of which users exist (reconcile reads it back); the platform
-user is the one the manager itself connects as, with full permissions.
+Each tenant is its own NATS account (`tessera.shared.identities.tenant_account`), written to a
+file that nats-server includes inside its ``accounts`` block (config-file authorization); after
+each change the server is told to reload (SIGHUP to the pid in its pid file) and the manager waits
+until the server really accepts the tenant's user. The account's JetStream holds the tenant's
+bucket within the account's limits (storage, streams, consumers; connections and payload size
+too); it sees nothing of the platform's account but the claim API and its own events, imported
+with its name written in by the platform. The file is the durable record of which tenants exist
+(reconcile reads it back); it holds bcrypt hashes, the passwords are in the tenant's credentials.
 Without an auth file (the embedded development server has no authorization), tenants get a bucket
 but no credentials of their own, and the driver says so in the credentials it returns.
 """
@@ -24,7 +21,6 @@ but no credentials of their own, and the driver says so in the credentials it re
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import secrets
@@ -40,7 +36,7 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 from tessera.controlplane.credentials import DatastoreCredentials
 from tessera.controlplane.datastores import DatastoreUnavailable
 from tessera.controlplane.settings import ControlPlaneSettings
-from tessera.shared import subjects
+from tessera.shared import identities
 from tessera.shared.bus import Bus
 
 log = logging.getLogger("tessera.controlplane.natskv")
@@ -56,74 +52,30 @@ def inbox_prefix(tenant: str) -> str:
     return f"_INBOX_{tenant}"
 
 
-def tenant_permissions(tenant: str) -> dict:
-    """What nats-server lets tenant ``tenant`` publish and subscribe to; nothing else."""
-    stream = f"KV_{bucket_name(tenant)}"
-    js = "$JS.API"
-    claims = f"{subjects.CLAIMS}.{tenant}"
-    return {
-        "publish": {
-            "allow": [
-                f"$KV.{bucket_name(tenant)}.>",
-                f"{js}.STREAM.CREATE.{stream}",
-                f"{js}.STREAM.UPDATE.{stream}",
-                f"{js}.STREAM.INFO.{stream}",
-                f"{js}.STREAM.MSG.GET.{stream}",
-                f"{js}.DIRECT.GET.{stream}",
-                f"{js}.DIRECT.GET.{stream}.>",
-                f"{js}.CONSUMER.CREATE.{stream}",
-                f"{js}.CONSUMER.CREATE.{stream}.>",
-                f"{js}.CONSUMER.DELETE.{stream}.>",
-                f"{js}.CONSUMER.INFO.{stream}.>",
-                f"{js}.CONSUMER.MSG.NEXT.{stream}.>",
-                f"$JS.ACK.{stream}.>",
-                f"$JS.FC.{stream}.>",
-                # (claims it publishes name no node: placement decides one and passes releases on)
-                f"{claims}.*.requested.{subjects.NO_NODE}",
-                f"{claims}.*.release.{subjects.NO_NODE}",
-            ]
-        },
-        "subscribe": {
-            "allow": [
-                f"{inbox_prefix(tenant)}.>",
-                f"{claims}.>",
-                f"{subjects.TENANTS}.{tenant}.>",
-            ]
-        },
-    }
-
-
 class UsersFile:
-    """The users file nats-server includes: read back, rewritten atomically, reload signalled.
+    """The tenants' accounts file nats-server includes: read back, rewritten atomically, reload
+    signalled. Keys are tenant names, values their account blocks
+    (`tessera.shared.identities.tenant_account`: a bcrypt hash, never the password).
 
-    ``load``/``store`` are what the driver calls; a users list kept elsewhere (on Kubernetes, a
-    Secret the NATS pods mount: `tessera.controlplane.kube.UsersSecret`) offers the same two, with
-    the same text."""
+    ``load``/``store`` are what the driver calls; a list kept elsewhere (on Kubernetes, a Secret
+    the NATS pods mount: `tessera.controlplane.kube.UsersSecret`) offers the same two, with the
+    same text."""
 
-    HEADER = "# Written by tessera-controlplane: tenant users. Do not edit; changes are overwritten.\n"
+    HEADER = "# Written by tessera-controlplane: tenant accounts. Do not edit; changes are overwritten.\n"
     # Whether ``store`` returns only once the server has loaded the new list (the driver then
     # checks the user is accepted or refused before going on).
     confirm = True
 
-    def __init__(self, path: Path, pid_file: Path | None, platform_user: str, platform_password: str) -> None:
+    def __init__(self, path: Path, pid_file: Path | None) -> None:
         self.path = path
         self.pid_file = pid_file
-        self.platform_user = platform_user
-        self.platform_password = platform_password
         self.lock = asyncio.Lock()
 
     def parse(self, text: str) -> dict[str, dict]:
-        """user -> entry for the tenant users in ``text`` (the platform user is not listed)."""
-        start = text.find("[")
-        if start < 0:
-            return {}
-        users = json.loads(text[start:])
-        return {u["user"]: u for u in users if u.get("user") != self.platform_user}
+        return identities.parse_tenant_accounts(text)
 
     def render(self, tenants: dict[str, dict]) -> str:
-        users = [{"user": self.platform_user, "password": self.platform_password}]
-        users += [tenants[k] for k in sorted(tenants)]
-        return self.HEADER + "users: " + json.dumps(users, indent=1) + "\n"
+        return self.HEADER + identities.render_tenant_accounts(tenants)
 
     def read(self) -> dict[str, dict]:
         try:
@@ -160,6 +112,15 @@ class UsersFile:
             raise DatastoreUnavailable(f"cannot signal nats-server to reload ({self.pid_file}): {exc}") from exc
 
 
+def account_is(account: dict | None, tenant: str, password: str) -> bool:
+    """Whether ``account`` is the one `tenant_account` would write for this password (the hash's
+    salt differs on every call, so the password is checked against it, the rest compared)."""
+    if not account or not password:
+        return False
+    hashed = account["users"][0]["password"]
+    return identities.password_matches(password, hashed) and account == identities.tenant_account(tenant, hashed)
+
+
 class NatsKvDriver:
     name = "nats"
 
@@ -173,23 +134,14 @@ class NatsKvDriver:
         parts = urlsplit(bus.settings.url)
         bare = urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
         users = None
-        if settings.nats_auth_file or settings.nats_users_secret:
-            if not parts.username:
-                raise ValueError(
-                    "TESSERA_CP_NATS_AUTH_FILE or TESSERA_CP_NATS_USERS_SECRET is set but TESSERA_NATS_URL"
-                    " carries no user: the platform user (nats://user:password@host:port) is written to the"
-                    " users list too"
-                )
         if settings.nats_users_secret:
             from tessera.controlplane.kube import UsersSecret
 
-            users = UsersSecret(settings.nats_users_secret, parts.username, parts.password or "")
+            users = UsersSecret(settings.nats_users_secret)
         elif settings.nats_auth_file:
             users = UsersFile(
                 Path(settings.nats_auth_file),
                 Path(settings.nats_pid_file) if settings.nats_pid_file else None,
-                parts.username,
-                parts.password or "",
             )
         return cls(bus, settings.nats_tenant_url or bare, users)
 
@@ -201,37 +153,47 @@ class NatsKvDriver:
                 driver=self.name, endpoint=self.tenant_url, username="", password="", scope=bucket,
                 inbox_prefix=inbox_prefix(tenant), replicas=replicas,
             )
-        user = f"tenant-{tenant}"
+        user = identities.tenant_user(tenant)
         password = current.password if current and current.driver == self.name and current.username == user else ""
         async with self.users.lock:
-            users = await self.users.load()
-            entry = users.get(user)
-            wanted = {"user": user, "password": password or (entry or {}).get("password") or secrets.token_urlsafe(24),
-                      "permissions": tenant_permissions(tenant)}
-            if entry != wanted:
-                users[user] = wanted
-                await self.users.store(users)
+            accounts = await self.users.load()
+            if not account_is(accounts.get(tenant), tenant, password):
+                # A password the manager no longer holds cannot be read back from its hash: a new one.
+                password = password or secrets.token_urlsafe(24)
+                accounts[tenant] = identities.tenant_account(tenant, identities.hash_password(password))
+                await self.users.store(accounts)
                 if self.users.confirm:
-                    await self._wait_for(user, wanted["password"], tenant, accepted=True)
+                    await self._wait_for(user, password, tenant, accepted=True)
         return DatastoreCredentials(
-            driver=self.name, endpoint=self.tenant_url, username=user, password=wanted["password"],
+            driver=self.name, endpoint=self.tenant_url, username=user, password=password,
             scope=bucket, inbox_prefix=inbox_prefix(tenant), replicas=replicas,
         )
 
     async def remove(self, tenant: str) -> None:
-        if self.users is not None:
-            user = f"tenant-{tenant}"
-            async with self.users.lock:
-                users = await self.users.load()
-                entry = users.pop(user, None)
-                if entry is not None:
-                    await self.users.store(users)
-                    if self.users.confirm:
-                        await self._wait_for(user, entry["password"], tenant, accepted=False)
-        try:
-            await self.bus.js.delete_key_value(bucket_name(tenant))
-        except (BucketNotFoundError, NotFoundError):
-            pass
+        if self.users is None:
+            try:
+                await self.bus.js.delete_key_value(bucket_name(tenant))
+            except (BucketNotFoundError, NotFoundError):
+                pass
+            return
+        user = identities.tenant_user(tenant)
+        async with self.users.lock:
+            accounts = await self.users.load()
+            if tenant not in accounts:
+                return
+            if self.users.confirm:
+                # The bucket is in the tenant's own account, out of the platform's reach: the manager
+                # becomes the tenant for a moment (a password only it knows) to delete it, so a tenant
+                # created later under the same name starts empty.
+                password = secrets.token_urlsafe(24)
+                accounts[tenant] = identities.tenant_account(tenant, identities.hash_password(password))
+                await self.users.store(accounts)
+                await self._wait_for(user, password, tenant, accepted=True)
+                await delete_own_bucket(self.tenant_url, user, password, tenant)
+            del accounts[tenant]
+            await self.users.store(accounts)
+            if self.users.confirm:
+                await self._wait_for(user, password, tenant, accepted=False)
 
     async def close(self) -> None:
         if self.users is not None:
@@ -267,6 +229,17 @@ async def connect_ok(url: str, user: str, password: str, inbox: str) -> bool:
         return False
     finally:
         await _close_quietly(nc)
+
+
+async def delete_own_bucket(url: str, user: str, password: str, tenant: str) -> None:
+    nc = await nats.connect(servers=[url], user=user, password=password, inbox_prefix=inbox_prefix(tenant),
+                            allow_reconnect=False, connect_timeout=3)
+    try:
+        await nc.jetstream(timeout=5).delete_key_value(bucket_name(tenant))
+    except (BucketNotFoundError, NotFoundError):
+        pass
+    finally:
+        await nc.close()
 
 
 async def _close_quietly(nc: NatsClient) -> None:
