@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,17 @@ OTHER_USERS_PYTHON = "/usr/bin/python3"
 _SITE = Path(sys.executable).parent.parent / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
 _TESSERA_FROM_SITE = ("import site, sys; site.addsitedir(sys.argv.pop(1)); sys.argv[0] = 'tessera'; "
                       "from tessera.cli.__main__ import main; sys.exit(main())")
+
+
+def same_python_for_other_users() -> bool:
+    """Whether the system's interpreter can load the virtualenv's (compiled) packages."""
+    if not os.access(OTHER_USERS_PYTHON, os.X_OK):
+        return False
+    out = subprocess.run([OTHER_USERS_PYTHON, "-c", "import sys; print(sys.version_info[:2])"],
+                         capture_output=True, text=True)
+    return out.stdout.strip() == str(sys.version_info[:2])
+
+
 MIB = 1 << 20
 
 # Short enforcer intervals: the tests assert what happens, these only decide how soon.

@@ -11,7 +11,7 @@ import pytest
 
 from tessera.cli.client import Client
 
-from runkit import MIB, UsageListener, finish, live_entries, run_claims, start_run, tessera_run, wait_until
+from runkit import MIB, OTHER_USERS_PYTHON, UsageListener, finish, live_entries, run_claims, start_run, tessera_run, wait_until, same_python_for_other_users
 
 OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
 
@@ -118,6 +118,7 @@ NOBODY = 65534
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="running `tessera run` as another user needs root")
+@pytest.mark.skipif(not same_python_for_other_users(), reason=f"{OTHER_USERS_PYTHON} is not this interpreter's version")
 async def test_tessera_run_by_a_non_root_user_against_a_root_enforcer_gets_its_memory(fresh_cluster, tmp_path):
     # The harness keeps its temporary directories root's alone; a node's state directory is
     # traversable by its users (the claim directories below it decide who gets what).
