@@ -93,8 +93,10 @@ def test_claim_files_a_container_gets_cannot_be_written_by_others(prepared):
     for path in (directory.config, directory.preload):
         assert stat.S_IMODE(path.stat().st_mode) == 0o444, path
     assert directory.preload.read_text() == CONTAINER_LIBVGPU + "\n"
-    # the workload's uid alone writes it (the enforcer's uid when it is not told one): never others
-    assert stat.S_IMODE(directory.cache.stat().st_mode) == 0o600
+    # Container layout: the file is writable by whatever uid the container runs as, and no host user
+    # reaches it, because the claim's directory is the enforcer's alone.
+    assert stat.S_IMODE(directory.cache.stat().st_mode) == 0o666
+    assert stat.S_IMODE(directory.path.stat().st_mode) == 0o700
 
 
 def test_real_node_spec_names_the_gpus_and_drivers_device_nodes_with_the_hosts_numbers(tmp_path, prepared):

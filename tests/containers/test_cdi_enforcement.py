@@ -218,3 +218,18 @@ async def test_podman_takes_the_spec_at_its_minimum_version_and_refuses_a_newer_
         assert declared_newer.code != 0 and "unresolvable CDI devices" in declared_newer.stderr, version
     else:  # a Podman with a CDI library of 1.1.0 or later takes both
         assert report(declared_newer)["allocated_mib"] == 128, version
+
+
+async def test_a_container_of_a_non_root_user_gets_exactly_its_claims_memory(claims, podman, base_image, cuda_probe):
+    # runAsUser: 1000 in Kubernetes terms: the claim was prepared without a workload uid (container
+    # layout), so its accounting file must be writable by a uid the enforcer never heard of.
+    spec, device = await claims.prepare(512)
+    got = report(await probe(podman, base_image, cuda_probe, device, run_opts=("--user", "1000:1000")))
+    assert (got["allocated_mib"], got["stopped_by"], got["one_more_byte"]) == (512, OUT_OF_MEMORY, OUT_OF_MEMORY)
+    # ...and it cannot write the read-only limits and preload files either.
+    tampered = await probe(podman, base_image, cuda_probe, device, run_opts=("--user", "1000:1000"), command=(
+        "sh", "-c", "echo > /etc/ld.so.preload || echo > /etc/tessera/vgpu.conf || echo refused"))
+    assert tampered.stdout.strip().endswith("refused"), tampered.stdout
+    # On the host, no user but the enforcer's can get to the claim's accounting file at all.
+    cache = next(m["hostPath"] for m in spec["devices"][0]["containerEdits"]["mounts"] if "rw" in m["options"])
+    assert oct(Path(cache).parent.stat().st_mode & 0o777) == "0o700"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,23 @@ from tessera.cli.cluster import LocalCluster
 PROFILES = Path(__file__).parent.parent / "profiles"
 WORKLOAD = str(Path(__file__).parent / "workload.py")
 TESSERA = str(Path(sys.executable).parent / "tessera")
+# Another user cannot run the virtualenv's interpreter (it links into root's home), so `tessera run`
+# as that user is the system's interpreter of the same version given the virtualenv's packages.
+OTHER_USERS_PYTHON = "/usr/bin/python3"
+_SITE = Path(sys.executable).parent.parent / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+_TESSERA_FROM_SITE = ("import site, sys; site.addsitedir(sys.argv.pop(1)); sys.argv[0] = 'tessera'; "
+                      "from tessera.cli.__main__ import main; sys.exit(main())")
+
+
+def same_python_for_other_users() -> bool:
+    """Whether the system's interpreter can load the virtualenv's (compiled) packages."""
+    if not os.access(OTHER_USERS_PYTHON, os.X_OK):
+        return False
+    out = subprocess.run([OTHER_USERS_PYTHON, "-c", "import sys; print(sys.version_info[:2])"],
+                         capture_output=True, text=True)
+    return out.stdout.strip() == str(sys.version_info[:2])
+
+
 MIB = 1 << 20
 
 # Short enforcer intervals: the tests assert what happens, these only decide how soon.
@@ -102,14 +120,17 @@ class Finished:
 
 async def start_run(cluster: LocalCluster, *run_args: str, node: str = "gpu-0", tenant: str = "alpha",
                     workload: list[str] | None = None, command: list[str] | None = None,
-                    env: dict | None = None) -> asyncio.subprocess.Process:
-    """Start `tessera run` as a separate process (stdout/stderr piped)."""
-    cmd = command if command is not None else [sys.executable, WORKLOAD, *(workload or [])]
+                    env: dict | None = None, user: int | None = None) -> asyncio.subprocess.Process:
+    """Start `tessera run` as a separate process (stdout/stderr piped), as ``user`` if given."""
+    python = sys.executable if user is None else OTHER_USERS_PYTHON
+    cmd = command if command is not None else [python, WORKLOAD, *(workload or [])]
     full_env = dict(os.environ, **(env or {}))
     full_env.pop("TESSERA_NODE", None)
+    tessera = [TESSERA] if user is None else [OTHER_USERS_PYTHON, "-c", _TESSERA_FROM_SITE, str(_SITE)]
     return await asyncio.create_subprocess_exec(
-        TESSERA, "run", "--nats", cluster.url, "--node", node, "--tenant", tenant, "--timeout", "60", *run_args,
+        *tessera, "run", "--nats", cluster.url, "--node", node, "--tenant", tenant, "--timeout", "60", *run_args,
         "--", *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=full_env,
+        **({} if user is None else {"user": user, "group": user, "extra_groups": []}),
     )
 
 

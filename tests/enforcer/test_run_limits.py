@@ -4,10 +4,14 @@ its exit code comes back, usage events say what it allocated, and the claim is r
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import pytest
 
 from tessera.cli.client import Client
 
-from runkit import MIB, UsageListener, finish, live_entries, run_claims, start_run, tessera_run, wait_until
+from runkit import MIB, OTHER_USERS_PYTHON, UsageListener, finish, live_entries, run_claims, start_run, tessera_run, wait_until, same_python_for_other_users
 
 OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
 
@@ -108,3 +112,28 @@ async def test_bad_input_gets_a_clear_error(cluster):
     assert bad_percent.code == 1 and "gpumem-percentage" in bad_percent.stderr
     missing = await tessera_run(cluster, "--gpumem", "100", command=["/nonexistent/program"])
     assert missing.code == 127 and "command not found" in missing.stderr
+
+
+NOBODY = 65534
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running `tessera run` as another user needs root")
+@pytest.mark.skipif(not same_python_for_other_users(), reason=f"{OTHER_USERS_PYTHON} is not this interpreter's version")
+async def test_tessera_run_by_a_non_root_user_against_a_root_enforcer_gets_its_memory(fresh_cluster, tmp_path):
+    # The harness keeps its temporary directories root's alone; a node's state directory is
+    # traversable by its users (the claim directories below it decide who gets what).
+    for parent in [tmp_path, *tmp_path.parents]:
+        if parent != Path("/") and not parent.stat().st_mode & 0o001:
+            parent.chmod(parent.stat().st_mode | 0o011)
+    cluster = await fresh_cluster()
+    done = await tessera_run(cluster, "--gpumem", "256", workload=["--alloc", "256,1"], user=NOBODY)
+    assert done.code == 0, done.stderr
+    assert done.report()["alloc"] == [[256, 0], [1, OOM]]  # exactly the claim's memory, then refused
+    # The uid went with the claim, which is how its accounting file became that uid's (0600): without
+    # it the file is in a directory only root can traverse, and this workload got nothing.
+    client = await Client.connect(cluster.url)
+    try:
+        (claim,) = await run_claims(client)
+        assert (await client.claim(claim)).spec.workload_uid == NOBODY
+    finally:
+        await client.close()

@@ -1,8 +1,9 @@
 """Attack: another user of the node (another tenant's `tessera run`, or any local account) opens a
 claim's files for writing. They used to be created 0666: anyone could rewrite a claim's accounting
 file (fake its usage, forge slots for the enforcer to signal) or its owner lock. Now no claim file is
-writable by a user other than the claim's workload: the accounting file belongs to the workload's uid
-when the enforcer is told it, else to the enforcer's own, mode 0600."""
+writable by a user other than the claim's workload, in either layout: host mode (`tessera run`, the
+workload's uid given) has the accounting file 0600 owned by that uid; container mode (no uid) has it
+0666 inside a directory only the enforcer's uid can traverse (the runtime bind-mounts it as root)."""
 
 from __future__ import annotations
 
@@ -44,17 +45,38 @@ def state_dir():
     shutil.rmtree(path)
 
 
-def test_no_claim_file_is_writable_by_group_or_others(tmp_path: Path) -> None:
+def test_no_claim_file_is_writable_by_group_or_others_in_host_layout(tmp_path: Path) -> None:
     d = ClaimDir(tmp_path / "run-a")
-    d.create({"A": "1"}, "CUDA_DEVICE_MEMORY_LIMIT_0=64m\n")
+    d.create({"A": "1"}, "CUDA_DEVICE_MEMORY_LIMIT_0=64m\n", workload_uid=os.geteuid())
     for p in [d.path, *d.path.iterdir()]:
         assert not os.stat(p).st_mode & (stat.S_IWGRP | stat.S_IWOTH), f"{p.name} is {oct(os.stat(p).st_mode)}"
+
+
+def test_in_container_layout_only_the_accounting_file_is_writable_and_the_directory_is_closed(tmp_path: Path) -> None:
+    d = ClaimDir(tmp_path / "claim-a")
+    d.create({"A": "1"}, "CUDA_DEVICE_MEMORY_LIMIT_0=64m\n")
+    assert stat.S_IMODE(os.stat(d.path).st_mode) == 0o700 and os.stat(d.path).st_uid == os.geteuid()
+    for p in d.path.iterdir():
+        writable = os.stat(p).st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        assert bool(writable) == (p == d.cache), f"{p.name} is {oct(os.stat(p).st_mode)}"
+
+
+@needs_root
+def test_another_host_user_cannot_reach_a_container_claims_accounting_file(state_dir: Path) -> None:
+    d = ClaimDir(state_dir / "claim-a")
+    d.create({}, "")
+    for path in (d.cache, d.owner_lock, d.config):
+        assert open_as(OTHER, path) == "PermissionError", path.name
+    # a claim re-created in host layout for a workload uid closes the file to everyone else again
+    d.create({}, "", workload_uid=NOBODY)
+    assert stat.S_IMODE(os.stat(d.cache).st_mode) == 0o600 and os.stat(d.cache).st_uid == NOBODY
+    assert open_as(OTHER, d.cache) == "PermissionError" and open_as(NOBODY, d.cache) == "ok"
 
 
 @needs_root
 def test_another_user_cannot_open_the_accounting_file_or_owner_lock_for_writing(state_dir: Path) -> None:
     d = ClaimDir(state_dir / "run-a")
-    d.create({}, "")
+    d.create({}, "", workload_uid=os.geteuid())
     assert open_as(OTHER, d.env_file) == "PermissionError"  # reachable, but read-only for others
     assert open_as(OTHER, d.cache) == "PermissionError"
     assert open_as(OTHER, d.owner_lock) == "PermissionError"

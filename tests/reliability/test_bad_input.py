@@ -75,6 +75,10 @@ async def test_bad_input_everywhere_is_refused_clearly_and_nothing_crashes(start
         reply = api.decode_reply(await client.bus.request(
             subjects.API_SUBMIT, b'{"tenant": "alpha", "spec": {"gpus": 0}}'))
         assert not reply.ok and reply.error.field == "$.spec.gpus"
+        # chown's "no change" (-1) is never a workload's uid: it would keep whatever owner a file had
+        reply = api.decode_reply(await client.bus.request(
+            subjects.API_SUBMIT, b'{"tenant": "alpha", "resources": {"nvidia.com/gpumem": 1000}, "workload_uid": -1}'))
+        assert not reply.ok and reply.error.field == "$.workload_uid", reply.error
 
         # Events straight onto the stream: garbage, and valid JSON that breaks the schema.
         js = client.bus.js

@@ -151,6 +151,8 @@ class Run:
         await self.client.submit(api.SubmitRequest(
             tenant=self.args.tenant, resources=resources_from(self.args), annotations=_annotations(self.args),
             claim=self.claim, node=self.node,
+            # the uid CMD will run as: the enforcer lets it alone write the claim's accounting file
+            workload_uid=os.geteuid(),
         ))
 
     async def wait_prepared(self) -> ClaimRecord | int:

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
-from tessera.shared.events import ClaimSpec, GpuQuota
+from tessera.shared.events import ClaimSpec, GpuQuota, Uid
 
 
 class SubmitRequest(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -24,6 +24,7 @@ class SubmitRequest(Struct, forbid_unknown_fields=True, kw_only=True):
     spec: ClaimSpec | None = None  # a native claim instead of HAMi resources
     claim: str | None = None  # the caller's id for idempotent retries; generated if absent
     node: str | None = None  # pin to one node (tessera run)
+    workload_uid: Uid | None = None  # the host uid the workload runs as (tessera run); see ClaimSpec
 
 
 class ReleaseRequest(Struct, forbid_unknown_fields=True, kw_only=True):

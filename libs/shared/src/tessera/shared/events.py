@@ -22,6 +22,8 @@ NodeName = Annotated[str, Meta(pattern=r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$",
 TenantName = Annotated[str, Meta(pattern=r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$", max_length=32)]
 ClaimId = Annotated[str, Meta(pattern=r"^[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?$", max_length=64)]
 Percent = Annotated[int, Meta(ge=0, le=100)]
+# A POSIX uid; (uid_t)-1 is "no change" to chown, so never a value.
+Uid = Annotated[int, Meta(ge=0, le=2**32 - 2)]
 Policy = Literal["binpack", "spread", "fragmentation-aware", "best-fit"]
 
 
@@ -113,6 +115,9 @@ class ClaimSpec(Struct, frozen=True, kw_only=True):
     host_memory_mib: Annotated[int, Meta(ge=0)] = 0
     # Pin to one node (tessera run asks for the node it runs on).
     node: NodeName | None = None
+    # The host uid a `tessera run` workload runs as: the enforcer makes the claim's accounting file
+    # writable by it alone (docs/isolation-host-mode.md). None: a claim for containers.
+    workload_uid: Uid | None = None
 
 
 class ClaimRequested(Event, tag="requested"):

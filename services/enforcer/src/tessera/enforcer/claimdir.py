@@ -3,12 +3,16 @@
 The directory is what a restarted enforcer reads to adopt its workloads (reconcile, don't remember),
 and what `tessera run` and libvgpu meet in:
 
-  vgpu.cache   the shared accounting file libvgpu.so maps (created empty, mode 0600, owned by the
-               workload's uid when the enforcer is given it, else by the enforcer's own: the claim's
-               processes must write it, no other user may); the enforcer reads usage and process
-               slots from it as hostile input (accounting.py). A workload of another uid than its
-               owner cannot open it, and libvgpu then refuses its allocations rather than account it
-               alone (fail closed). A container
+  vgpu.cache   the shared accounting file libvgpu.so maps; its processes must write it, no other
+               user may. Two layouts, by whether the enforcer is given the workload's uid:
+               host layout (``workload_uid`` given: `tessera run`): the directory 0755, the file
+               0600 owned by that uid, so only that uid's processes open it;
+               container layout (no uid: Kubernetes, Podman through CDI): the directory the
+               enforcer's own, 0700, so no host user can traverse to anything in it, and the file
+               0666, so a container of any uid (``runAsUser: 1000``) can write it: the runtime
+               resolves the bind mount as root, and inside only that claim's container sees it.
+               The enforcer reads usage and process slots from it as hostile input (accounting.py);
+               a process that cannot open it gets no memory from libvgpu (fail closed). A container
                gets this file alone, bind-mounted writable at the same path: a mount point cannot be
                removed or renamed over, so a workload cannot swap in a fresh file (a fresh budget)
   vgpu.conf    the claim's limits and cache path as a libvgpu config file (TESSERA_VGPU_CONFIG; in a
@@ -82,16 +86,18 @@ class ClaimDir:
     def create(self, env: Mapping[str, str], config_text: str, *, workload_uid: int | None = None) -> None:
         """Create (or re-create, keeping an existing accounting file's contents) the claim's files.
 
-        ``workload_uid``: the uid the claim's processes run as, which alone may write its accounting
-        file; None keeps it the enforcer's (a workload of the enforcer's uid, e.g. root in a container)."""
+        ``workload_uid``: the uid the claim's processes run as on the host (`tessera run`), which
+        alone may then write the accounting file; None is the container layout (module docstring)."""
+        container = workload_uid is None
         self.path.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.path, 0o755)
-        for path, mode in ((self.cache, 0o600), (self.owner_lock, 0o644)):
+        os.chmod(self.path, 0o700 if container else 0o755)
+        cache_mode = 0o666 if container else 0o600
+        for path, mode in ((self.cache, cache_mode), (self.owner_lock, 0o644)):
             fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
             try:
+                if path == self.cache:  # owner first: a re-created claim may change layout
+                    os.fchown(fd, os.geteuid() if workload_uid is None else workload_uid, -1)
                 os.fchmod(fd, mode)
-                if path == self.cache and workload_uid is not None:
-                    os.fchown(fd, workload_uid, -1)
             finally:
                 os.close(fd)
         _write(self.config, config_text, 0o444)

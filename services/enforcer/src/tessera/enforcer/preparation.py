@@ -35,15 +35,19 @@ class Preparation:
         self.dirs = dirs
         self.node_files = cdi.NodeFiles(libvgpu=settings.libvgpu, sim_driver_dir=settings.sim_driver_dir)
 
-    def materialize(self, claim: str, shares: list[DeviceShare], devices: Mapping[str, GpuDevice]) -> Prepared:
-        """Write (or rewrite: it is idempotent) the claim's directory and CDI spec."""
+    def materialize(self, claim: str, shares: list[DeviceShare], devices: Mapping[str, GpuDevice],
+                    *, workload_uid: int | None = None) -> Prepared:
+        """Write (or rewrite: it is idempotent) the claim's directory and CDI spec.
+
+        ``workload_uid``: the host uid of a `tessera run` workload (the claim's spec carries it);
+        None for a claim meant for containers (the kubelet's, or one submitted without it)."""
         directory = self.dirs.of(claim)
         env = workload_env(shares, directory.cache, libvgpu=self.settings.libvgpu)
         env["TESSERA_VGPU_CONFIG"] = str(directory.config)
         env[OWNER_LOCK_VAR] = str(directory.owner_lock)
         if self.settings.simulated:
             env.update(simulated_driver_env(shares, devices, self.settings.sim_driver_dir))
-        directory.create(env, vgpu_config(shares, directory.cache))
+        directory.create(env, vgpu_config(shares, directory.cache), workload_uid=workload_uid)
         spec = cdi.claim_spec(claim, shares, directory, self.node_files, devices)
         cdi.write_spec(self.settings.cdi_dir, spec)
         return Prepared(claim=claim, env=env, directory=directory, cdi_device=cdi.device_ids(spec)[0])

@@ -173,7 +173,8 @@ class EnforcerService:
         if record.release_requested:  # released before we got to it: nothing to prepare
             await self.release(record, record.reason or "release requested")
             return
-        prepared = self.preparation.materialize(record.claim, record.devices, await self._devices())
+        prepared = self.preparation.materialize(record.claim, record.devices, await self._devices(),
+                                                workload_uid=record.spec.workload_uid)
         if record.state != "allocated":
             log.info("restored the directory of %s (%s)", record.claim, record.state)
             return

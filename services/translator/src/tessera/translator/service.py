@@ -260,6 +260,8 @@ class TranslatorService:
             spec = translate(request.resources, request.annotations)
         if request.node:
             spec = msgspec.structs.replace(spec, node=request.node)
+        if request.workload_uid is not None:
+            spec = msgspec.structs.replace(spec, workload_uid=request.workload_uid)
         return spec
 
     async def submit(self, data: bytes, headers: Mapping[str, str]) -> bytes:
