@@ -218,6 +218,17 @@ class Bus:
                 raise ack
         return acks
 
+    async def stored(self, stream: str, subject: str) -> bool:
+        """Whether ``stream`` holds a message on exactly ``subject`` (a reconciler asking whether an
+        event it owes was ever published)."""
+        try:
+            await self.js.get_last_msg(stream, subject)
+            return True
+        except NotFoundError:
+            return False
+        except (nats.errors.TimeoutError, nats.errors.ConnectionClosedError) as exc:
+            raise TemporaryError(f"cannot read {stream} for {subject}: {exc!r}") from exc
+
     async def follow(self, subject: str, decoder: msgspec.json.Decoder,
                      on_event: Callable[[Any, Mapping[str, str]], Awaitable[None] | None]) -> None:
         """Watch ``subject`` on core NATS (no storage, no acks) and hand each event and its headers
