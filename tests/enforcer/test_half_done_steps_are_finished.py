@@ -169,3 +169,14 @@ async def test_lost_node_release_stopped_half_way_is_finished_by_the_next_check(
     assert "c-n" not in (await enforcer.ledger.read_node("n2"))[0].entries
     assert "c-n" not in (await enforcer.ledger.read_tenant("alpha"))[0].claims
     assert [e.claim for e in await events(enforcer, "released")] == ["c-n"]
+
+
+async def test_reconcile_goes_on_past_a_claim_it_cannot_prepare_yet(enforcer):
+    """A claim refused for want of a ledger entry must not stop the pass (nor the consumer that
+    runs it first) from preparing the others."""
+    await enforcer.claims.create(record("c-a", "allocated"))  # no ledger entry
+    await hold(enforcer, "c-b")
+    await enforcer.claims.create(record("c-b", "allocated"))
+    await enforcer.reconcile()
+    assert (await enforcer.claims.get("c-a"))[0].state == "allocated"
+    assert (await enforcer.claims.get("c-b"))[0].state == "prepared"

@@ -116,3 +116,35 @@ async def test_records_left_requested_without_their_event_are_republished(transl
     record, revision = await translator.claims.get(api_claim)
     assert events[api_claim].record_revision == revision and events[api_claim].spec == record.spec
     assert await translator.republish_requested(grace=0) == []  # the stream has them now
+
+
+async def test_cli_retries_an_unavailable_submit_under_the_id_it_chose(translator, monkeypatch, nats_url):
+    import asyncio
+
+    from tessera.cli.client import Client
+
+    real = translator.bus.publish
+    seen: list[str | None] = []
+
+    async def publish_ack_lost_once(*args, **kwargs):
+        await real(*args, **kwargs)
+        if len(seen) == 1:
+            raise TemporaryError("publish timed out")
+
+    monkeypatch.setattr(translator.bus, "publish", publish_ack_lost_once)
+
+    async def submit(data, headers):
+        seen.append(msgspec.json.decode(data).get("claim"))
+        return await translator.submit(data, headers)
+
+    server = asyncio.create_task(translator.bus.serve(subjects.API_SUBMIT, submit))
+    client = await Client.connect(nats_url)
+    try:
+        await asyncio.sleep(0.2)  # subscribed
+        result = await client.submit(api.SubmitRequest(tenant="alpha", resources={"nvidia.com/gpumem": 1000}))
+    finally:
+        await client.close()
+        server.cancel()
+        await asyncio.gather(server, return_exceptions=True)
+    assert len(seen) == 2 and seen[0] == seen[1] == result["claim"]
+    assert [e.claim for e in await requested(translator)] == [result["claim"]]

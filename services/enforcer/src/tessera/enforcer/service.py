@@ -148,18 +148,24 @@ class EnforcerService:
         for record in await self.claims.all():
             if record.node != self.node:
                 continue
-            if record.state == "released":
-                await self._finish_release(record)
-            elif record.state in TERMINAL:
-                continue
-            elif record.release_requested:
-                await self.release(record, record.reason or "requested")
-            elif self.kubelet_prepares(record):
-                continue  # the kubelet plugin's checkpoint, not this, restores what it prepared
-            elif record.state == "allocated" or not self.dirs.of(record.claim).exists():
-                await self.prepare(record)
-            if record.state == "prepared" and not record.release_requested:
-                await self._republish_prepared(record)
+            try:
+                await self._reconcile_one(record)
+            except TemporaryError as exc:  # this claim waits for the next pass; the others go on
+                log.warning("reconcile %s: %s", record.claim, exc)
+
+    async def _reconcile_one(self, record: ClaimRecord) -> None:
+        if record.state == "released":
+            await self._finish_release(record)
+        elif record.state in TERMINAL:
+            return
+        elif record.release_requested:
+            await self.release(record, record.reason or "requested")
+        elif self.kubelet_prepares(record):
+            return  # the kubelet plugin's checkpoint, not this, restores what it prepared
+        elif record.state == "allocated" or not self.dirs.of(record.claim).exists():
+            await self.prepare(record)
+        if record.state == "prepared" and not record.release_requested:
+            await self._republish_prepared(record)
 
     async def _republish_prepared(self, record: ClaimRecord) -> None:
         """A record moved to ``prepared`` by an enforcer that stopped before publishing the event:
