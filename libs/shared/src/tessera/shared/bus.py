@@ -45,6 +45,9 @@ CONFLICT_RETRIES = 50
 # A handler still running after this fraction of ack_wait tells the server it is working on the
 # message (``+WPI``), so the server does not redeliver it to a peer meanwhile.
 PROGRESS_FRACTION = 1 / 3
+# ... but not forever: a handler this many ack_waits into one batch is presumed stuck, and the
+# server may give its messages to a peer (at-least-once, so a late finish is harmless).
+PROGRESS_LIMIT = 10
 # Where the server announces a message it stopped delivering because max_deliver was spent.
 MAX_DELIVERIES_ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{consumer}"
 
@@ -300,11 +303,13 @@ class Bus:
         period = max(self.settings.ack_wait * PROGRESS_FRACTION, 0.05)
 
         async def beat() -> None:
-            while True:
+            for _ in range(int(PROGRESS_LIMIT / PROGRESS_FRACTION)):
                 await asyncio.sleep(period)
                 for msg in msgs:
                     with contextlib.suppress(Exception):  # disconnected: the redelivery decides
                         await msg.in_progress()
+            log.warning("a batch of %d is still being handled after %d ack waits; no longer holding it",
+                        len(msgs), PROGRESS_LIMIT)
 
         task = asyncio.create_task(beat())
         try:

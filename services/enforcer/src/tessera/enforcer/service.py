@@ -10,7 +10,8 @@ claim to running. On release it returns the capacity to the ledger (and the tena
 ``released``; the directory goes once no process of the claim is left.
 
 Root tasks: the claims consumer; the observe loop (reads accounting files, publishes usage, applies
-the leak policy of reclaim.py); the lost-node loop (lost.py); in Kubernetes mode the kubelet plugin
+the leak policy of reclaim.py); the lost-node loop (lost.py); the reconcile loop (the start-up
+reconcile, periodically: what a stop or a failed publish left half done); in Kubernetes mode the kubelet plugin
 (kubelet/), which prepares the claims that stand for ResourceClaims when the kubelet asks. Every
 step checks the claim's recorded state first, so a redelivered or late event changes nothing, and a
 restarted enforcer rebuilds everything from its claim directories, its checkpoint and the KV buckets.

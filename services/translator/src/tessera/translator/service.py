@@ -4,7 +4,9 @@ It answers ``tessera.api.claims.submit`` (a request in HAMi's vocabulary, or a n
 ``tessera.api.claims.release`` over NATS request/reply. A request is validated completely before
 anything is stored: a bad value is answered with an error naming the field, the allowed range and
 the fix, and nothing is published. A good one is recorded in the ``claims`` bucket and published as
-``requested``; a retry with the same claim id is answered with the claim already recorded.
+``requested``; a retry with the same claim id is answered with the claim already recorded. When the
+outcome is unknown (a timeout) the answer is ``unavailable`` with the claim id to retry with, and a
+record that stays ``requested`` without its event on the stream is republished from the record.
 
 In Kubernetes mode (``TESSERA_KUBERNETES``) it also serves the pods' admission webhook (which
 refuses GPU pods of namespaces without a tenant and creates their ResourceClaimTemplates) and
