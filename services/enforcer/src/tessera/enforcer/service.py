@@ -157,15 +157,17 @@ class EnforcerService:
     async def _reconcile_one(self, record: ClaimRecord) -> None:
         if record.state == "released":
             await self._finish_release(record)
-        elif record.state in TERMINAL:
             return
-        elif record.release_requested:
+        if record.state in TERMINAL:
+            return
+        if record.release_requested:
             await self.release(record, record.reason or "requested")
-        elif self.kubelet_prepares(record):
-            return  # the kubelet plugin's checkpoint, not this, restores what it prepared
-        elif record.state == "allocated" or not self.dirs.of(record.claim).exists():
+            return
+        # A ResourceClaim's claim is prepared by the kubelet plugin (its checkpoint restores it),
+        # but an event it failed to publish is owed all the same.
+        if not self.kubelet_prepares(record) and (record.state == "allocated" or not self.dirs.of(record.claim).exists()):
             await self.prepare(record)
-        if record.state == "prepared" and not record.release_requested:
+        if record.state == "prepared":
             await self._republish_prepared(record)
 
     async def _republish_prepared(self, record: ClaimRecord) -> None:
