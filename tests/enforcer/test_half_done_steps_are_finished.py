@@ -180,3 +180,24 @@ async def test_reconcile_goes_on_past_a_claim_it_cannot_prepare_yet(enforcer):
     await enforcer.reconcile()
     assert (await enforcer.claims.get("c-a"))[0].state == "allocated"
     assert (await enforcer.claims.get("c-b"))[0].state == "prepared"
+
+
+async def test_the_reconcile_pass_runs_periodically_not_only_at_start(enforcer, tmp_path):
+    """A ``prepared`` record whose event went missing while the enforcer was up (the publish
+    timed out after the record moved) is announced by a later pass, without a restart."""
+    import dataclasses
+
+    enforcer.settings = dataclasses.replace(enforcer.settings, reconcile_seconds=0.05)
+    loop = asyncio.create_task(enforcer._reconcile_loop())
+    try:
+        await asyncio.sleep(0.2)  # a few passes with nothing to do
+        await hold(enforcer, "c-late")
+        enforcer.preparation.materialize("c-late", [SHARE], {GPU.uuid: GPU})
+        await enforcer.claims.create(record("c-late", "prepared"))
+        async with asyncio.timeout(20):
+            while not await events(enforcer, "prepared"):
+                await asyncio.sleep(0.05)
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+    assert [e.claim for e in await events(enforcer, "prepared")] == ["c-late"]
