@@ -299,24 +299,35 @@ class Bus:
     @contextlib.asynccontextmanager
     async def _progress(self, msgs: list[Msg]):
         """While the body runs, tell the server every fraction of ack_wait that ``msgs`` are still
-        being worked on, so a slow handler or batch is not redelivered to a peer."""
+        being worked on, so a slow handler or batch is not redelivered to a peer. A timer, not a
+        task: the common batch ends long before the first beat and costs one timer."""
+        loop = asyncio.get_running_loop()
         period = max(self.settings.ack_wait * PROGRESS_FRACTION, 0.05)
+        beats = int(PROGRESS_LIMIT / PROGRESS_FRACTION)
+        state: dict[str, Any] = {"beat": 0, "task": None}
 
         async def beat() -> None:
-            for _ in range(int(PROGRESS_LIMIT / PROGRESS_FRACTION)):
-                await asyncio.sleep(period)
-                for msg in msgs:
-                    with contextlib.suppress(Exception):  # disconnected: the redelivery decides
-                        await msg.in_progress()
-            log.warning("a batch of %d is still being handled after %d ack waits; no longer holding it",
-                        len(msgs), PROGRESS_LIMIT)
+            for msg in msgs:
+                with contextlib.suppress(Exception):  # disconnected: the redelivery decides
+                    await msg.in_progress()
+            state["beat"] += 1
+            if state["beat"] < beats:
+                state["timer"] = loop.call_later(period, due)
+            else:
+                log.warning("a batch of %d is still being handled after %d ack waits; no longer holding it",
+                            len(msgs), PROGRESS_LIMIT)
 
-        task = asyncio.create_task(beat())
+        def due() -> None:
+            state["task"] = loop.create_task(beat())
+
+        state["timer"] = loop.call_later(period, due)
         try:
             yield
         finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            state["timer"].cancel()
+            if state["task"] is not None:
+                state["task"].cancel()
+                await asyncio.gather(state["task"], return_exceptions=True)
 
     # --- consuming -------------------------------------------------------------------------
 
