@@ -196,6 +196,7 @@ class LedgerWatch:
         self.quotas = quotas
         self.revisions = 0
         self.findings: list[str] = []
+        self.doubles: list[str] = []  # a claim in two nodes' ledgers in the same moment
         self.current: dict[str, NodeLedger] = {}
         prefix = f"$KV.{subjects.KV_LEDGER}."
         self._prefix = prefix
@@ -223,7 +224,7 @@ class LedgerWatch:
                 if other == node:
                     continue
                 for claim in ledger.entries.keys() & other_ledger.entries.keys():
-                    self.findings.append(f"revision {rev}: claim {claim} is on {node} and {other} at once")
+                    self.doubles.append(f"revision {rev}: claim {claim} is on {node} and {other} at once")
         elif key.startswith("tenant.") and msg.data and operation not in ("DEL", "PURGE"):
             try:
                 usage = _tenant_usage.decode(msg.data)
@@ -319,7 +320,11 @@ class Auditor:
 
     @classmethod
     async def start(cls, url: str) -> "Auditor":
-        nc = await nats.connect(url, name="fault-auditor", max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+        async def quiet(*_args) -> None:  # a scenario kills the server on purpose
+            pass
+
+        nc = await nats.connect(url, name="fault-auditor", max_reconnect_attempts=-1, reconnect_time_wait=0.2,
+                                error_cb=quiet, disconnected_cb=quiet)
         auditor = cls(nc)
         await auditor.refresh_reference()
         auditor._tasks = [asyncio.create_task(t.run(), name=f"tail-{t.stream}")
@@ -347,6 +352,7 @@ class Auditor:
         for tail in (self.ledger.tail, self.events.tail, self.letters.tail):
             await tail.caught_up()
         f.overcommitted += self.ledger.findings + self.ledger.gap_findings()
+        f.duplicated += self.ledger.doubles
 
         records: dict[str, ClaimRecord] = {}
         for key, data in (await _bucket(self.js, subjects.KV_CLAIMS)).items():
