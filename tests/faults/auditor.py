@@ -73,17 +73,33 @@ class Findings:
     inconsistent: list[str] = field(default_factory=list)
     unsettled_consumers: list[str] = field(default_factory=list)
     dead_letters_without_reason: list[str] = field(default_factory=list)
+    # What some past ledger revision did (it stays a finding for good, however the state is now).
+    revision_overcommits: list[str] = field(default_factory=list)
+    revision_doubles: list[str] = field(default_factory=list)
     completed: int = 0
 
     @property
-    def clean(self) -> bool:
+    def settled(self) -> bool:
+        """The state now is right (the system has recovered), whatever its history."""
         return not (self.lost or self.duplicated or self.overcommitted or self.inconsistent
                     or self.unsettled_consumers or self.dead_letters_without_reason)
 
+    @property
+    def clean(self) -> bool:
+        return self.settled and not (self.revision_overcommits or self.revision_doubles)
+
+    @property
+    def duplicated_total(self) -> int:
+        return len(self.duplicated) + len(self.revision_doubles)
+
+    @property
+    def overcommitted_total(self) -> int:
+        return len(self.overcommitted) + len(self.revision_overcommits)
+
     def lines(self) -> list[str]:
         out = []
-        for name in ("lost", "duplicated", "overcommitted", "inconsistent", "unsettled_consumers",
-                     "dead_letters_without_reason"):
+        for name in ("lost", "duplicated", "revision_doubles", "overcommitted", "revision_overcommits",
+                     "inconsistent", "unsettled_consumers", "dead_letters_without_reason"):
             for item in getattr(self, name):
                 out.append(f"{name}: {item}")
         return out
@@ -351,8 +367,8 @@ class Auditor:
         f = Findings()
         for tail in (self.ledger.tail, self.events.tail, self.letters.tail):
             await tail.caught_up()
-        f.overcommitted += self.ledger.findings + self.ledger.gap_findings()
-        f.duplicated += self.ledger.doubles
+        f.revision_overcommits += self.ledger.findings + self.ledger.gap_findings()
+        f.revision_doubles += self.ledger.doubles
 
         records: dict[str, ClaimRecord] = {}
         for key, data in (await _bucket(self.js, subjects.KV_CLAIMS)).items():
@@ -441,8 +457,9 @@ class Auditor:
 
     async def until_clean(self, accepted: dict[str, Accepted], timeout: float,
                           expected_letters: set[str] = frozenset()) -> tuple[Findings, float | None]:
-        """Audit every half second until a pass is clean; returns the last pass and when it was
-        clean (loop time), or None when it never was within ``timeout``."""
+        """Audit every half second until the state is right (``settled``: what past revisions did
+        stays in the findings but cannot be undone); returns the last pass and when it settled
+        (loop time), or None when it never did within ``timeout``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
@@ -450,7 +467,7 @@ class Auditor:
                 findings = await self.audit(accepted, expected_letters)
             except Exception as exc:  # the server is still coming back: not a pass
                 findings = Findings(inconsistent=[f"audit could not read the state: {exc!r}"])
-            if findings.clean:
+            if findings.settled:
                 return findings, loop.time()
             if loop.time() >= deadline:
                 return findings, None

@@ -49,6 +49,9 @@ class FaultProxy:
         self.port = 0
         self.directions = {UPSTREAM: Direction(), DOWNSTREAM: Direction()}
         self.connections_accepted = 0
+        # drop_replies_after: bytes that, seen going to the server, start dropping what comes back
+        self._trigger: bytes | None = None
+        self.triggered = threading.Event()
         self._links: list[_Link] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
@@ -100,6 +103,7 @@ class FaultProxy:
 
     # --- commands (thread-safe) ---------------------------------------------------------------
     def passthrough(self, direction: str | None = None) -> None:
+        self._trigger = None
         for name in self._names(direction):
             self.directions[name].mode = "pass"
             self.directions[name].delay_seconds = 0.0
@@ -111,6 +115,13 @@ class FaultProxy:
 
     def drop(self, direction: str) -> None:
         self.directions[direction].mode = "drop"
+
+    def drop_replies_after(self, marker: bytes) -> None:
+        """Pass everything until a chunk to the server contains ``marker`` (for example
+        ``b"$KV.ledger.node."``, a ledger write): that chunk still reaches the server, and from then
+        on nothing comes back. ``triggered`` is set at that moment."""
+        self.triggered.clear()
+        self._trigger = marker
 
     def cut(self) -> None:
         """Close every open connection now (both ends see a reset); new connections still pass."""
@@ -141,6 +152,10 @@ class FaultProxy:
         try:
             while chunk := await reader.read(65536):
                 direction.bytes_seen += len(chunk)
+                if self._trigger is not None and direction is self.directions[UPSTREAM] and self._trigger in chunk:
+                    self._trigger = None
+                    self.directions[DOWNSTREAM].mode = "drop"
+                    self.triggered.set()
                 if direction.mode == "drop":
                     direction.bytes_dropped += len(chunk)
                     continue

@@ -56,9 +56,10 @@ async def main() -> int:
             "- *lost*: accepted claims that did not; *duplicated*: claims allocated in two ways or on two nodes; "
             "*over-committed*: ledger revisions (every one, read from the bucket's stream from the "
             "start) that over-commit a GPU or a quota.",
-            "- *time to recover*: from the fault to the auditor's first clean pass (new submits stop at "
-            "the fault; claims in flight must settle, the consumers be drained, the ledger, records "
-            "and quota usage agree).", "",
+            "- *time to recover*: from the fault to the auditor's first clean pass of the state (new "
+            "submits stop at the fault; claims in flight must settle, the consumers be drained, the "
+            "ledger, records and quota usage agree). A bad past revision stays counted above but does "
+            "not stop the clock.", "",
             scenarios.table(rows), ""]
     for row in rows:
         if row.findings:

@@ -21,7 +21,6 @@ from tessera.shared.events import ClaimReleaseRequested, ClaimRequested, ClaimSp
 
 from auditor import Auditor, Findings
 from loadgen import ACK_WAIT_SECONDS, TENANTS, FaultCluster, Load, connect, profile_path
-from proxy import DOWNSTREAM
 
 
 @dataclass
@@ -81,9 +80,13 @@ async def stall_placement(cluster: FaultCluster, _ctx) -> None:
     cluster.resume("placement-0")
 
 
-async def lose_kv_replies(cluster: FaultCluster, _ctx) -> None:
-    """Placement's writes reach the server but their replies vanish, then its connections drop."""
-    cluster.proxy.drop(DOWNSTREAM)
+async def lose_kv_replies(cluster: FaultCluster, ctx) -> None:
+    """Placement's next ledger write reaches the server and commits, but its reply (and everything
+    after it) never comes back; two seconds later its connections drop and it reconnects."""
+    cluster.proxy.drop_replies_after(b"$KV.ledger.node.")
+    if not await asyncio.to_thread(cluster.proxy.triggered.wait, 20):
+        raise RuntimeError("placement wrote no ledger entry in 20 s: the load did not reach it")
+    ctx["struck"].set()
     await asyncio.sleep(2.0)
     cluster.proxy.cut()
     cluster.proxy.passthrough()
@@ -153,13 +156,17 @@ SCENARIOS = {
 }
 
 
+# Faults that wait for the right moment under load (and say when it came through ctx["struck"]).
+STRIKE_LATER = {"lost-kv-reply"}
+
+
 def _figures(row: Row, load: Load, findings: Findings) -> None:
     row.sent = load.tally.sent
     row.accepted = len(load.accepted)
     row.completed = findings.completed
     row.lost = len(findings.lost) + len(load.tally.unconfirmed)
-    row.duplicated = len(findings.duplicated)
-    row.overcommitted = len(findings.overcommitted)
+    row.duplicated = findings.duplicated_total
+    row.overcommitted = findings.overcommitted_total
     row.findings = findings.lines() + [f"lost: {c}: submit never answered" for c in load.tally.unconfirmed] \
         + [f"api: {x}" for x in load.tally.accepted_invalid]
 
@@ -177,11 +184,16 @@ async def run(name: str, workdir: Path, form: Form, seed: int = 1) -> Row:
             load = Load(client, seed=seed)
             await load.setup()
             await auditor.refresh_reference()
-            ctx = {"client": client, "load": load, "expected_letters": set(), "unrecorded": set()}
+            ctx = {"client": client, "load": load, "expected_letters": set(), "unrecorded": set(),
+                   "struck": asyncio.Event()}
             load.start()
             await asyncio.sleep(form.warmup)
-            loop_fault = asyncio.get_running_loop().time()
             fault = asyncio.create_task(SCENARIOS[name](cluster, ctx))
+            if name not in STRIKE_LATER:
+                ctx["struck"].set()
+            await asyncio.wait([fault, asyncio.ensure_future(ctx["struck"].wait())],
+                               return_when=asyncio.FIRST_COMPLETED)
+            loop_fault = asyncio.get_running_loop().time()
             await load.pause()
             await fault
             await load.drain()

@@ -71,7 +71,8 @@ async def test_an_overcommit_in_one_revision_is_found_though_the_end_state_is_fi
         await _put_ledger(bus, "n0", good)
         await _live(bus, "c1", "n0", good)
         findings = await auditor.audit({"c1": Accepted("c1", "alpha")})
-        assert len(findings.overcommitted) == 1 and "memory 90000 > 80000" in findings.overcommitted[0]
+        assert len(findings.revision_overcommits) == 1 and "memory 90000 > 80000" in findings.revision_overcommits[0]
+        assert findings.settled and not findings.clean
         assert findings.lost == [] and findings.inconsistent == []
     finally:
         await auditor.close()
@@ -89,7 +90,7 @@ async def test_a_claim_on_two_nodes_a_lost_claim_and_an_orphan_entry_are_found(n
         await bus.publish(subjects.dlq("placement"), DeadLetter(service="placement", subject="x", reason=" ", payload=""))
         findings = await auditor.audit({"c1": Accepted("c1", "alpha"), "gone": Accepted("gone", "alpha")},
                                        expected_letters={"tessera.claims.alpha.bad.requested._"})
-        assert any("c1" in d for d in findings.duplicated)
+        assert any("c1" in d for d in findings.duplicated) and any("c1" in d for d in findings.revision_doubles)
         assert findings.lost == ["gone: accepted but has no record"]
         assert any("orphan" in i for i in findings.inconsistent)
         assert len(findings.dead_letters_without_reason) == 2  # the empty reason, the missing letter

@@ -81,3 +81,21 @@ async def test_delay_holds_traffic_without_losing_it(nats_url):
             assert (await kv.get("slow")).value == b"late"
         finally:
             await nc.close()
+
+
+async def test_replies_are_dropped_from_the_write_that_carries_the_marker(nats_url):
+    direct, direct_kv = await _kv(nats_url)
+    with FaultProxy(int(nats_url.rsplit(":", 1)[1])) as proxy:
+        nc, kv = await _kv(proxy.url)
+        try:
+            proxy.drop_replies_after(b"$KV.faults.marked")
+            await kv.put("unmarked", b"answered")
+            assert not proxy.triggered.is_set()
+            with pytest.raises(NatsTimeout):
+                await kv.put("marked", b"committed")
+            assert proxy.triggered.is_set()
+            assert (await direct_kv.get("marked")).value == b"committed"
+        finally:
+            proxy.passthrough()
+            await nc.close()
+            await direct.close()
