@@ -35,6 +35,7 @@ from tessera.enforcer.kubelet.api import (
 from tessera.shared import subjects
 from tessera.shared.bus import Bus
 from tessera.shared.claimstore import ClaimStore
+from tessera.shared.errors import ConflictError
 from tessera.shared.events import ClaimRecord, ClaimSpec, DeviceShare, LedgerEntry
 from tessera.shared.kubeapi import KubeApi, object_path
 from tessera.shared.kubeclaims import DRIVER, RESOURCE_API_VERSION, KubeClaimRef, claim_id
@@ -233,9 +234,8 @@ class PluginNode:
                 try:
                     await self.ledger.commit(node, LedgerEntry(claim=claim, tenant="alpha", shares=held), current, revision)
                     break
-                except Exception as exc:  # a concurrent write (the enforcer's janitor): read again
-                    if "changed since" not in str(exc):
-                        raise
+                except ConflictError:  # a concurrent write (the enforcer's janitor): read again
+                    continue
         if in_api:
             obj["status"] = {"allocation": allocation(uid, node=node, driver=driver, devices=devices)}
             path = object_path(RESOURCE_API_VERSION, "resourceclaims", name, namespace)

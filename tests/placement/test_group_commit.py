@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+from tessera.placement.commit import Booking, Queued
 from tessera.placement.service import PlacementService, PlacementSettings
 from tessera.shared.errors import ConflictError
 from tessera.shared.events import DeviceShare, LedgerEntry, NodeLedger
@@ -62,20 +63,20 @@ def entry(claim: str, node: str) -> LedgerEntry:
 
 async def test_a_lost_write_is_retried_and_an_error_fails_only_that_nodes_claims():
     svc = service({"n1": ["conflict", "ok"], "n2": ["error"]})
-    booked = [("n1", entry("a", "n1")), ("n2", entry("b", "n2")), ("n1", entry("c", "n1"))]
-    outcomes = await svc._commit_booked(booked)
+    booked = [Booking("n1", entry("a", "n1")), Booking("n2", entry("b", "n2")), Booking("n1", entry("c", "n1"))]
+    outcomes = await svc.committer.commit_booked(booked)
     assert outcomes[0] is None and outcomes[2] is None  # n1: lost once, re-read, written
     assert isinstance(outcomes[1], OSError)  # n2's claim carries the error; the batch goes on
     assert svc.counts["conflicts"] == 1
     assert set(svc.node_ledgers["n1"][0].entries) == {"a", "c"}
-    assert not svc.flushing and not svc.commit_queues
+    assert not svc.committer.flushing and not svc.committer.queues
 
 
 async def test_three_lost_writes_give_up_with_a_conflict():
     svc = service({"n1": ["conflict", "conflict", "conflict"]})
-    [outcome] = await svc._commit_booked([("n1", entry("a", "n1"))])
+    [outcome] = await svc.committer.commit_booked([Booking("n1", entry("a", "n1"))])
     assert isinstance(outcome, ConflictError)
-    assert not svc.flushing
+    assert not svc.committer.flushing
 
 
 async def test_entries_queued_behind_a_flusher_that_fails_are_failed_not_left_waiting():
@@ -83,12 +84,12 @@ async def test_entries_queued_behind_a_flusher_that_fails_are_failed_not_left_wa
 
     async def broken(items):
         late = asyncio.get_running_loop().create_future()
-        svc.commit_queues.setdefault("n1", []).append((entry("late", "n1"), late))  # queued meanwhile
+        svc.committer.queues.setdefault("n1", []).append(Queued(entry("late", "n1"), late))  # queued meanwhile
         broken.late = late
         raise OSError("connection lost")
 
     svc.ledger.write_nodes = broken
-    [outcome] = await svc._commit_booked([("n1", entry("a", "n1"))])
+    [outcome] = await svc.committer.commit_booked([Booking("n1", entry("a", "n1"))])
     assert isinstance(outcome, OSError)
     assert broken.late.done() and isinstance(broken.late.exception(), OSError)
-    assert not svc.flushing and not svc.commit_queues
+    assert not svc.committer.flushing and not svc.committer.queues

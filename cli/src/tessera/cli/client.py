@@ -76,15 +76,36 @@ class Client:
             data = await self.bus.request(subject, _encoder.encode(request), timeout=timeout)
         except TemporaryError as exc:
             raise CliError(str(exc)) from None
-        reply = api.decode_reply(data)
+        return self._result(api.decode_reply(data))
+
+    @staticmethod
+    def _result(reply: api.Reply):
         if not reply.ok:
             err = reply.error
             where = f" (field {err.field})" if err and err.field else ""
             raise CliError(f"{err.message if err else 'request failed'}{where}")
         return reply.result
 
-    async def submit(self, request: api.SubmitRequest) -> dict:
-        return await self.call(subjects.API_SUBMIT, request)
+    async def submit(self, request: api.SubmitRequest, attempts: int = 3, timeout: float = 10.0) -> dict:
+        """Submit, retrying a lost or ``unavailable`` answer under one claim id chosen here before the
+        first attempt: a retry then finds the claim the lost attempt recorded instead of making a
+        second one, and the error after the last attempt names the id to look for."""
+        if request.claim is None:
+            request = msgspec.structs.replace(request, claim=api.new_claim_id())
+        payload = _encoder.encode(request)
+        for attempt in range(1, attempts + 1):
+            try:
+                reply = api.decode_reply(await self.bus.request(subjects.API_SUBMIT, payload, timeout=timeout))
+            except TemporaryError as exc:
+                problem = str(exc)
+            else:
+                if reply.ok or reply.error is None or reply.error.code != "unavailable":
+                    return self._result(reply)
+                problem = reply.error.message
+            if attempt < attempts:
+                await asyncio.sleep(0.5 * attempt)
+        raise CliError(f"{problem}\nThe claim may have been recorded as {request.claim}: check with "
+                       f"'tessera claims', or submit again with --claim {request.claim}")
 
     async def release(self, claim: str, reason: str = "requested") -> dict:
         return await self.call(subjects.API_RELEASE, api.ReleaseRequest(claim=claim, reason=reason))

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tessera.cli.client import FleetState
+from tessera.shared.inventory import is_lost
 
 PALETTE = ["cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta"]
 BAR = 24
@@ -30,7 +31,7 @@ def gpu_table(state: FleetState, *, title: str = "Tessera fleet") -> Table:
         table.add_column(col, **kw)
     for node in sorted(state.inventories):
         inv = state.inventories[node]
-        lost = inv.labels.get("tessera.dev/lost") == "true"
+        lost = is_lost(inv)
         ledger = state.ledgers.get(node)
         per_gpu: dict[str, list] = defaultdict(list)
         if ledger:

@@ -7,6 +7,7 @@ a typo ("gpumen") is an error that names the field, not a silently ignored value
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import msgspec
@@ -44,6 +45,9 @@ class ApiError(Struct, kw_only=True):
     message: str
     field: str = ""
     code: str = "invalid"  # invalid | not-found | conflict | unavailable | internal
+    # On ``unavailable`` from a submit: the id the claim was (or would have been) recorded under.
+    # The outcome is unknown; the same request again with this id is safe (it is idempotent).
+    claim: str = ""
 
 
 class Reply(Struct, kw_only=True):
@@ -60,8 +64,14 @@ def ok(result: Any) -> bytes:
     return _encoder.encode(Reply(ok=True, result=result))
 
 
-def error(message: str, *, field: str = "", code: str = "invalid") -> bytes:
-    return _encoder.encode(Reply(ok=False, error=ApiError(message=message, field=field, code=code)))
+def error(message: str, *, field: str = "", code: str = "invalid", claim: str = "") -> bytes:
+    return _encoder.encode(Reply(ok=False, error=ApiError(message=message, field=field, code=code, claim=claim)))
+
+
+def new_claim_id() -> str:
+    """A fresh claim id. A client that chooses it before its first submit can retry a submit
+    whose reply it never got with the same id, and so never makes two claims of one request."""
+    return "c-" + uuid.uuid4().hex[:16]
 
 
 def decode_reply(data: bytes) -> Reply:

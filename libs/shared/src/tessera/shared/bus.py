@@ -10,6 +10,7 @@ retry now. Streams and buckets are created in one place, with production setting
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Mapping
@@ -41,6 +42,22 @@ __all__ = [
 ]
 
 CONFLICT_RETRIES = 50
+# A handler still running after this fraction of ack_wait tells the server it is working on the
+# message (``+WPI``), so the server does not redeliver it to a peer meanwhile.
+PROGRESS_FRACTION = 1 / 3
+# Where the server announces a message it stopped delivering because max_deliver was spent.
+MAX_DELIVERIES_ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{consumer}"
+
+
+class _Exhausted(msgspec.Struct):
+    """The fields of the server's max-deliveries advisory that the bus reads."""
+
+    stream: str = ""
+    stream_seq: int = 0
+    deliveries: int = 0
+
+
+_exhausted = msgspec.json.Decoder(_Exhausted)
 
 
 @dataclass(frozen=True)
@@ -201,6 +218,17 @@ class Bus:
                 raise ack
         return acks
 
+    async def stored(self, stream: str, subject: str) -> bool:
+        """Whether ``stream`` holds a message on exactly ``subject`` (a reconciler asking whether an
+        event it owes was ever published)."""
+        try:
+            await self.js.get_last_msg(stream, subject)
+            return True
+        except NotFoundError:
+            return False
+        except (nats.errors.TimeoutError, nats.errors.ConnectionClosedError) as exc:
+            raise TemporaryError(f"cannot read {stream} for {subject}: {exc!r}") from exc
+
     async def follow(self, subject: str, decoder: msgspec.json.Decoder,
                      on_event: Callable[[Any, Mapping[str, str]], Awaitable[None] | None]) -> None:
         """Watch ``subject`` on core NATS (no storage, no acks) and hand each event and its headers
@@ -219,16 +247,71 @@ class Bus:
         finally:
             await sub.unsubscribe()
 
-    async def dead_letter(self, subject: str, data: bytes, reason: str, deliveries: int = 1) -> None:
+    async def dead_letter(self, subject: str, data: bytes, reason: str, deliveries: int = 1, *,
+                          stream: str = "", seq: int = 0) -> None:
+        """Publish a letter for the message at ``seq`` of ``stream``. The message id is its stream
+        position, so a message dead-lettered again (redelivered before its terminate arrived, or
+        both by its last handler and by the max-deliveries watch) leaves one letter."""
         letter = DeadLetter(
             service=self.service,
             subject=subject,
             reason=reason,
             payload=data.decode("utf-8", errors="replace"),
             deliveries=deliveries,
+            stream=stream,
         )
         log.error("dead-letter %s: %s", subject, reason)
-        await self.publish(subjects.dlq(self.service), letter)
+        msg_id = f"dlq:{stream}:{seq}" if stream and seq else None
+        await self.publish(subjects.dlq(self.service), letter, msg_id=msg_id)
+
+    async def watch_exhausted(self, stream: str, durable: str) -> None:
+        """Dead-letter what the server stops delivering on ``durable`` because ``max_deliver`` is
+        spent with no verdict (each delivery's handler died or outran ack_wait); runs until
+        cancelled. Every replica watches; the letters' message ids make it one letter."""
+
+        async def on_advisory(msg: Msg) -> None:
+            try:
+                advisory = _exhausted.decode(msg.data)
+                try:
+                    stored = await self.js.get_msg(stream, advisory.stream_seq)
+                    subject, data = stored.subject or "", stored.data or b""
+                except NotFoundError:  # aged out of the stream meanwhile: the letter says where it was
+                    subject, data = "", b""
+                await self.dead_letter(
+                    subject, data,
+                    f"gave up after {advisory.deliveries} deliveries: no delivery was settled (max_deliver spent)",
+                    advisory.deliveries, stream=stream, seq=advisory.stream_seq,
+                )
+            except Exception as exc:  # the next replica's watch, or the operator's log, has it
+                log.error("cannot dead-letter an exhausted message of %s/%s: %r", stream, durable, exc)
+
+        sub = await self.nc.subscribe(MAX_DELIVERIES_ADVISORY.format(stream=stream, consumer=durable),
+                                      cb=on_advisory)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    @contextlib.asynccontextmanager
+    async def _progress(self, msgs: list[Msg]):
+        """While the body runs, tell the server every fraction of ack_wait that ``msgs`` are still
+        being worked on, so a slow handler or batch is not redelivered to a peer."""
+        period = max(self.settings.ack_wait * PROGRESS_FRACTION, 0.05)
+
+        async def beat() -> None:
+            while True:
+                await asyncio.sleep(period)
+                for msg in msgs:
+                    with contextlib.suppress(Exception):  # disconnected: the redelivery decides
+                        await msg.in_progress()
+
+        task = asyncio.create_task(beat())
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     # --- consuming -------------------------------------------------------------------------
 
@@ -266,6 +349,17 @@ class Bus:
             max_ack_pending=max(1000, batch * 4),
         )
         sub = await self._bind(stream, config)
+        watch = asyncio.create_task(self.watch_exhausted(stream, durable))
+        try:
+            await self._consume_loop(sub, stream, config, decoder, handler, batch, concurrency, max_deliver,
+                                     ready, batch_handler)
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+
+    async def _consume_loop(self, sub, stream, config, decoder, handler, batch, concurrency, max_deliver,
+                            ready, batch_handler) -> None:
+        durable = config.durable_name
         if ready is not None:
             ready.set()
         limiter = asyncio.Semaphore(concurrency)
@@ -292,13 +386,16 @@ class Bus:
                 log.warning("fetch on %s failed (%r %s); retrying", durable, exc, getattr(exc, "description", ""))
                 await asyncio.sleep(0.5)
                 continue
-            if batch_handler is not None:
-                await self._handle_batch(msgs, decoder, batch_handler, max_deliver)
-            elif concurrency == 1:
-                for msg in msgs:
-                    await self._handle(msg, decoder, handler, max_deliver)
-            else:
-                await asyncio.gather(*(one(m) for m in msgs), return_exceptions=True)
+            # The whole fetched batch is signalled, not only the message in hand: the ones still
+            # waiting their turn would otherwise outlive ack_wait behind a slow one.
+            async with self._progress(msgs):
+                if batch_handler is not None:
+                    await self._handle_batch(msgs, decoder, batch_handler, max_deliver)
+                elif concurrency == 1:
+                    for msg in msgs:
+                        await self._handle(msg, decoder, handler, max_deliver)
+                else:
+                    await asyncio.gather(*(one(m) for m in msgs), return_exceptions=True)
 
     async def _bind(self, stream: str, config: api.ConsumerConfig):
         while True:
@@ -393,13 +490,21 @@ class Bus:
             pass
 
     async def _give_up(self, msg: Msg, reason: str, delivered: int) -> None:
+        """Dead-letter, then terminate; a message whose letter was not stored is not terminated
+        (it comes back, and is dead-lettered then), so nothing is dropped without its letter."""
         try:
-            await self.dead_letter(msg.subject, msg.data, reason, delivered)
-        finally:
-            try:
-                await msg.term()
-            except Exception:
-                pass
+            stream, seq = msg.metadata.stream, msg.metadata.sequence.stream
+        except Exception:  # not a JetStream delivery (no metadata): no position to key the letter by
+            stream, seq = "", 0
+        try:
+            await self.dead_letter(msg.subject, msg.data, reason, delivered, stream=stream, seq=seq)
+        except Exception as exc:
+            log.warning("dead letter for %s not stored (%r); redelivering instead", msg.subject, exc)
+            with contextlib.suppress(Exception):  # connection gone: the server redelivers after ack_wait
+                await msg.nak(delay=1.0)
+            return
+        with contextlib.suppress(Exception):
+            await msg.term()
 
     # --- request / reply -------------------------------------------------------------------
 

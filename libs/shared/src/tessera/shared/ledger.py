@@ -15,14 +15,13 @@ from dataclasses import dataclass
 import msgspec
 
 from tessera.shared import subjects
-from tessera.shared.bus import KeyNotFoundError, KeyValue, KeyWrongLastSequenceError
+from tessera.shared.bus import KeyNotFoundError, KeyValue
 from tessera.shared.errors import ConflictError
 from tessera.shared.events import GpuQuota, LedgerEntry, NodeLedger, TenantUsage, encode
 from tessera.shared.jspub import kv_update_many
-from tessera.shared.kvkeys import live_entries
+from tessera.shared.kv import Bucket, CasLost, cas_lost
 
 _node_decoder = msgspec.json.Decoder(NodeLedger)
-_tenant_decoder = msgspec.json.Decoder(TenantUsage)
 
 
 @dataclass
@@ -65,6 +64,9 @@ def tenant_totals(usage: TenantUsage) -> GpuQuota:
 class Ledger:
     def __init__(self, kv: KeyValue) -> None:
         self.kv = kv
+        # Two typed views of the one bucket (its keys say which type a value is).
+        self.nodes: Bucket[NodeLedger] = Bucket(kv, NodeLedger, "ledger")
+        self.tenants: Bucket[TenantUsage] = Bucket(kv, TenantUsage, "ledger")
 
     # --- nodes -----------------------------------------------------------------------------
 
@@ -75,18 +77,16 @@ class Ledger:
             return NodeLedger(node=node), None
         if entry.value is None or entry.value == b"":
             return NodeLedger(node=node), entry.revision
-        return _node_decoder.decode(entry.value), entry.revision
+        return self.nodes.decode(entry.key, entry.value), entry.revision
 
     async def _write(self, key: str, value: bytes, revision: int | None) -> int:
         try:
             if revision is None:
                 return await self.kv.create(key, value)
             return await self.kv.update(key, value, last=revision)
-        except KeyWrongLastSequenceError as exc:
-            raise ConflictError(f"{key} changed since revision {revision}") from exc
-        except Exception as exc:  # create() on a key that exists raises a plain APIError
-            if "wrong last sequence" in str(exc).lower() or "key exists" in str(exc).lower():
-                raise ConflictError(f"{key} changed since revision {revision}") from exc
+        except Exception as exc:
+            if cas_lost(exc):
+                raise CasLost(f"{key} changed since revision {revision}") from None
             raise
 
     async def commit(
@@ -115,24 +115,15 @@ class Ledger:
 
     async def release(self, node: str, claim: str) -> LedgerEntry | None:
         """Remove a claim's allocation from a node; idempotent (None if it was not there)."""
-        while True:
-            ledger, revision = await self.read_node(node)
-            entry = ledger.entries.get(claim)
-            if entry is None:
-                return None
-            entries = {k: v for k, v in ledger.entries.items() if k != claim}
-            try:
-                await self._write(
-                    subjects.ledger_node_key(node), encode(NodeLedger(node=node, entries=entries)), revision
-                )
-                return entry
-            except ConflictError:
-                continue
+        return await self.release_entry(node, claim)
 
     async def all_nodes(self) -> dict[str, NodeLedger]:
         """Every node's ledger, by node (one batched read of the bucket)."""
-        nodes = {k: v for k, v in (await live_entries(self.kv)).items() if k.startswith("node.") and v[0]}
-        return {key[5:]: _node_decoder.decode(nodes[key][0]) for key in sorted(nodes)}
+        return {key[5:]: stored.value for key, stored in (await self.nodes.items("node.")).items()}
+
+    async def all_tenants(self) -> dict[str, tuple[TenantUsage, int]]:
+        """Every tenant's usage record with its revision (a malformed one is logged and skipped)."""
+        return {key[7:]: (s.value, s.revision) for key, s in (await self.tenants.items("tenant.")).items()}
 
     # --- tenants (quota) -------------------------------------------------------------------
 
@@ -143,7 +134,7 @@ class Ledger:
             return TenantUsage(tenant=tenant), None
         if not entry.value:
             return TenantUsage(tenant=tenant), entry.revision
-        return _tenant_decoder.decode(entry.value), entry.revision
+        return self.tenants.decode(entry.key, entry.value), entry.revision
 
     async def reserve_quota(self, tenant: str, claim: str, amount: GpuQuota, usage: TenantUsage, revision: int | None) -> None:
         claims = dict(usage.claims)
@@ -167,6 +158,37 @@ class Ledger:
                 continue
 
 
+    async def release_entry(self, node: str, claim: str, shares: list | None = None) -> LedgerEntry | None:
+        """Remove a claim's entry from a node, but only if it is the one with ``shares`` (when
+        given): a replica rolling back its own attempt never removes a peer's winning entry."""
+        while True:
+            ledger, revision = await self.read_node(node)
+            entry = ledger.entries.get(claim)
+            if entry is None or (shares is not None and list(entry.shares) != list(shares)):
+                return None
+            entries = {k: v for k, v in ledger.entries.items() if k != claim}
+            try:
+                await self.write_node(NodeLedger(node=node, entries=entries), revision)
+                return entry
+            except ConflictError:
+                continue
+
+    async def give_back(self, tenant: str, claim: str, node: str | None, *, shares: list | None = None,
+                        quota: bool = True) -> GiveBack:
+        """Return what a claim holds: its ledger entry on ``node`` (only the one with ``shares``, when
+        given) and, with ``quota``, its tenant's quota reservation. The one operation every release
+        and every rollback goes through, so none of them returns one half and forgets the other."""
+        entry = await self.release_entry(node, claim, shares) if node else None
+        returned = await self.return_quota(tenant, claim) if quota else False
+        return GiveBack(entry=entry, quota_returned=returned)
+
+
+@dataclass(frozen=True)
+class GiveBack:
+    entry: LedgerEntry | None  # the ledger entry removed (None: there was none, or not ours)
+    quota_returned: bool
+
+
 def decode_node_ledger(data: bytes) -> NodeLedger:
     return _node_decoder.decode(data)
 
@@ -177,6 +199,12 @@ def check_fit(devices: list, ledger: NodeLedger, entry: LedgerEntry) -> str | No
     This is the last line of defence against over-commit: placement runs it on the ledger it is
     about to overwrite, whatever its (possibly stale) in-memory view of the fleet said.
     """
+    held = ledger.entries.get(entry.claim)
+    if held is not None:  # the same claim twice: already placed there, or placed differently
+        if list(held.shares) == list(entry.shares):
+            return None
+        return (f"{entry.claim} is already placed on {ledger.node} on other GPUs "
+                f"({', '.join(s.uuid for s in held.shares)})")
     by_uuid = {d.uuid: d for d in devices}
     totals = device_totals(ledger)
     seen: set[str] = set()

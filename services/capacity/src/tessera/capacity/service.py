@@ -41,10 +41,10 @@ from tessera.shared.runner import ServiceContext
 from tessera.shared.settings import env_bool, env_float, env_str
 
 from tessera.shared import profile as profiles
+from tessera.shared.inventory import is_lost, with_lost
 
 log = logging.getLogger("tessera.capacity")
 
-LOST_LABEL = "tessera.dev/lost"
 _inventory_record = msgspec.json.Decoder(NodeInventory)
 
 
@@ -226,9 +226,9 @@ class CapacityService:
         if not entry.value:
             return
         inv = _inventory_record.decode(entry.value)
-        if inv.labels.get(LOST_LABEL) == "true":
+        if is_lost(inv):
             return
-        labels = dict(inv.labels, **{LOST_LABEL: "true"})
+        labels = with_lost(inv.labels, True)
         try:
             await self.kv.update(node, encode(msgspec.structs.replace(inv, labels=labels)), last=entry.revision)
         except Exception:
@@ -248,9 +248,9 @@ class CapacityService:
         except Exception:
             return
         inv = _inventory_record.decode(entry.value)
-        if inv.labels.get(LOST_LABEL) != "true":
+        if not is_lost(inv):
             return
-        labels = {k: v for k, v in inv.labels.items() if k != LOST_LABEL}
+        labels = with_lost(inv.labels, False)
         try:
             await self.kv.update(node, encode(msgspec.structs.replace(inv, labels=labels)), last=entry.revision)
             log.info("node %s is back", node)

@@ -20,10 +20,10 @@ import msgspec
 
 from tessera.shared.events import NodeInventory
 from tessera.shared.kvkeys import live_values
+from tessera.shared.inventory import LOST_LABEL, is_lost  # noqa: F401 - LOST_LABEL: the enforcer service reads it here
 
 log = logging.getLogger("tessera.enforcer.lost")
 
-LOST_LABEL = "tessera.dev/lost"
 _inventory = msgspec.json.Decoder(NodeInventory)
 
 
@@ -49,7 +49,7 @@ class LostNodes:
     def due(self, inventory: dict[str, NodeInventory], ledgers: dict[str, list[str]], now: float | None = None) -> list[tuple[str, str]]:
         """(node, claim) pairs this enforcer should release now; ``ledgers``: node -> its claims."""
         now = time.monotonic() if now is None else now
-        lost = {n for n, inv in inventory.items() if inv.labels.get(LOST_LABEL) == "true"}
+        lost = {n for n, inv in inventory.items() if is_lost(inv)}
         for node in list(self.since):
             if node not in lost:
                 del self.since[node]

@@ -69,6 +69,15 @@ class EnforcerService:
         ctx.extra_routes.append(self.metrics.route())
 
     async def start(self) -> dict:
+        await self.open()
+        tasks = {"claims": self._consume(), "observe": self._observe_loop(), "lost-nodes": self._lost_loop(),
+                 "reconcile": self._reconcile_loop()}
+        if self.settings.kubernetes:
+            tasks["kubelet-plugin"] = self._kubelet_plugin()
+        return tasks
+
+    async def open(self) -> None:
+        """The buckets, directories and observer every root task uses (tests open without tasks)."""
         self.claims = ClaimStore(await self.bus.kv(subjects.KV_CLAIMS))
         self.ledger = Ledger(await self.bus.kv(subjects.KV_LEDGER))
         self.inventory_kv = await self.bus.kv(subjects.KV_INVENTORY)
@@ -78,10 +87,6 @@ class EnforcerService:
         self.gpustats = GpuStats(enabled=not self.settings.simulated)
         if self.settings.simulated:
             log.info("simulated fleet: workloads get the simulated driver from %s", self.settings.sim_driver_dir)
-        tasks = {"claims": self._consume(), "observe": self._observe_loop(), "lost-nodes": self._lost_loop()}
-        if self.settings.kubernetes:
-            tasks["kubelet-plugin"] = self._kubelet_plugin()
-        return tasks
 
     # --- Kubernetes: the kubelet's DRA plugin ----------------------------------------------------
 
@@ -123,20 +128,56 @@ class EnforcerService:
             handler=self.handle,
         )
 
+    async def _reconcile_loop(self) -> None:
+        """The start-up reconcile again, periodically: a step that failed after its record changed
+        (a publish that timed out, a claim allocated while the consumer was giving up on it) is
+        finished by the next pass instead of waiting for the next restart."""
+        while True:
+            await asyncio.sleep(self.settings.reconcile_seconds)
+            try:
+                await self.reconcile()
+            except TemporaryError as exc:
+                log.warning("reconcile: %s", exc)
+
     async def reconcile(self) -> None:
-        """Rebuilt from empty memory: finish what the records say is half done on this node.
+        """Finish what the records say is half done on this node (at start: from empty memory).
 
         Running workloads need no adoption step: the observe loop finds them through their claim
-        directories (owner locks, accounting files) like any other, and releases the orphans."""
+        directories (owner locks, accounting files) like any other, and releases the orphans; it
+        also removes the directories of claims that are no longer live here."""
         for record in await self.claims.all():
-            if record.node != self.node or record.state in TERMINAL:
+            if record.node != self.node:
                 continue
-            if record.release_requested:
-                await self.release(record, record.reason or "requested")
-            elif self.kubelet_prepares(record):
-                continue  # the kubelet plugin's checkpoint, not this, restores what it prepared
-            elif record.state == "allocated" or not self.dirs.of(record.claim).exists():
-                await self.prepare(record)
+            try:
+                await self._reconcile_one(record)
+            except TemporaryError as exc:  # this claim waits for the next pass; the others go on
+                log.warning("reconcile %s: %s", record.claim, exc)
+
+    async def _reconcile_one(self, record: ClaimRecord) -> None:
+        if record.state == "released":
+            await self._finish_release(record)
+        elif record.state in TERMINAL:
+            return
+        elif record.release_requested:
+            await self.release(record, record.reason or "requested")
+        elif self.kubelet_prepares(record):
+            return  # the kubelet plugin's checkpoint, not this, restores what it prepared
+        elif record.state == "allocated" or not self.dirs.of(record.claim).exists():
+            await self.prepare(record)
+        if record.state == "prepared" and not record.release_requested:
+            await self._republish_prepared(record)
+
+    async def _republish_prepared(self, record: ClaimRecord) -> None:
+        """A record moved to ``prepared`` by an enforcer that stopped before publishing the event:
+        publish it now, from the directory that is there (same message id as the first attempt)."""
+        subject = subjects.claim(record.tenant, record.claim, "prepared", self.node)
+        if await self.bus.stored(subjects.STREAM_CLAIMS, subject):
+            return
+        if not self.preparation.present(record.claim):
+            return  # nothing on disk to announce (the kubelet unprepared it, or it is being restored)
+        prepared = self.preparation.materialize(record.claim, record.devices, await self._devices())
+        await self._publish_prepared(record, prepared)
+        log.warning("republished prepared for %s (its event was never published)", record.claim)
 
     def kubelet_prepares(self, record: ClaimRecord) -> bool:
         """A ResourceClaim's claim is prepared when the kubelet asks (pod about to start), not on
@@ -171,17 +212,39 @@ class EnforcerService:
         if record.release_requested:  # released before we got to it: nothing to prepare
             await self.release(record, record.reason or "release requested")
             return
+        problem = await self._ledger_problem(record)
+        if problem is not None:
+            # Preparing would hand out GPUs the ledger does not hold for this claim, which another
+            # claim may then be sold. Placement's reconciler repairs the ledger; until then the
+            # event is retried (and dead-lettered with this reason if it never is).
+            raise TemporaryError(f"not preparing {record.claim}: {problem}", delay=1.0)
         prepared = self.preparation.materialize(record.claim, record.devices, await self._devices())
         if record.state != "allocated":
             log.info("restored the directory of %s (%s)", record.claim, record.state)
             return
         await self.announce_prepared(record, prepared)
 
+    async def _ledger_problem(self, record: ClaimRecord) -> str | None:
+        """Why this node's ledger does not back the record's devices, or None if it does."""
+        ledger, _ = await self.ledger.read_node(self.node)
+        entry = ledger.entries.get(record.claim)
+        if entry is None:
+            return f"the ledger of {self.node} holds no entry for it"
+        if sorted(entry.shares, key=lambda s: s.uuid) != sorted(record.devices, key=lambda s: s.uuid):
+            return f"its record's devices differ from the ledger of {self.node}"
+        return None
+
     async def announce_prepared(self, record: ClaimRecord, prepared: Prepared) -> None:
-        """Move an allocated claim to ``prepared`` and say so on the bus (whichever path prepared it)."""
+        """Move an allocated claim to ``prepared`` and say so on the bus (whichever path prepared it).
+
+        A stop between the two leaves a ``prepared`` record without its event: ``reconcile``
+        publishes it then."""
         done = await self.claims.transition(record.claim, "prepared")
         if done is None:
             return  # released meanwhile: the observe loop cleans up
+        await self._publish_prepared(record, prepared)
+
+    async def _publish_prepared(self, record: ClaimRecord, prepared: Prepared) -> None:
         await self.bus.publish(
             subjects.claim(record.tenant, record.claim, "prepared", self.node),
             ClaimPrepared(
@@ -195,22 +258,42 @@ class EnforcerService:
     async def release(self, record: ClaimRecord, reason: str, *, node: str | None = None) -> bool:
         """Return the claim's capacity and publish ``released``; True if this call released it.
 
-        ``node`` is the node whose ledger holds the claim (another one for a lost node's claims)."""
+        ``node`` is the node whose ledger holds the claim (another one for a lost node's claims).
+        The ledger entry goes last: until it is gone, whoever finds it (this node's reconcile and
+        janitor, a lost node's releasers) finishes the release, so a stop at any step is resumed
+        by re-running from the top; every step is idempotent. (A stop after the quota return and
+        before the entry goes leaves the tenant charged for nothing meanwhile, never the reverse.)"""
         node = node or record.node or self.node
-        await self.ledger.release(node, record.claim)
         await self.ledger.return_quota(record.tenant, record.claim)
+        current, _ = await self.claims.get(record.claim)
+        if current is not None and current.state == "released":
+            await self._finish_release(current, node=node)
+            return False
         done = await self.claims.transition(
             record.claim, "released", lambda r: msgspec.structs.replace(r, reason=reason)
         )
-        if done is None:
+        if done is None:  # failed meanwhile, or gone: its capacity is still not anyone's
+            await self.ledger.release(node, record.claim)
             return False
-        await self.bus.publish(
-            subjects.claim(record.tenant, record.claim, "released", node),
-            ClaimReleased(claim=record.claim, tenant=record.tenant, node=node, reason=reason),
-            msg_id=f"{record.claim}:released",
-        )
+        await self._finish_release(done, node=node, resumed=False)
         log.info("released %s on %s (%s)", record.claim, node, reason)
         return True
+
+    async def _finish_release(self, record: ClaimRecord, *, node: str | None = None, resumed: bool = True) -> None:
+        """The steps of a release after its record says ``released``: quota, event, ledger entry.
+        ``resumed``: finishing another run's release, which is unfinished while its entry is there."""
+        node = node or record.node or self.node
+        if resumed:
+            ledger, _ = await self.ledger.read_node(node)
+            if record.claim not in ledger.entries:
+                return  # finished before
+        await self.ledger.return_quota(record.tenant, record.claim)
+        await self.bus.publish(
+            subjects.claim(record.tenant, record.claim, "released", node),
+            ClaimReleased(claim=record.claim, tenant=record.tenant, node=node, reason=record.reason),
+            msg_id=f"{record.claim}:released",
+        )
+        await self.ledger.release(node, record.claim)
 
     # --- observe: usage, metrics, leaks ---------------------------------------------------------
 
@@ -269,11 +352,25 @@ class EnforcerService:
                     self.preparation.remove(claim)
                     log.info("removed the directory of %s", claim)
                 case DropLedger(claim=claim):
-                    entry = await self.ledger.release(self.node, claim)
-                    if entry is not None:
-                        await self.ledger.return_quota(entry.tenant, claim)
-                        log.warning("dropped orphan ledger entry %s (claim %s)", claim,
-                                    cv.record.state if cv.record else "unknown")
+                    await self._drop_orphan(claim)
+
+    async def _drop_orphan(self, claim: str) -> None:
+        """A ledger entry of this node whose claim is not live here: removed only if the record,
+        read now, says the claim is over (or never existed). A record still on its way (placement
+        wrote the ledger and has not yet written ``allocated``, or is re-placing it) keeps its entry:
+        dropping it would let the redelivered allocation run on GPUs the ledger sells again."""
+        record, _ = await self.claims.get(claim)
+        if record is not None and record.state not in TERMINAL:
+            log.info("kept ledger entry %s: its record is %s on %r (placement's to settle)",
+                     claim, record.state, record.node)
+            return
+        if record is not None and record.state == "released" and record.node == self.node:
+            await self._finish_release(record)
+            return
+        entry = await self.ledger.release(self.node, claim)
+        if entry is not None:
+            await self.ledger.return_quota(entry.tenant, claim)
+            log.warning("dropped orphan ledger entry %s (claim %s)", claim, record.state if record else "unknown")
 
     # --- lost nodes -----------------------------------------------------------------------------
 
@@ -300,10 +397,14 @@ class EnforcerService:
                 if await self.release(record, reason, node=node):
                     self.metrics.reclaimed["node lost"] += 1
                     log.warning("released %s of lost node %s", claim, node)
+            elif record is not None and record.state == "released":
+                await self._finish_release(record, node=node)  # a releaser stopped half way
             else:
-                entry = await self.ledger.release(node, claim)
+                ledger, _ = await self.ledger.read_node(node)
+                entry = ledger.entries.get(claim)
                 if entry is not None:
                     await self.ledger.return_quota(entry.tenant, claim)
+                    await self.ledger.release(node, claim)
 
 
 async def build(ctx: ServiceContext) -> dict:

@@ -88,6 +88,9 @@ class EnforcerSettings:
     # Claims on a node marked lost (inventory label tessera.dev/lost=true) are released this long
     # after the mark by the designated enforcer, twice this long by any other.
     lost_reclaim_seconds: float = 60.0
+    # The reconcile pass of start-up (prepared records whose event is missing, allocated claims not
+    # prepared, releases left half done) runs again this often.
+    reconcile_seconds: float = 30.0
     # Also emit HAMi's pre-2.9 metric names (vGPU_device_memory_usage_in_bytes, ...).
     legacy_metrics: bool = True
     # Kubernetes mode: the enforcer is the kubelet's DRA plugin of driver gpu.tessera.dev; claims
@@ -132,6 +135,7 @@ class EnforcerSettings:
             usage_heartbeat_seconds=_positive(env, "TESSERA_USAGE_HEARTBEAT_SECONDS", cls.usage_heartbeat_seconds),
             reclaim_seconds=_positive(env, "TESSERA_RECLAIM_SECONDS", cls.reclaim_seconds),
             lost_reclaim_seconds=_positive(env, "TESSERA_LOST_RECLAIM_SECONDS", cls.lost_reclaim_seconds),
+            reconcile_seconds=_positive(env, "TESSERA_ENFORCER_RECONCILE_SECONDS", cls.reconcile_seconds),
             legacy_metrics=legacy in ("1", "true", "yes"),
             kubernetes=kubernetes,
             kubelet_registry_dir=_absolute("TESSERA_KUBELET_REGISTRY_DIR", env_str(

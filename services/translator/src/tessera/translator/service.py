@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import uuid
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -57,8 +56,11 @@ _spec_decoder = msgspec.json.Decoder(ClaimSpec)
 _encoder = msgspec.json.Encoder()
 
 
-def new_claim_id() -> str:
-    return "c-" + uuid.uuid4().hex[:16]
+new_claim_id = api.new_claim_id
+
+# A ``requested`` record this old whose event is not on the stream was left by a translator that
+# stopped (or timed out) between the record and the publish; younger ones may still be on their way.
+REQUESTED_GRACE_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -116,12 +118,17 @@ class TranslatorService:
         # yet, by message id (see ``flush``).
         self.unpublished: dict[str, tuple[str, msgspec.Struct]] = {}
 
-    async def start(self) -> dict:
+    async def open(self) -> None:
+        """The buckets every root task uses (tests open without tasks)."""
         self.claims = ClaimStore(await self.bus.kv(subjects.KV_CLAIMS))
         self.tenants = await self.bus.kv(subjects.KV_TENANTS)
+
+    async def start(self) -> dict:
+        await self.open()
         tasks = {
             "api-submit": self.bus.serve(subjects.API_SUBMIT, self.submit),
             "api-release": self.bus.serve(subjects.API_RELEASE, self.release),
+            "requested-reconcile": self._republish_loop(),
         }
         cluster = None
         if self.settings.kubernetes:
@@ -201,6 +208,10 @@ class TranslatorService:
     @staticmethod
     def _requested_message(event: ClaimRequested) -> tuple[str, ClaimRequested, str]:
         return subjects.claim(event.tenant, event.claim, "requested"), event, f"{event.claim}:requested"
+
+    async def _publish_requested(self, event: ClaimRequested) -> None:
+        subject, message, msg_id = self._requested_message(event)
+        await self.bus.publish(subject, message, msg_id=msg_id)
 
     async def records(self) -> list[ClaimRecord]:
         return await self.claims.all()
@@ -294,21 +305,72 @@ class TranslatorService:
                 field="tenant",
                 code="not-found",
             )
-        try:
-            fresh, existing = await self._record(event)
-            if existing is not None and existing.tenant != event.tenant:
-                return api.error(
-                    f"claim id {event.claim!r} belongs to another tenant; choose another id",
-                    field="claim",
-                    code="conflict",
-                )
-            # A retry republishes under the same message id: the stream drops it if the first got through.
-            subject, message, msg_id = self._requested_message(fresh or event)
-            await self.bus.publish(subject, message, msg_id=msg_id)
-        except TemporaryError as exc:
-            return api.error(str(exc), code="unavailable")
+        refused = await self._record_and_request(event)
+        if refused is not None:
+            return refused
         log.info("claim %s for tenant %s requested: %s", event.claim, event.tenant, spec)
         return api.ok({"claim": event.claim, "tenant": event.tenant, "spec": msgspec.to_builtins(spec)})
+
+    async def _record_and_request(self, event: ClaimRequested) -> bytes | None:
+        """Record the claim and publish ``requested``; None when done, else the error reply.
+
+        Safe to repeat with the same claim id, which is what a caller does with the id an
+        ``unavailable`` reply gives it: a claim recorded before is requested again only while it is
+        still ``requested``, from its record (never from the new request, so a claim is never
+        requested with two contents), under the same message id (the stream drops it if the first
+        attempt got through). If the publish fails for good, the republisher finds the record."""
+        try:
+            fresh, existing = await self._record(event)
+            if existing is not None:
+                if existing.tenant != event.tenant:
+                    return api.error(f"claim id {event.claim!r} belongs to another tenant; choose another id",
+                                     field="claim", code="conflict")
+                if existing.spec != event.spec:
+                    return api.error(f"claim id {event.claim!r} was already submitted with another request; "
+                                     "choose another id (or repeat the first request exactly)",
+                                     field="claim", code="conflict")
+                if existing.state != "requested":
+                    return None  # on its way already: nothing to send
+                _, revision = await self.claims.get(event.claim)
+                fresh = ClaimRequested(claim=existing.claim, tenant=existing.tenant, spec=existing.spec,
+                                       source="api", kube=existing.kube, record_revision=revision or 0)
+            await self._publish_requested(fresh)
+        except Exception as exc:  # a timeout or lost connection of the bucket or the stream: outcome unknown
+            return api.error(f"{exc!r}: the claim may or may not be recorded; submit again with claim id "
+                             f"{event.claim!r} (safe: it cannot make a second claim)",
+                             code="unavailable", claim=event.claim)
+        return None
+
+    async def _republish_loop(self) -> None:
+        while True:
+            try:
+                await self.republish_requested()
+            except TemporaryError as exc:
+                log.warning("requested republish: %s", exc)
+            await asyncio.sleep(self.settings.reconcile_seconds)
+
+    async def republish_requested(self, grace: float = REQUESTED_GRACE_SECONDS) -> list[str]:
+        """Publish ``requested`` for the records that say so but whose event never reached the
+        stream (a submit whose publish failed, a translator killed between record and publish, on
+        either path); returns their claim ids. The event is made from the record at its current
+        revision, under the claim's one message id, so every replica may run this at once."""
+        sent = []
+        for record in await self.claims.all():
+            if record.state != "requested" or now() - record.updated < grace:
+                continue
+            subject = subjects.claim(record.tenant, record.claim, "requested")
+            if await self.bus.stored(subjects.STREAM_CLAIMS, subject):
+                continue
+            current, revision = await self.claims.get(record.claim)
+            if current is None or current.state != "requested":
+                continue
+            event = ClaimRequested(claim=current.claim, tenant=current.tenant, spec=current.spec,
+                                   source="kubernetes" if current.kube is not None else "api",
+                                   kube=current.kube, record_revision=revision or 0)
+            await self._publish_requested(event)
+            log.warning("republished requested for %s (its event never reached the stream)", record.claim)
+            sent.append(record.claim)
+        return sent
 
     async def release(self, data: bytes, headers: Mapping[str, str]) -> bytes:
         try:

@@ -1,0 +1,157 @@
+"""The two outcomes placement writes: ``allocated`` and ``unschedulable``, one writer each.
+
+The batch path and the one-claim path used to write each outcome their own way (and so decided the
+lost-race cases twice). Here a writer takes any number of outcomes: the claim records go out
+pipelined by compare-and-set against the revision each was based on, an outcome whose record moved
+meanwhile is decided again from what the record says now (the careful path), and the events of
+those written go out pipelined. A lost race of an allocation gives back only what this attempt
+took: its own ledger entry, and the quota only if the claim lives nowhere else.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from tessera.shared import subjects
+from tessera.shared.events import ClaimAllocated, ClaimRecord, ClaimRequested, ClaimUnschedulable, LedgerEntry
+from tessera.shared.lifecycle import ON_NODE, UNPLACED
+
+if TYPE_CHECKING:
+    from tessera.placement.service import PlacementService
+
+
+@dataclass(frozen=True)
+class Allocation:
+    event: ClaimRequested
+    node: str
+    entry: LedgerEntry
+    record: ClaimRecord  # as read (or, on the fast path, as the ``requested`` event implies)
+    revision: int | None  # the record's revision it was read at (None: unknown, re-read)
+    headers: dict[str, str] | None = None  # a traceparent captured where it was decided
+
+
+@dataclass(frozen=True)
+class Refusal:
+    event: ClaimRequested
+    reason: str
+    filtered: dict[str, int]
+    record: ClaimRecord
+    revision: int | None
+    headers: dict[str, str] | None = None
+    first: bool = True  # the claim was not waiting here before (so it is news even if unchanged)
+
+
+def _announcement(subject: str, event, msg_id: str | None, headers: dict[str, str] | None) -> tuple:
+    return (subject, event, msg_id) if headers is None else (subject, event, msg_id, headers)
+
+
+class OutcomeWriter:
+    def __init__(self, svc: "PlacementService") -> None:
+        self.svc = svc
+
+    # --- allocated --------------------------------------------------------------------------
+
+    async def allocated(self, items: list[Allocation]) -> list[BaseException | bool]:
+        """Record and announce allocations; per item True (allocated), False (the claim had
+        moved on: what this attempt took is given back) or the error that stopped it."""
+        svc = self.svc
+        now = time.time()
+        records = [msgspec.structs.replace(a.record, state="allocated", node=a.node, devices=list(a.entry.shares),
+                                           reason="", updated=now) for a in items]
+        fast = [i for i, a in enumerate(items) if a.revision]
+        revisions = await svc.claims.replace_many([(records[i], items[i].revision) for i in fast]) if fast else []
+        written: dict[int, ClaimRecord | None] = {i: records[i] for i, rev in zip(fast, revisions) if rev is not None}
+        out: list[BaseException | bool] = [True] * len(items)
+        for i, a in enumerate(items):
+            if i in written:
+                continue
+            try:  # the record moved since (a release request, a peer): the careful path decides
+                written[i] = await self._settle_allocation(a)
+            except Exception as exc:
+                out[i] = exc
+                continue
+            if written[i] is None:
+                out[i] = False
+        announce = []
+        for i, a in enumerate(items):
+            record = written.get(i)
+            if record is None:
+                continue
+            event = a.event
+            svc._forget(event.claim)
+            svc.counts["allocated"] += 1
+            svc._kube_allocated(event.claim, event.tenant, a.node, a.entry.shares, event.kube or record.kube)
+            announce.append(_announcement(
+                subjects.claim(event.tenant, event.claim, "allocated", a.node),
+                ClaimAllocated(claim=event.claim, tenant=event.tenant, node=a.node, devices=list(a.entry.shares),
+                               spec=event.spec),
+                f"{event.claim}:allocated", a.headers))
+        if announce:
+            await svc.bus.publish_many(announce)
+        return out
+
+    async def _settle_allocation(self, a: Allocation) -> ClaimRecord | None:
+        """Write ``allocated`` from the record as it is now; None if the claim has moved on."""
+        svc, claim = self.svc, a.event.claim
+        while True:
+            current, revision = await svc.claims.get(claim)
+            if current is None or current.state not in UNPLACED or current.release_requested:
+                if current is not None and current.node == a.node and current.state in ON_NODE \
+                        and list(current.devices) == list(a.entry.shares):
+                    return current  # our own earlier write (a redelivery after a crash): say it again
+                # A peer allocated it elsewhere, or it was released meanwhile: give back what we
+                # took, our entry only (not a peer's), and the quota only if the claim lives nowhere
+                # (the reservation is the claim's, so a winner's would go with it).
+                live = current is not None and current.state in ON_NODE
+                await svc.ledger.give_back(a.event.tenant, claim, a.node, shares=list(a.entry.shares), quota=not live)
+                svc._forget(claim)
+                return None
+            new = msgspec.structs.replace(current, state="allocated", node=a.node, devices=list(a.entry.shares),
+                                          reason="", updated=time.time())
+            if await svc.claims.replace(new, revision) is not None:
+                return new
+
+    # --- unschedulable ----------------------------------------------------------------------
+
+    async def unschedulable(self, items: list[Refusal]) -> list[BaseException | None]:
+        """Record and announce refusals; the claims wait in ``pending`` for a change."""
+        svc = self.svc
+        now = time.time()
+        news: list[Refusal] = []
+        at: list[int] = []  # news[k] is items[at[k]]
+        for i, r in enumerate(items):
+            svc.pending[r.event.claim] = r.event
+            svc.counts["unschedulable"] += 1
+            if not (r.record.state == "unschedulable" and r.record.reason == r.reason and not r.first):
+                news.append(r)  # else nothing new to say
+                at.append(i)
+        records = [msgspec.structs.replace(r.record, state="unschedulable", reason=r.reason, updated=now)
+                   for r in news]
+        fast = [i for i, r in enumerate(news) if r.revision]
+        revisions = await svc.claims.replace_many([(records[i], news[i].revision) for i in fast]) if fast else []
+        written = {i for i, rev in zip(fast, revisions) if rev is not None}
+        out: list[BaseException | None] = [None] * len(items)
+        announce = []
+        for i, r in enumerate(news):
+            if i not in written:
+                try:
+                    done = await svc.claims.transition(
+                        r.event.claim, "unschedulable", lambda rec, why=r.reason: msgspec.structs.replace(rec, reason=why))
+                except Exception as exc:
+                    out[at[i]] = exc
+                    continue
+                if done is None:  # moved on (allocated by a peer, released): not waiting any more
+                    svc._forget(r.event.claim)
+                    continue
+            svc._kube_unschedulable(r.event.claim, r.event.kube or r.record.kube, r.reason)
+            announce.append(_announcement(
+                subjects.claim(r.event.tenant, r.event.claim, "unschedulable"),
+                ClaimUnschedulable(claim=r.event.claim, tenant=r.event.tenant, reason=r.reason, filtered=r.filtered),
+                None, r.headers))
+        if announce:
+            await svc.bus.publish_many(announce)
+        return out

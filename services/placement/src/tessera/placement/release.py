@@ -1,0 +1,61 @@
+"""Placement's part of releasing a claim, routed by `tessera.shared.lifecycle.release_route`.
+
+A claim that never reached a node is placement's to end: its record moves to ``released``, and
+whatever a placement that stopped midway took (the quota reserved before its ledger write, a ledger
+entry whose record was never written) is given back in the same step. A claim on a node is its
+enforcer's: a release that names no node is passed on to it, addressed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tessera.shared import subjects
+from tessera.shared.errors import PermanentError
+from tessera.shared.events import ClaimReleased, ClaimReleaseRequested
+from tessera.shared.lifecycle import UNPLACED, ReleaseRoute, release_route
+
+from tessera.placement.kubesync import Allocated
+
+if TYPE_CHECKING:
+    from tessera.placement.service import PlacementService
+
+
+class Releases:
+    def __init__(self, svc: "PlacementService") -> None:
+        self.svc = svc
+
+    async def cancel(self, event: ClaimReleaseRequested, addressed: bool = False) -> None:
+        svc = self.svc
+        record, _ = await svc.claims.get(event.claim)
+        svc._forget(event.claim)
+        if record is not None and record.tenant != event.tenant:
+            raise PermanentError(f"release of {event.claim} by tenant {event.tenant!r}: the claim is not theirs")
+        route = release_route(record.state, record.node) if record is not None else None
+        if route is None or route.owner != "placement":
+            if route is not None and not addressed:
+                await svc.bus.publish(route.subject(record.tenant, record.claim), event,
+                                      msg_id=route.msg_id(record.claim))
+            return  # on a node: the enforcer releases it
+        if record.state not in UNPLACED:
+            return  # failed before it was placed: nothing of it is held
+        done = await svc.claims.transition(event.claim, "released", expect=lambda r: r.state in UNPLACED)
+        if done is None:
+            return
+        await svc.ledger.give_back(event.tenant, event.claim, svc.claim_nodes.get(event.claim))
+        await svc.bus.publish(
+            subjects.claim(event.tenant, event.claim, "released"),
+            ClaimReleased(claim=event.claim, tenant=event.tenant, reason=event.reason),
+            msg_id=f"{event.claim}:released",
+        )
+
+    async def unannounced(self, job: Allocated, reason: str) -> None:
+        """An allocation the cluster could not be told about is released as any other: a release
+        addressed to the node, whose enforcer returns the ledger entry and the quota and records
+        the claim released (the same message id as a forwarded release, so the two are one)."""
+        route = ReleaseRoute("enforcer", job.node)
+        await self.svc.bus.publish(
+            route.subject(job.tenant, job.claim),
+            ClaimReleaseRequested(claim=job.claim, tenant=job.tenant, reason=f"kubernetes: {reason}"),
+            msg_id=route.msg_id(job.claim),
+        )

@@ -1,0 +1,132 @@
+"""Placement's view of the fleet: what the ``inventory``, ``ledger`` and ``tenants`` watchers maintain.
+
+Decisions are made in memory against this view, and the ledger's compare-and-set is what keeps a
+stale view from over-committing. The view also holds this process's *tentative* bookings (entries
+decided but not yet in the ledger), so that concurrent decisions here see them; a booking that does
+not make it into the ledger is undone with `restore`. One malformed value in a watched bucket is
+logged, counted and skipped (`tessera.shared.kv.Codec`): it must not stop the view from following.
+"""
+
+from __future__ import annotations
+
+from tessera.shared import subjects
+from tessera.shared.events import GpuQuota, LedgerEntry, NodeInventory, NodeLedger, TenantRecord
+from tessera.shared.inventory import is_lost
+from tessera.shared.kv import Codec
+
+from tessera.placement.fleet import Fleet
+
+_inventories: Codec[NodeInventory] = Codec(NodeInventory, subjects.KV_INVENTORY)
+_tenants: Codec[TenantRecord] = Codec(TenantRecord, subjects.KV_TENANTS)
+_node_ledgers: Codec[NodeLedger] = Codec(NodeLedger, subjects.KV_LEDGER)
+
+_GONE = ("DEL", "PURGE")
+
+
+class FleetView:
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.inventories: dict[str, NodeInventory] = {}
+        # node -> (ledger as last read or written, its revision)
+        self.node_ledgers: dict[str, tuple[NodeLedger, int | None]] = {}
+        self.claim_nodes: dict[str, str] = {}  # claim -> the node whose ledger holds it
+        self.quotas: dict[str, GpuQuota] = {}
+        self.tenants_known: set[str] = set()
+        self.tentative: dict[str, dict[str, LedgerEntry]] = {}  # node -> claim -> entry in flight
+
+    # --- the watchers: each returns whether a waiting claim might fit now ---------------------
+
+    def on_inventory(self, key: str, value: bytes | None, revision: int, op) -> bool:
+        if op in _GONE or not value:
+            self.inventories.pop(key, None)
+            self.fleet.remove_node(key)
+            return True
+        inv = _inventories.decode_or_skip(key, value)
+        if inv is None:
+            return False
+        self.inventories[inv.node] = inv
+        self.fleet.upsert_node(inv)
+        if is_lost(inv):
+            self.fleet.mark_lost(inv.node)
+        if inv.node in self.node_ledgers:
+            self.restore(inv.node)
+        return True
+
+    def on_ledger(self, key: str, value: bytes | None, revision: int, op) -> bool:
+        if not key.startswith("node."):
+            return key.startswith("tenant.")  # quota returned: a claim waiting on it may fit
+        node = key[5:]
+        known = self.node_ledgers.get(node)
+        if known is not None and known[1] is not None and known[1] >= revision:
+            return False  # our own write, already applied: skip decoding it
+        if op in _GONE or not value:
+            ledger = NodeLedger(node=node)
+        else:
+            ledger = _node_ledgers.decode_or_skip(key, value)
+            if ledger is None:
+                return False  # keep what we knew; a commit to this node re-reads (and refuses) it
+        released = known is not None and any(c not in ledger.entries for c in known[0].entries)
+        self.remember(node, ledger, revision)
+        return released
+
+    def on_tenant(self, key: str, value: bytes | None, revision: int, op) -> bool:
+        if op in _GONE or not value:
+            self.quotas.pop(key, None)
+            self.tenants_known.discard(key)
+            return True
+        record = _tenants.decode_or_skip(key, value)
+        if record is None:
+            return False
+        self.quotas[record.tenant] = record.quota
+        self.tenants_known.add(record.tenant)
+        return True
+
+    # --- what the commit path tells it -------------------------------------------------------
+
+    def remember(self, node: str, ledger: NodeLedger, revision: int | None) -> None:
+        """``ledger`` is the node's ledger at ``revision`` (read or written by us)."""
+        old = self.node_ledgers.get(node)
+        if old is not None:
+            for claim in old[0].entries:
+                if claim not in ledger.entries and self.claim_nodes.get(claim) == node:
+                    del self.claim_nodes[claim]
+        for claim in ledger.entries:
+            self.claim_nodes[claim] = node
+        self.node_ledgers[node] = (ledger, revision)
+        self.apply_to_fleet(node, ledger)
+
+    def ledger_of(self, node: str) -> tuple[NodeLedger, int | None]:
+        return self.node_ledgers.get(node, (NodeLedger(node=node), None))
+
+    def book(self, node: str, entry: LedgerEntry) -> None:
+        """Count ``entry`` on ``node`` in decisions made here before the ledger holds it."""
+        self.fleet.commit(node, entry)
+        self.tentative.setdefault(node, {})[entry.claim] = entry
+
+    def unbook(self, node: str, claim: str) -> None:
+        self.tentative.get(node, {}).pop(claim, None)
+
+    def unbook_all(self, claims: set[str]) -> None:
+        """Undo the bookings of ``claims`` that never reached the ledger."""
+        for node, booked in self.tentative.items():
+            if claims & booked.keys():
+                for claim in claims & booked.keys():
+                    del booked[claim]
+                self.restore(node)
+
+    def restore(self, node: str) -> None:
+        """Show the node as its ledger (plus what is still booked here) says."""
+        self.apply_to_fleet(node, self.ledger_of(node)[0])
+
+    def apply_to_fleet(self, node: str, ledger: NodeLedger) -> None:
+        if node not in self.inventories:
+            return
+        extra = self.tentative.get(node)
+        if extra:
+            entries = dict(ledger.entries)
+            entries.update(extra)
+            ledger = NodeLedger(node=node, entries=entries)
+        held = self.fleet.nodes.get(node)
+        if held is not None and held.entries == ledger.entries:
+            return  # (our own write coming back: the view already holds it)
+        self.fleet.apply_ledger(ledger)

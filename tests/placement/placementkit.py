@@ -1,0 +1,97 @@
+"""One placement replica (or two) against a real nats-server, driven call by call.
+
+The windows of issue 12 are races between a commit's steps; a test reproduces one by calling the
+service's steps in the order the race would interleave them, on real buckets, instead of hoping a
+full cluster hits the window by chance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from types import SimpleNamespace
+
+from tessera.placement.service import PlacementService, PlacementSettings
+from tessera.shared import subjects
+from tessera.shared.bus import Bus
+from tessera.shared.claimstore import ClaimStore
+from tessera.shared.events import ClaimRecord, ClaimRequested, ClaimSpec, GpuQuota, TenantRecord, encode
+from tessera.shared.ledger import Ledger
+from tessera.shared.runner import ServiceContext
+from tessera.shared.settings import BusSettings
+from tessera.shared.telemetry import Telemetry
+
+from fleetkit import inventory
+
+
+class Replica:
+    def __init__(self, svc: PlacementService, tasks: dict[str, asyncio.Task]) -> None:
+        self.svc = svc
+        self.tasks = tasks
+
+    def alive(self) -> list[str]:
+        return [name for name, task in self.tasks.items() if not task.done()]
+
+
+@contextlib.asynccontextmanager
+async def replicas(nats_url: str, count: int = 1, *, watch: bool = True, nodes=("n1", "n2")):
+    """``count`` placement replicas with their watchers running (not their consumers)."""
+    buses, made = [], []
+    try:
+        for i in range(count):
+            bus = await Bus.connect(BusSettings(url=nats_url, max_deliver=3, ack_wait=5), f"placement-{i}")
+            buses.append(bus)
+            if i == 0:
+                await bus.ensure_topology()
+                inv = await bus.kv(subjects.KV_INVENTORY)
+                for name in nodes:
+                    await inv.put(name, encode(inventory(name, gpus=2)))
+            ctx = ServiceContext(settings=SimpleNamespace(instance=f"r{i}", service="placement"), bus=bus,
+                                 telemetry=Telemetry("placement", None))
+            svc = PlacementService(ctx, PlacementSettings())
+            roots = await svc.start()
+            tasks = {}
+            for name, coroutine in roots.items():
+                if name.startswith("watch-") and watch:
+                    tasks[name] = asyncio.create_task(coroutine, name=name)
+                else:
+                    coroutine.close()
+            made.append(Replica(svc, tasks))
+        if watch:
+            for r in made:
+                while not r.svc.ctx.ready:
+                    await asyncio.sleep(0.01)
+        yield made
+    finally:
+        for r in made:
+            for task in r.tasks.values():
+                task.cancel()
+            await asyncio.gather(*r.tasks.values(), return_exceptions=True)
+        for bus in buses:
+            await bus.close()
+
+
+async def tenant(bus: Bus, name: str, quota: GpuQuota | None = None) -> None:
+    await (await bus.kv(subjects.KV_TENANTS)).put(name, encode(TenantRecord(tenant=name, quota=quota or GpuQuota())))
+
+
+async def requested(bus: Bus, claim: str, tenant_name: str = "a", **spec) -> ClaimRequested:
+    """The claim's record as the translator creates it, and the event it publishes."""
+    spec = ClaimSpec(**({"memory_mib": 1000, "cores": 10} | spec))
+    revision = await ClaimStore(await bus.kv(subjects.KV_CLAIMS)).create(
+        ClaimRecord(claim=claim, tenant=tenant_name, state="requested", spec=spec))
+    return ClaimRequested(claim=claim, tenant=tenant_name, spec=spec, record_revision=revision)
+
+
+async def settled(predicate, timeout: float = 5.0) -> None:
+    """Wait until ``predicate()`` (a coroutine function) is true: watchers apply writes asynchronously."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await predicate():
+        assert loop.time() < deadline, "condition never held"
+        await asyncio.sleep(0.02)
+
+
+def stores(bus_or_svc) -> tuple[ClaimStore, Ledger]:
+    svc = bus_or_svc
+    return svc.claims, svc.ledger
