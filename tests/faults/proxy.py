@@ -53,6 +53,7 @@ class FaultProxy:
         self._trigger: bytes | None = None
         self.triggered = threading.Event()
         self._links: list[_Link] = []
+        self._pumps: set[asyncio.Task] = set()  # every pump, also of links already closed
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self._thread: threading.Thread | None = None
@@ -146,6 +147,9 @@ class FaultProxy:
             asyncio.create_task(self._pump(up_reader, writer, self.directions[DOWNSTREAM], link)),
         ]
         self._links.append(link)
+        for task in link.tasks:
+            self._pumps.add(task)
+            task.add_done_callback(self._pumps.discard)
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                     direction: Direction, link: _Link) -> None:
@@ -194,3 +198,7 @@ class FaultProxy:
             self._server.close()
             await self._server.wait_closed()
         await self._close_all()
+        pumps = list(self._pumps)
+        for task in pumps:
+            task.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
