@@ -12,6 +12,6 @@ from hypothesis import HealthCheck, settings
 
 settings.register_profile("default", max_examples=30, deadline=None, database=None,
                           suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("reliability", max_examples=1500, deadline=None, database=None,
+settings.register_profile("reliability", max_examples=500, deadline=None, database=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
