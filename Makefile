@@ -70,3 +70,10 @@ protos: $(STAMP)
 # For a GPU machine that reaches nothing: the pinned runtime wheels, carried in .whl/ (git-ignored).
 gpu-wheels: $(STAMP)
 	$(PY) tests/gpu/wheels.py
+
+# The fault suite's long form (issue 12): every scenario under load, audited; writes bench/reliability.md.
+# Its short form runs in `make test` (tests/reliability/test_fault_suite.py).
+.PHONY: reliability
+reliability: $(STAMP) $(CORE) native
+	HYPOTHESIS_PROFILE=reliability $(PY) -m pytest tests/properties -q
+	$(PY) tests/faults/reliability.py --out bench/reliability.md
