@@ -105,6 +105,25 @@ async def test_claims_this_node_must_not_prepare_get_their_own_errors(node):
     assert node.leftovers(good) == [node.claim_dir(good), node.spec_file(good)]
 
 
+async def test_a_claim_the_kubelet_names_without_a_namespace_or_name_is_refused_by_field(node):
+    """An empty name would make the read a list of every ResourceClaim (forbidden by the RBAC, and
+    reported as the API server's trouble); a '/' would read another path."""
+    await node.kubelet.register()
+    good = await node.allocate("good")
+    seen = len(node.apiserver.requests)
+    bad = [{"namespace": "team-a", "name": "", "uid": "3f1e9a9e-0c1a-4d2b-9a51-0d6f1c1e7a01"},
+           {"namespace": "", "name": "x", "uid": "3f1e9a9e-0c1a-4d2b-9a51-0d6f1c1e7a02"},
+           {"namespace": "team-a", "name": "x/status", "uid": "3f1e9a9e-0c1a-4d2b-9a51-0d6f1c1e7a03"}]
+    replies = await node.kubelet.prepare(good, *bad)
+    assert replies[good["uid"]].error == ""
+    for ref, field in zip(bad, ("name", "namespace", "name")):
+        error = replies[ref["uid"]].error
+        assert f"claim {field} {ref[field]!r}" in error and "kubelet" in error, error
+        assert not replies[ref["uid"]].devices
+    asked = [path for _, path, _ in node.apiserver.requests[seen:]]
+    assert not [path for path in asked if not path.endswith(f"/resourceclaims/{good['name']}")], asked
+
+
 async def test_an_api_server_that_cannot_answer_fails_the_claim_until_it_can(node):
     await node.kubelet.register()
     claim = await node.allocate("flaky")

@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import yaml
 
+import kube_rbac
+from kube_objects import DEPLOY_K8S
 from tessera.shared.errors import TemporaryError
 from tessera.shared.events import ClaimSpec
 from tessera.shared.kubeclaims import DEVICE_CLASS, RESOURCE_API_VERSION, TENANT_LABEL, KubeClaimRef, claim_id
@@ -273,3 +276,23 @@ async def test_labelling_the_namespace_later_requests_its_claim(nats_url, apiser
         await apiserver.patch("v1", "namespaces", "scratch", {"metadata": {"labels": {TENANT_LABEL: "alpha"}}})
         (event,) = await translator.wait_for("requested", claim_id(claim["metadata"]["uid"]))
         assert event.tenant == "alpha" and event.kube.pod == ""
+
+
+async def test_the_translator_calls_exactly_what_its_cluster_role_grants(nats_url, apiserver, tmp_path):
+    """Admission (a template in the pod's namespace, the Namespace read), the watcher (list, watch),
+    and its Events (created, then counted up after a restart): every request granted by
+    deploy/k8s/translator.yaml's ClusterRole, and every grant used."""
+    await tenant_namespace(apiserver)
+    await apiserver.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "scratch"}})
+    pod = await apiserver.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "scratch"},
+                                  "spec": {"containers": [{"name": "main", "image": "busybox"}]}})
+    async with kube_translator(nats_url, apiserver, tmp_path / "tls") as translator:
+        await translator.add_tenant("alpha")
+        await requested_claim(apiserver, translator, "train")
+        await apiserver.create(hand_written_claim("p-gpu", "scratch", ClaimSpec(), owner=pod))
+        await wait_until(lambda: events_about(apiserver, "scratch", "p-gpu"))
+    async with kube_translator(nats_url, apiserver, tmp_path / "tls2"):
+        await wait_until(lambda: events_about(apiserver, "scratch", "p-gpu")[0].get("count") == 2)
+    role = next(d for d in yaml.safe_load_all((DEPLOY_K8S / "translator.yaml").read_text())
+                if d and d["kind"] == "ClusterRole")
+    kube_rbac.check(apiserver.requests, role)

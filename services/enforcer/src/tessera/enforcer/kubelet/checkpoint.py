@@ -83,7 +83,9 @@ def write_atomically(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, data)
+        view = memoryview(data)
+        while view:  # os.write may write less than it was given
+            view = view[os.write(fd, view):]
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Mapping
 
@@ -51,6 +52,11 @@ log = logging.getLogger("tessera.enforcer.kubelet")
 
 CHECKPOINT = "checkpoint.json"
 LOCK = "plugin.lock"
+# What Kubernetes allows as a namespace (DNS-1123 label) and a ResourceClaim name (DNS-1123
+# subdomain). Checked before the read: an empty name would make it a list of every claim, a '/'
+# another path, and either would come back as the API server's trouble instead of the kubelet's.
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 @dataclass(frozen=True)
@@ -221,6 +227,10 @@ class DraPlugin:
             return PrepareResult(done.devices)
         if self.broken:  # what is prepared is still answered (above); nothing new can be recorded
             return PrepareResult([], self.broken)
+        for field, value, rule in (("namespace", ref.namespace, _NAMESPACE), ("name", ref.name, _NAME)):
+            if not rule.match(value):
+                return PrepareResult([], f"the kubelet named claim {ref.uid} with claim {field} {value!r}, which "
+                                         f"is not a valid ResourceClaim {field}: nothing was read or prepared")
         try:
             obj = await self.reader.get(ref.namespace, ref.name)
         except TemporaryError as exc:
