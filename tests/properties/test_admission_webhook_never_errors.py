@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from tessera.translator.webhook import make_app
 
 from strategies import json_values
-from test_hami_rules import annotations as hami_annotations
-from test_hami_rules import resources as hami_resources
+from test_hami_rules_never_crash import annotations as hami_annotations
+from test_hami_rules_never_crash import resources as hami_resources
 
 
 def _review(uid, pod, kind, operation, namespace):
