@@ -1,0 +1,82 @@
+"""No ledger revision may hold one claim on two nodes (issue 12, the fault suite's "duplicated").
+
+Two replicas that both retry one waiting claim (every replica follows every ``unschedulable``), or a
+redelivery racing the first delivery, decided it each on its own node and wrote both ledgers; the
+claim record's compare-and-set then let one win and the loser rolled its entry back. The end state
+was right, but for the revisions between, the claim held capacity twice. The race is made
+deterministic here: both replicas are held at the commit until both got there (or one was refused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from functools import partial
+
+import msgspec
+
+from tessera.shared import subjects
+from tessera.shared.events import NodeLedger
+
+from placementkit import replicas, requested, settled, tenant
+
+
+async def _watch_ledger(kv, revisions: list[dict[str, set[str]]]) -> None:
+    """Every revision of the ledger bucket, as node -> claims after it."""
+    held: dict[str, set[str]] = {}
+    watcher = await kv.watchall()
+    try:
+        async for entry in watcher:
+            if entry is None or not entry.key.startswith("node."):
+                continue
+            node = entry.key[5:]
+            ledger = msgspec.json.decode(entry.value, type=NodeLedger) if entry.value else NodeLedger(node=node)
+            held[node] = set(ledger.entries)
+            revisions.append({n: set(c) for n, c in held.items()})
+    finally:
+        await watcher.stop()
+
+
+async def test_two_replicas_retrying_one_claim_never_hold_it_on_two_nodes(nats_url):
+    async with replicas(nats_url, 2) as [a, b]:
+        await tenant(a.svc.bus, "a")
+        await settled(lambda: _known(a.svc, b.svc, "a"))
+        event = await requested(a.svc.bus, "c")
+        # Both replicas hold the claim as waiting (as after an ``unschedulable``), and each would
+        # put it on its own node.
+        for replica, other in ((a, "n2"), (b, "n1")):
+            replica.svc.pending["c"] = msgspec.structs.replace(event, record_revision=0)
+            replica.svc.placer.place = partial(replica.svc.placer.place, exclude_nodes=(other,))
+        both_there = asyncio.Barrier(2)
+        for replica in (a, b):
+            real = replica.svc._commit
+
+            async def held(node, entry, real=real):
+                try:
+                    await asyncio.wait_for(both_there.wait(), 1.0)
+                except TimeoutError:  # the other was refused before committing: go alone
+                    pass
+                await real(node, entry)
+
+            replica.svc._commit = held
+        revisions: list[dict[str, set[str]]] = []
+        watch = asyncio.create_task(_watch_ledger(await a.svc.bus.kv(subjects.KV_LEDGER), revisions))
+        try:
+            outcomes = await asyncio.gather(a.svc.place(a.svc.pending["c"]), b.svc.place(b.svc.pending["c"]),
+                                            return_exceptions=True)
+            record = (await a.svc.claims.get("c"))[0]
+            assert record.state == "allocated"
+            await settled(lambda: _seen(revisions, record.node))
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+        doubled = [r for r in revisions if sum("c" in claims for claims in r.values()) > 1]
+        assert not doubled, f"ledger revisions holding c on two nodes: {doubled}"
+        assert sum(o is True for o in outcomes) == 1, outcomes
+
+
+async def _known(a, b, name) -> bool:
+    return name in a.tenants_known and name in b.tenants_known
+
+
+async def _seen(revisions, node) -> bool:
+    return bool(revisions) and "c" in revisions[-1].get(node, set())
