@@ -26,6 +26,7 @@ import asyncio
 import gc
 import logging
 import os
+import uuid
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -49,6 +50,7 @@ from tessera.shared.runner import ServiceContext
 from tessera.shared.telemetry import inject
 from tessera.shared.settings import ConfigError, env_bool, env_choice, env_float, env_int
 
+from tessera.placement import lease
 from tessera.placement.engine import COMPILED_CORE, Placement, Placer, Rejection, ledger_entry
 from tessera.placement.commit import Booking, GroupCommit
 from tessera.placement.fleet import Fleet
@@ -146,6 +148,8 @@ class PlacementService:
         self.tenants_known = self.view.tenants_known
         self.tentative = self.view.tentative
         self.claim_locks: dict[str, asyncio.Lock] = {}
+        # Who holds a placing lease: unique per process (TESSERA_INSTANCE may be unset or shared).
+        self.placer_id = f"{ctx.settings.instance or 'placement'}/{uuid.uuid4().hex[:12]}"
         self.pending: dict[str, ClaimRequested] = {}  # unschedulable, waiting for a change
         self.traces: dict[str, str] = {}  # pending claim -> traceparent, so a retry continues its trace
         self._retry_wanted = asyncio.Event()
@@ -296,11 +300,19 @@ class PlacementService:
             case _:
                 return
 
-    def _fast(self, event, seen: set[str], subject: str) -> bool:
-        """A fresh claim that needs nothing but a decision and three pipelined writes."""
+    def _fast(self, event, seen: set[str], delivery: Delivery) -> bool:
+        """A fresh claim that needs nothing but a decision and three pipelined writes.
+
+        Only the translator's own ``requested`` (its msg-id; the stream drops a second copy), on
+        its first delivery: a redelivery may race the replica that got it first, and a tenant's
+        copy the translator's; those take the one-claim path, whose placing lease keeps the two
+        from writing the claim into two nodes' ledgers."""
+        subject = delivery.subject
         return (
             isinstance(event, ClaimRequested)
             and event.record_revision > 0
+            and delivery.num_delivered == 1
+            and delivery.headers.get("Nats-Msg-Id") == f"{event.claim}:requested"
             and subject.split(".", 3)[2] == event.tenant  # else the careful path refuses it
             and event.claim not in self.pending
             and event.claim not in self.claim_nodes
@@ -331,7 +343,7 @@ class PlacementService:
         seen: set[str] = set()
         fast, slow = [], []
         for i, (event, delivery) in enumerate(items):
-            (fast if self._fast(event, seen, delivery.subject) else slow).append(i)
+            (fast if self._fast(event, seen, delivery) else slow).append(i)
             seen.add(getattr(event, "claim", ""))
 
         booked: list[tuple[int, Allocation]] = []
@@ -436,6 +448,8 @@ class PlacementService:
                 event = msgspec.structs.replace(event, spec=record.spec, kube=record.kube or event.kube)
                 if event.claim in self.pending:
                     self.pending[event.claim] = event
+        # From here until its outcome is written this replica alone places the claim (lease.py).
+        record, revision = await lease.take(self.claims, self.placer_id, record, revision)
         if record.state not in ("requested", "unschedulable") or record.release_requested:
             log.debug("%s is %s: nothing to place", event.claim, record.state)
             self._forget(event.claim)
@@ -570,6 +584,8 @@ class PlacementService:
                         await self.place(event)
                 except ConflictError:
                     self._retry_wanted.set()
+                except lease.ClaimBusy as exc:  # a peer is placing it: look again when its lease may end
+                    asyncio.get_running_loop().call_later(exc.delay, self._retry_wanted.set)
                 except Exception as exc:  # one bad claim must not stop the retries of the others
                     log.warning("retry of %s failed: %r", event.claim, exc)
 
