@@ -10,12 +10,17 @@ deterministic here: both replicas are held at the commit until both got there (o
 from __future__ import annotations
 
 import asyncio
+import time
 from functools import partial
 
 import msgspec
+import pytest
 
+from tessera.placement import lease
 from tessera.shared import subjects
-from tessera.shared.events import NodeLedger
+from tessera.shared.bus import Delivery
+from tessera.shared.errors import ConflictError
+from tessera.shared.events import DeviceShare, LedgerEntry, NodeLedger
 
 from placementkit import replicas, requested, settled, tenant
 
@@ -80,3 +85,55 @@ async def _known(a, b, name) -> bool:
 
 async def _seen(revisions, node) -> bool:
     return bool(revisions) and "c" in revisions[-1].get(node, set())
+
+
+async def test_a_live_lease_of_a_peer_keeps_the_claim_from_this_replica_until_it_runs_out(nats_url):
+    async with replicas(nats_url, 2) as [a, b]:
+        await tenant(a.svc.bus, "a")
+        await settled(lambda: _known(a.svc, b.svc, "a"))
+        event = await requested(a.svc.bus, "c")
+        record, revision = await a.svc.claims.get("c")
+        marked, at = await lease.take(a.svc.claims, a.svc.placer_id, record, revision)
+        assert marked.placer == a.svc.placer_id
+        with pytest.raises(lease.ClaimBusy, match=f"being placed by {a.svc.placer_id}"):
+            await b.svc.place(msgspec.structs.replace(event, record_revision=0))
+        assert (await b.svc.ledger.read_node("n1"))[0].entries == {}
+        assert (await b.svc.ledger.read_node("n2"))[0].entries == {}
+        # The holder died with the lease: once it runs out the peer places the claim.
+        await a.svc.claims.replace(msgspec.structs.replace(marked, placing_until=time.time() - 1), at)
+        assert await b.svc.place(msgspec.structs.replace(event, record_revision=0))
+        placed = (await b.svc.claims.get("c"))[0]
+        assert placed.state == "allocated" and placed.placer == "" and placed.placing_until == 0.0
+
+
+def _delivery(event, num_delivered: int, msg_id: str) -> Delivery:
+    return Delivery(subjects.claim(event.tenant, event.claim, "requested"), {"Nats-Msg-Id": msg_id}, b"",
+                    num_delivered)
+
+
+async def test_only_the_translators_first_delivery_takes_the_unleased_batch_path(nats_url):
+    async with replicas(nats_url) as [r]:
+        await tenant(r.svc.bus, "a")
+        await settled(lambda: _known(r.svc, r.svc, "a"))
+        event = await requested(r.svc.bus, "c")
+        assert r.svc._fast(event, set(), _delivery(event, 1, "c:requested"))
+        assert not r.svc._fast(event, set(), _delivery(event, 2, "c:requested")), "a redelivery"
+        assert not r.svc._fast(event, set(), _delivery(event, 1, "a-tenants-copy")), "a tenant's duplicate"
+
+
+async def test_the_group_commit_refuses_a_claim_the_view_knows_on_another_node(nats_url):
+    async with replicas(nats_url) as [r]:
+        svc = r.svc
+        held = LedgerEntry(claim="c", tenant="a", shares=[DeviceShare(uuid="GPU-n1-0", index=0, memory_mib=1000,
+                                                                      cores=10)])
+        await svc.ledger.write_node(NodeLedger(node="n1", entries={"c": held}), None)
+        await settled(lambda: _on(svc, "c", "n1"))
+        second = LedgerEntry(claim="c", tenant="a", shares=[DeviceShare(uuid="GPU-n2-0", index=0, memory_mib=1000,
+                                                                        cores=10)])
+        with pytest.raises(ConflictError, match="already placed on n1"):
+            await svc._commit("n2", second)
+        assert (await svc.ledger.read_node("n2"))[0].entries == {}
+
+
+async def _on(svc, claim, node) -> bool:
+    return svc.claim_nodes.get(claim) == node

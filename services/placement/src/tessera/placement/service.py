@@ -5,6 +5,9 @@ Any number of replicas run at once. Each keeps an in-memory view of the fleet (w
 the tenant's quota record first, then the node's ledger record, then the claim's record. Whoever loses
 a race re-reads and tries again; a replica whose claim CAS loses rolls its ledger entry back, so a
 claim is never allocated twice and no GPU is over-committed, without node locks between replicas.
+So that two replicas never hold one claim on two nodes' ledgers even for a moment, the one-claim
+path first takes a placing lease on the claim's record (`tessera.placement.lease`), and only the
+translator's own first delivery of a claim takes the batch path without one.
 
 Unschedulable claims are kept (in the ``claims`` bucket, mirrored here) and retried when capacity or
 quota changes: an inventory change, a ledger release or a tenant update, never by polling. Every
