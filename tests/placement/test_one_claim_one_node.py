@@ -10,6 +10,7 @@ deterministic here: both replicas are held at the commit until both got there (o
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from functools import partial
 
@@ -137,3 +138,24 @@ async def test_the_group_commit_refuses_a_claim_the_view_knows_on_another_node(n
 
 async def _on(svc, claim, node) -> bool:
     return svc.claim_nodes.get(claim) == node
+
+
+async def test_a_batch_that_decided_past_half_its_ack_wait_places_through_the_lease(nats_url, monkeypatch):
+    async with replicas(nats_url) as [r]:
+        svc = r.svc
+        await tenant(svc.bus, "a")
+        await settled(lambda: _known(svc, svc, "a"))
+        event = await requested(svc.bus, "c")
+        # As if the process had been stopped while deciding: every batch is late.
+        svc.bus.settings = dataclasses.replace(svc.bus.settings, ack_wait=0)
+        leased = []
+        real = lease.take
+
+        async def take(*args):
+            leased.append(args[2].claim)
+            return await real(*args)
+
+        monkeypatch.setattr(lease, "take", take)
+        assert await svc.handle_batch([(event, _delivery(event, 1, "c:requested"))]) == [None]
+        assert leased == ["c"], "the late batch wrote its ledger entry without the placing lease"
+        assert (await svc.claims.get("c"))[0].state == "allocated"

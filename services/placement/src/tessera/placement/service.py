@@ -67,6 +67,8 @@ from tessera.placement.reconcile import Reconciler
 log = logging.getLogger("tessera.placement")
 
 CONFLICT_RETRIES = 20
+# A batch still deciding after this fraction of ack_wait writes nothing on the unleased path.
+LATE_FRACTION = 0.5
 
 POLICIES = ("binpack", "spread", "fragmentation-aware", "best-fit")
 CORES = ("auto", "compiled", "python")
@@ -343,6 +345,7 @@ class PlacementService:
         return outcomes
 
     async def _handle_batch(self, items: list, outcomes: list[BaseException | None]) -> None:
+        fetched = asyncio.get_running_loop().time()
         seen: set[str] = set()
         fast, slow = [], []
         for i, (event, delivery) in enumerate(items):
@@ -371,9 +374,18 @@ class PlacementService:
         if rejected:
             for (i, _), outcome in zip(rejected, await self.outcomes.unschedulable([r for _, r in rejected])):
                 outcomes[i] = outcome
+        lost_races = []
+        if booked and asyncio.get_running_loop().time() - fetched > self.bus.settings.ack_wait * LATE_FRACTION:
+            # Decided for so long (a stopped process, a starved loop) that the server may have given
+            # these messages to a peer meanwhile: the leased one-claim path places them instead, so
+            # this late write cannot put a claim on a second node beside the peer's.
+            log.warning("placement batch took %.1fs to decide; its %d fresh claims take the leased path",
+                        asyncio.get_running_loop().time() - fetched, len(booked))
+            self.view.unbook_all({a.event.claim for _, a in booked})
+            lost_races = [i for i, _ in booked]
+            booked = []
         committed = await self.committer.commit_booked([Booking(a.node, a.entry) for _, a in booked])
         writes: list[tuple[int, Allocation]] = []
-        lost_races = []
         for (i, allocation), error in zip(booked, committed):
             if isinstance(error, ConflictError):
                 lost_races.append(i)  # a peer took the space first: decide again below, in-process
