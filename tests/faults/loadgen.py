@@ -48,14 +48,14 @@ class FaultCluster(LocalCluster):
     # A node is never declared lost by a restart that takes a few seconds.
     lost_after_seconds: float = 60.0
 
-    def service_env(self, name: str, instance: str, http_port: int) -> dict[str, str]:
-        env = super().service_env(name, instance, http_port)
+    def service_env(self, name: str, instance: str, http_port: int, node: str | None = None) -> dict[str, str]:
+        env = super().service_env(name, instance, http_port, node)
         env.update(TESSERA_ACK_WAIT=str(ACK_WAIT_SECONDS), TESSERA_MAX_DELIVER="5",
                    TESSERA_STREAM_STORAGE="file")
         if name == "placement":
             if self.proxy is None:
                 self.proxy = FaultProxy(self.nats.port).start()
-            env["TESSERA_NATS_URL"] = self.proxy.url_with_credentials(self.url)
+            env["TESSERA_NATS_URL"] = self.proxy.url_with_credentials(env["TESSERA_NATS_URL"])  # its own user
         return env
 
     def instances(self) -> list[str]:
@@ -102,7 +102,7 @@ async def connect(url: str) -> Client:
     """A CLI client that never stops reconnecting (the CLI's own gives up after three tries)."""
     bus = await Bus.connect(BusSettings(url=url, max_reconnect_attempts=-1, reconnect_time_wait=0.2),
                             "fault-load", connect_timeout=5)
-    return Client(bus)
+    return Client(bus, await bus.kv(subjects.KV_CLAIMS))  # the operator's client: it reads the fleet
 
 
 def _invalid_request(rng: random.Random) -> api.SubmitRequest:

@@ -64,9 +64,12 @@ async def test_a_loser_on_another_node_never_returns_the_winners_quota(nats_url)
         winner = (await a.svc.claims.get("c"))[0]
         other = "n2" if winner.node == "n1" else "n1"
         # The loser had decided the same claim before the winner's record write landed: its quota
-        # reservation (the same key) and its entry on the other node, then its record CAS loses.
+        # reservation (the same key) and its entry on the other node (written here straight into
+        # the ledger: placement itself now refuses it, test_one_claim_one_node.py), then its
+        # record CAS loses.
         lost = entry("c", other, 0)
-        await b.svc._commit(other, lost)
+        ledger, at = await b.svc.ledger.read_node(other)
+        await b.svc.ledger.write_node(NodeLedger(node=other, entries=ledger.entries | {"c": lost}), at)
         base = msgspec.structs.replace(winner, state="requested", node="", devices=[])
         assert not await b.svc._finish(event, other, lost, base, event.record_revision)
         assert "c" in await usage_of(a.svc), "the loser's rollback returned the winner's quota"

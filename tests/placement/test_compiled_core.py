@@ -112,7 +112,7 @@ def test_the_service_setting_chooses_the_core():
 
     def core_of(value):
         settings = PlacementSettings.from_env({"TESSERA_PLACEMENT_CORE": value})
-        return PlacementService(SimpleNamespace(bus=None), settings).placer._core
+        return PlacementService(SimpleNamespace(bus=None, settings=SimpleNamespace(instance="")), settings).placer._core
 
     assert core_of("auto") is engine._core and core_of("compiled") is engine._core
     assert core_of("python") is None

@@ -47,7 +47,7 @@ class FlakyLedger:
 
 
 def service(script: dict[str, list[str]]) -> PlacementService:
-    svc = PlacementService(SimpleNamespace(bus=None), PlacementSettings())
+    svc = PlacementService(SimpleNamespace(bus=None, settings=SimpleNamespace(instance="")), PlacementSettings())
     svc.ledger = FlakyLedger(script)
     for name in ("n1", "n2"):
         inv = inventory(name, gpus=2)

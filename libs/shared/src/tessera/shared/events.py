@@ -308,6 +308,10 @@ class ClaimRecord(Struct, kw_only=True):
     # Kubernetes mode: the ResourceClaim this claim stands for.
     kube: KubeClaimRef | None = None
     updated: float = field(default_factory=now)
+    # The placement replica deciding this claim on its slow path, and until when: a peer leaves the
+    # claim alone meanwhile, so one claim is never written into two nodes' ledgers at once.
+    placer: str = ""
+    placing_until: float = 0.0
 
 
 class TenantRecord(Struct, kw_only=True):

@@ -4,7 +4,9 @@ While one write to a node is in flight, entries for that node queue up and go ou
 next write, so a hot node costs one round trip per batch rather than per claim, and this process's
 own writes never conflict with each other. Every entry is checked against the ledger it is about to
 overwrite (`tessera.shared.ledger.check_fit`), whatever the view said when it was decided: that
-check, not the view, is what keeps a GPU from being over-committed by racing replicas.
+check, not the view, is what keeps a GPU from being over-committed by racing replicas. An entry for
+a claim the view knows on another node's ledger is refused too (a redelivery or a peer's duplicate
+that got past the placing lease, `tessera.placement.lease`).
 """
 
 from __future__ import annotations
@@ -104,7 +106,13 @@ class GroupCommit:
         accepted, refused = [], []
         for q in batch:
             candidate = NodeLedger(node=node, entries=entries)
-            why = "node left the fleet" if inventory is None else check_fit(inventory.devices, candidate, q.entry)
+            elsewhere = self.view.claim_nodes.get(q.entry.claim, node)
+            if elsewhere != node:  # never a second node's entry for one claim, not even for a revision
+                why = f"already placed on {elsewhere}"
+            elif inventory is None:
+                why = "node left the fleet"
+            else:
+                why = check_fit(inventory.devices, candidate, q.entry)
             if why is None:
                 entries[q.entry.claim] = q.entry
                 accepted.append(q.done)

@@ -20,6 +20,8 @@ from tessera.shared import subjects
 from tessera.shared.events import ClaimAllocated, ClaimRecord, ClaimRequested, ClaimUnschedulable, LedgerEntry
 from tessera.shared.lifecycle import ON_NODE, UNPLACED
 
+from tessera.placement.lease import unleased
+
 if TYPE_CHECKING:
     from tessera.placement.service import PlacementService
 
@@ -60,8 +62,8 @@ class OutcomeWriter:
         moved on: what this attempt took is given back) or the error that stopped it."""
         svc = self.svc
         now = time.time()
-        records = [msgspec.structs.replace(a.record, state="allocated", node=a.node, devices=list(a.entry.shares),
-                                           reason="", updated=now) for a in items]
+        records = [msgspec.structs.replace(unleased(a.record), state="allocated", node=a.node,
+                                           devices=list(a.entry.shares), reason="", updated=now) for a in items]
         fast = [i for i, a in enumerate(items) if a.revision]
         revisions = await svc.claims.replace_many([(records[i], items[i].revision) for i in fast]) if fast else []
         written: dict[int, ClaimRecord | None] = {i: records[i] for i, rev in zip(fast, revisions) if rev is not None}
@@ -110,8 +112,8 @@ class OutcomeWriter:
                 await svc.ledger.give_back(a.event.tenant, claim, a.node, shares=list(a.entry.shares), quota=not live)
                 svc._forget(claim)
                 return None
-            new = msgspec.structs.replace(current, state="allocated", node=a.node, devices=list(a.entry.shares),
-                                          reason="", updated=time.time())
+            new = msgspec.structs.replace(unleased(current), state="allocated", node=a.node,
+                                          devices=list(a.entry.shares), reason="", updated=time.time())
             if await svc.claims.replace(new, revision) is not None:
                 return new
 
@@ -129,7 +131,7 @@ class OutcomeWriter:
             if not (r.record.state == "unschedulable" and r.record.reason == r.reason and not r.first):
                 news.append(r)  # else nothing new to say
                 at.append(i)
-        records = [msgspec.structs.replace(r.record, state="unschedulable", reason=r.reason, updated=now)
+        records = [msgspec.structs.replace(unleased(r.record), state="unschedulable", reason=r.reason, updated=now)
                    for r in news]
         fast = [i for i, r in enumerate(news) if r.revision]
         revisions = await svc.claims.replace_many([(records[i], news[i].revision) for i in fast]) if fast else []
@@ -140,7 +142,7 @@ class OutcomeWriter:
             if i not in written:
                 try:
                     done = await svc.claims.transition(
-                        r.event.claim, "unschedulable", lambda rec, why=r.reason: msgspec.structs.replace(rec, reason=why))
+                        r.event.claim, "unschedulable", lambda rec, why=r.reason: msgspec.structs.replace(unleased(rec), reason=why))
                 except Exception as exc:
                     out[at[i]] = exc
                     continue

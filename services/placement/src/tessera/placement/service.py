@@ -5,6 +5,9 @@ Any number of replicas run at once. Each keeps an in-memory view of the fleet (w
 the tenant's quota record first, then the node's ledger record, then the claim's record. Whoever loses
 a race re-reads and tries again; a replica whose claim CAS loses rolls its ledger entry back, so a
 claim is never allocated twice and no GPU is over-committed, without node locks between replicas.
+So that two replicas never hold one claim on two nodes' ledgers even for a moment, the one-claim
+path first takes a placing lease on the claim's record (`tessera.placement.lease`), and only the
+translator's own first delivery of a claim takes the batch path without one.
 
 Unschedulable claims are kept (in the ``claims`` bucket, mirrored here) and retried when capacity or
 quota changes: an inventory change, a ledger release or a tenant update, never by polling. Every
@@ -26,6 +29,7 @@ import asyncio
 import gc
 import logging
 import os
+import uuid
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -49,6 +53,7 @@ from tessera.shared.runner import ServiceContext
 from tessera.shared.telemetry import inject
 from tessera.shared.settings import ConfigError, env_bool, env_choice, env_float, env_int
 
+from tessera.placement import lease
 from tessera.placement.engine import COMPILED_CORE, Placement, Placer, Rejection, ledger_entry
 from tessera.placement.commit import Booking, GroupCommit
 from tessera.placement.fleet import Fleet
@@ -62,6 +67,8 @@ from tessera.placement.reconcile import Reconciler
 log = logging.getLogger("tessera.placement")
 
 CONFLICT_RETRIES = 20
+# A batch still deciding after this fraction of ack_wait writes nothing on the unleased path.
+LATE_FRACTION = 0.5
 
 POLICIES = ("binpack", "spread", "fragmentation-aware", "best-fit")
 CORES = ("auto", "compiled", "python")
@@ -146,6 +153,8 @@ class PlacementService:
         self.tenants_known = self.view.tenants_known
         self.tentative = self.view.tentative
         self.claim_locks: dict[str, asyncio.Lock] = {}
+        # Who holds a placing lease: unique per process (TESSERA_INSTANCE may be unset or shared).
+        self.placer_id = f"{ctx.settings.instance or 'placement'}/{uuid.uuid4().hex[:12]}"
         self.pending: dict[str, ClaimRequested] = {}  # unschedulable, waiting for a change
         self.traces: dict[str, str] = {}  # pending claim -> traceparent, so a retry continues its trace
         self._retry_wanted = asyncio.Event()
@@ -296,11 +305,19 @@ class PlacementService:
             case _:
                 return
 
-    def _fast(self, event, seen: set[str], subject: str) -> bool:
-        """A fresh claim that needs nothing but a decision and three pipelined writes."""
+    def _fast(self, event, seen: set[str], delivery: Delivery) -> bool:
+        """A fresh claim that needs nothing but a decision and three pipelined writes.
+
+        Only the translator's own ``requested`` (its msg-id; the stream drops a second copy), on
+        its first delivery: a redelivery may race the replica that got it first, and a tenant's
+        copy the translator's; those take the one-claim path, whose placing lease keeps the two
+        from writing the claim into two nodes' ledgers."""
+        subject = delivery.subject
         return (
             isinstance(event, ClaimRequested)
             and event.record_revision > 0
+            and delivery.num_delivered == 1
+            and delivery.headers.get("Nats-Msg-Id") == f"{event.claim}:requested"
             and subject.split(".", 3)[2] == event.tenant  # else the careful path refuses it
             and event.claim not in self.pending
             and event.claim not in self.claim_nodes
@@ -328,10 +345,11 @@ class PlacementService:
         return outcomes
 
     async def _handle_batch(self, items: list, outcomes: list[BaseException | None]) -> None:
+        fetched = asyncio.get_running_loop().time()
         seen: set[str] = set()
         fast, slow = [], []
         for i, (event, delivery) in enumerate(items):
-            (fast if self._fast(event, seen, delivery.subject) else slow).append(i)
+            (fast if self._fast(event, seen, delivery) else slow).append(i)
             seen.add(getattr(event, "claim", ""))
 
         booked: list[tuple[int, Allocation]] = []
@@ -356,9 +374,18 @@ class PlacementService:
         if rejected:
             for (i, _), outcome in zip(rejected, await self.outcomes.unschedulable([r for _, r in rejected])):
                 outcomes[i] = outcome
+        lost_races = []
+        if booked and asyncio.get_running_loop().time() - fetched > self.bus.settings.ack_wait * LATE_FRACTION:
+            # Decided for so long (a stopped process, a starved loop) that the server may have given
+            # these messages to a peer meanwhile: the leased one-claim path places them instead, so
+            # this late write cannot put a claim on a second node beside the peer's.
+            log.warning("placement batch took %.1fs to decide; its %d fresh claims take the leased path",
+                        asyncio.get_running_loop().time() - fetched, len(booked))
+            self.view.unbook_all({a.event.claim for _, a in booked})
+            lost_races = [i for i, _ in booked]
+            booked = []
         committed = await self.committer.commit_booked([Booking(a.node, a.entry) for _, a in booked])
         writes: list[tuple[int, Allocation]] = []
-        lost_races = []
         for (i, allocation), error in zip(booked, committed):
             if isinstance(error, ConflictError):
                 lost_races.append(i)  # a peer took the space first: decide again below, in-process
@@ -436,6 +463,8 @@ class PlacementService:
                 event = msgspec.structs.replace(event, spec=record.spec, kube=record.kube or event.kube)
                 if event.claim in self.pending:
                     self.pending[event.claim] = event
+        # From here until its outcome is written this replica alone places the claim (lease.py).
+        record, revision = await lease.take(self.claims, self.placer_id, record, revision)
         if record.state not in ("requested", "unschedulable") or record.release_requested:
             log.debug("%s is %s: nothing to place", event.claim, record.state)
             self._forget(event.claim)
@@ -570,6 +599,8 @@ class PlacementService:
                         await self.place(event)
                 except ConflictError:
                     self._retry_wanted.set()
+                except lease.ClaimBusy as exc:  # a peer is placing it: look again when its lease may end
+                    asyncio.get_running_loop().call_later(exc.delay, self._retry_wanted.set)
                 except Exception as exc:  # one bad claim must not stop the retries of the others
                     log.warning("retry of %s failed: %r", event.claim, exc)
 
