@@ -129,7 +129,8 @@ async def make_drivers(bus: Bus, settings: ControlPlaneSettings) -> dict[str, Da
     if "postgres" in settings.drivers:
         from tessera.controlplane.datastores.postgres import PostgresDriver
 
-        drivers["postgres"] = PostgresDriver(settings.postgres_dsn, settings.postgres_tenant_host)
+        drivers["postgres"] = PostgresDriver(settings.postgres_dsn, settings.postgres_tenant_host,
+                                             settings.postgres_connection_limit)
     if "etcd" in settings.drivers:
         from tessera.controlplane.datastores.etcd import EtcdDriver
 

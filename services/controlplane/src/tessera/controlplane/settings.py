@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from typing import Literal, Mapping
 
 from tessera.shared.errors import ConfigError
-from tessera.shared.settings import env_float, env_int, env_str
+from tessera.shared.settings import env_choice, env_float, env_int, env_str
 
 DRIVERS = ("nats", "postgres", "etcd")
 HostMode = Literal["none", "render", "kubernetes"]
+EtcdMode = Literal["shared", "dedicated"]
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,15 @@ class ControlPlaneSettings:
     nats_users_secret: str = ""
     postgres_dsn: str = "postgresql://postgres@127.0.0.1:5432/postgres"
     postgres_tenant_host: str = "127.0.0.1:5432"
+    postgres_connection_limit: int = 32  # per tenant role (CONNECTION LIMIT)
     etcd_endpoint: str = "http://127.0.0.1:2379"
     etcd_root_password: str = ""
+    # etcd: "shared" (one server, a key prefix per tenant, one quota for all) or "dedicated" (an
+    # etcd server per tenant, run by the manager, each with its own --quota-backend-bytes).
+    etcd_mode: EtcdMode = "shared"
+    etcd_quota_bytes: int = 2 * 1024 * 1024 * 1024
+    etcd_data_dir: str = ""
+    etcd_binary: str = ""
     host_mode: HostMode = "none"
     manifests_dir: str = ""
     platform_namespace: str = "tessera-system"
@@ -40,6 +48,9 @@ class ControlPlaneSettings:
     cert_days: int = 365
     rotate_before_days: int = 30
     resync_seconds: float = 30.0
+    # Deleting a tenant first releases its claims: how long one delete waits for them (and its quota
+    # usage) to be gone before it answers "pending" and leaves the rest to the resync.
+    teardown_wait_seconds: float = 20.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "ControlPlaneSettings":
@@ -61,6 +72,18 @@ class ControlPlaneSettings:
         days = env_int(env, "TESSERA_CP_CERT_DAYS", 365, minimum=1)
         if rotate >= days:
             raise ConfigError("TESSERA_CP_ROTATE_BEFORE_DAYS must be below TESSERA_CP_CERT_DAYS")
+        teardown_wait = env_float(env, "TESSERA_CP_TEARDOWN_WAIT_SECONDS", 20.0)
+        if teardown_wait < 0:
+            raise ConfigError(f"TESSERA_CP_TEARDOWN_WAIT_SECONDS={teardown_wait}: use 0 or more seconds")
+        etcd_mode = env_choice(env, "TESSERA_CP_ETCD_MODE", "shared", ("shared", "dedicated"))
+        etcd_data_dir = env_str(env, "TESSERA_CP_ETCD_DATA_DIR", "")
+        if "etcd" in drivers and etcd_mode == "dedicated":
+            if mode == "kubernetes":
+                raise ConfigError("TESSERA_CP_ETCD_MODE=dedicated runs etcd servers as the manager's own processes,"
+                                  " which Kubernetes mode does not support yet: use shared, or another driver")
+            if not etcd_data_dir:
+                raise ConfigError("TESSERA_CP_ETCD_MODE=dedicated needs TESSERA_CP_ETCD_DATA_DIR"
+                                  " (where each tenant's etcd keeps its data)")
         return cls(
             drivers=drivers,
             nats_tenant_url=env_str(env, "TESSERA_CP_NATS_TENANT_URL", ""),
@@ -71,6 +94,11 @@ class ControlPlaneSettings:
             postgres_tenant_host=env_str(env, "TESSERA_CP_POSTGRES_TENANT_HOST", cls.postgres_tenant_host),
             etcd_endpoint=env_str(env, "TESSERA_CP_ETCD_ENDPOINT", cls.etcd_endpoint),
             etcd_root_password=env_str(env, "TESSERA_CP_ETCD_ROOT_PASSWORD", ""),
+            etcd_mode=etcd_mode,  # type: ignore[arg-type]
+            etcd_quota_bytes=env_int(env, "TESSERA_CP_ETCD_QUOTA_BYTES", cls.etcd_quota_bytes, minimum=1024 * 1024),
+            etcd_data_dir=etcd_data_dir,
+            etcd_binary=env_str(env, "TESSERA_CP_ETCD_BINARY", ""),
+            postgres_connection_limit=env_int(env, "TESSERA_CP_POSTGRES_CONNECTION_LIMIT", 32, minimum=1),
             host_mode=mode,  # type: ignore[arg-type]
             manifests_dir=manifests_dir,
             platform_namespace=env_str(env, "TESSERA_CP_PLATFORM_NAMESPACE", "tessera-system"),
@@ -79,4 +107,5 @@ class ControlPlaneSettings:
             cert_days=days,
             rotate_before_days=rotate,
             resync_seconds=env_float(env, "TESSERA_CP_RESYNC_SECONDS", 30.0),
+            teardown_wait_seconds=teardown_wait,
         )

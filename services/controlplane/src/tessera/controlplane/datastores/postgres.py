@@ -4,6 +4,11 @@ Isolation is PostgreSQL's own: the tenant's role owns its database, CONNECT on t
 revoked from PUBLIC, so every other tenant's role is refused at connection time by the server. The
 control plane reaches it the way Kamaji's kine does, with a postgresql:// DSN for its own role.
 Every statement is idempotent (IF EXISTS / catalogue checks) so reconcile may run it forever.
+
+Each tenant role carries a CONNECTION LIMIT, so one tenant (a kine with an unbounded pool, a flood of
+its own control planes) cannot take every connection of the shared server: PostgreSQL refuses its
+next one with "too many connections for role" while the others still connect. A role created before
+the limit existed, or with another, gets it on the next reconcile (ALTER ROLE).
 """
 
 from __future__ import annotations
@@ -29,9 +34,12 @@ def role_name(tenant: str) -> str:
 class PostgresDriver:
     name = "postgres"
 
-    def __init__(self, admin_dsn: str, tenant_host: str) -> None:
+    def __init__(self, admin_dsn: str, tenant_host: str, connection_limit: int = 32) -> None:
+        if connection_limit < 1:
+            raise ValueError(f"connection_limit={connection_limit}: a tenant role needs at least 1 connection")
         self.admin_dsn = admin_dsn
         self.tenant_host = tenant_host  # host:port the tenants' control planes use
+        self.connection_limit = connection_limit  # per tenant role, enforced by PostgreSQL
 
     async def _admin(self) -> psycopg.AsyncConnection:
         try:
@@ -48,8 +56,8 @@ class PostgresDriver:
             exists = await (await conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,))).fetchone()
             verb = "ALTER" if exists else "CREATE"
             await conn.execute(
-                sql.SQL(verb + " ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD {}").format(
-                    sql.Identifier(role), sql.Literal(password)
+                sql.SQL(verb + " ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE CONNECTION LIMIT {} PASSWORD {}").format(
+                    sql.Identifier(role), sql.Literal(self.connection_limit), sql.Literal(password)
                 )
             )
             has_db = await (await conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (db,))).fetchone()
