@@ -5,14 +5,23 @@ server would (core/v1, apps/v1, networking.k8s.io/v1 schemas, strict)."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import msgspec
 import pytest
 
-from tessera.controlplane import manifests
+from tessera.cli.client import Client
+from tessera.cli.cluster import LocalCluster
+from tessera.controlplane import crd, manifests
 from tessera.controlplane.app import Manager
 from tessera.controlplane.kube import KubeHost
+from tessera.controlplane.resources import FINALIZER
 from tessera.controlplane.settings import ControlPlaneSettings
+from tessera.shared import subjects
+from tessera.shared.api import SubmitRequest
+from tessera.shared.ledger import Ledger
+
+PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 
 NS = "tenant-alpha"
 KINDS = (("v1", "secrets"), ("v1", "services"), ("apps/v1", "deployments"),
@@ -81,4 +90,87 @@ async def test_apply_watch_ready_and_delete(apiserver, bus):
         watcher.cancel()
         with pytest.raises(asyncio.CancelledError):
             await watcher
+        await mgr.close()
+
+
+# --- deleting a TenantControlPlane whose tenant still has claims ----------------------------------
+
+TEAM = "team-a"
+GPUMEM = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}
+
+
+@pytest.fixture
+async def gpu_services(nats_url, tmp_path):
+    """Capacity, translator, placement and the enforcers of tests/profiles/tiny.yaml (simulated
+    hardware) as processes on this test's nats-server: the real services that hold and release claims."""
+    cluster = LocalCluster(workdir=tmp_path / "services", profile=PROFILES / "tiny.yaml", nats_url=nats_url,
+                           extra_env={"TESSERA_STREAM_STORAGE": "memory"})  # as the in-loop manager's bus
+    try:
+        for name in ("capacity", "translator", "placement"):
+            cluster.spawn(name, instance=name)
+        for node in cluster.nodes():
+            cluster.spawn("enforcer", instance=f"enforcer-{node}", env={"TESSERA_NODE": node})
+        await asyncio.to_thread(cluster.wait_ready, 90)
+        yield cluster
+    finally:
+        await asyncio.to_thread(cluster.stop)
+
+
+async def until(check, what: str, timeout: float = 60):
+    """Poll ``check`` (sync or async) until it returns something true; fail naming ``what``."""
+    try:
+        async with asyncio.timeout(timeout):
+            while not (found := (await check()) if asyncio.iscoroutinefunction(check) else check()):
+                await asyncio.sleep(0.1)
+    except TimeoutError:
+        raise AssertionError(f"after {timeout:.0f}s still waiting for {what}") from None
+    return found
+
+
+async def test_a_deleted_tenant_control_plane_keeps_its_finalizer_until_its_claims_are_released(
+        apiserver, bus, gpu_services):
+    cluster = gpu_services
+    await apiserver.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TEAM}})
+    settings = ControlPlaneSettings(host_mode="kubernetes", teardown_wait_seconds=1.0, resync_seconds=0.5)
+    mgr = await Manager.start(bus, settings, host=KubeHost.for_url(apiserver.url))
+    tasks = [asyncio.create_task(coro, name=name) for name, coro in mgr.root_tasks().items()]
+    client = await Client.connect(cluster.url)
+    tcp = (f"{crd.GROUP}/{crd.VERSION}", crd.PLURAL, "alpha", TEAM)
+    try:
+        await apiserver.create({"apiVersion": tcp[0], "kind": "TenantControlPlane",
+                                "metadata": {"name": "alpha", "namespace": TEAM},
+                                "spec": {"quota": {"gpus": 2}, "network": {"nodeCidrs": ["192.168.7.0/24"]}}})
+        await until(lambda: apiserver.object(*tcp).get("status", {}).get("phase"), "the tenant served")
+        assert (await mgr.store.tenants.get("alpha")).value.quota.gpus == 2
+        claim = (await client.submit(SubmitRequest(tenant="alpha", resources=GPUMEM)))["claim"]
+        node = (await client.wait_for(claim, {"prepared"})).node
+        enforcer = cluster.find(f"enforcer-{node}")
+        await asyncio.to_thread(cluster.stop_process, enforcer)  # nobody can release it for now
+
+        await apiserver.delete(tcp[0], tcp[1], "alpha", TEAM)
+
+        async def pending():
+            obj = apiserver.object(*tcp)
+            return obj if (obj or {}).get("status", {}).get("reason") == "ClaimsNotReleased" else None
+
+        obj = await until(pending, "the object to say its claims are not released")
+        assert FINALIZER in obj["metadata"]["finalizers"] and obj["metadata"].get("deletionTimestamp")
+        assert obj["status"]["phase"] == "Deleting" and claim in obj["status"]["message"]
+        assert (await client.claim(claim)).state == "prepared"
+        assert apiserver.object("apps/v1", "deployments", "alpha-control-plane", "tenant-alpha") is not None
+
+        cluster.spawn("enforcer", instance=enforcer.name, env={"TESSERA_NODE": node})
+        await until(lambda: apiserver.object(*tcp) is None, "the object gone")
+        assert (await client.claim(claim)).state == "released"
+        ledger = Ledger(await bus.kv(subjects.KV_LEDGER))
+        assert claim not in (await ledger.read_node(node))[0].entries
+        assert (await ledger.read_tenant("alpha"))[0].claims == {}
+        assert await mgr.store.controlplanes.get("alpha") is None and await mgr.store.tenants.get("alpha") is None
+        assert apiserver.object("apps/v1", "deployments", "alpha-control-plane", "tenant-alpha") is None
+        assert not any(t.done() for t in tasks), [t for t in tasks if t.done()]
+    finally:
+        await client.close()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await mgr.close()

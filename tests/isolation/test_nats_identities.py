@@ -40,7 +40,10 @@ async def secured(tmp_path):
 
 
 ALLOWED = {
-    "controlplane": [("kv", SECRETS, "alpha"), ("js", "tessera.tenants.alpha.created")],
+    # (a deleted tenant's claims: their releases, to placement or to the claim's node)
+    "controlplane": [("kv", SECRETS, "alpha"), ("js", "tessera.tenants.alpha.created"),
+                     ("js", subjects.claim("alpha", "c1", "release")),
+                     ("js", subjects.claim("alpha", "c1", "release", "gpu-0"))],
     "capacity": [("kv", subjects.KV_INVENTORY, "gpu-0"), ("js", subjects.inventory("gpu-0"))],
     "translator": [("kv", subjects.KV_CLAIMS, "c1"), ("js", subjects.claim("alpha", "c1", "requested"))],
     "placement": [("kv", subjects.KV_LEDGER, subjects.ledger_node_key("gpu-0")),
@@ -55,6 +58,7 @@ SECRET_GET = f"$JS.API.DIRECT.GET.KV_{SECRETS}.$KV.{SECRETS}.beta"
 TENANTS_READ = f"$JS.API.STREAM.INFO.KV_{subjects.KV_TENANTS}"
 REFUSED = {
     "controlplane": [("publish", LEDGER_WRITE), ("publish", subjects.claim("alpha", "c1", "requested")),
+                     ("publish", subjects.claim("alpha", "c1", "released", "gpu-0")),
                      ("publish", f"$KV.{subjects.KV_CLAIMS}.c1")],
     "capacity": [("publish", LEDGER_WRITE), ("publish", subjects.claim("alpha", "c1", "allocated", "gpu-0")),
                  ("request", TENANTS_READ), ("request", SECRETS_READ)],

@@ -99,6 +99,9 @@ async def run_list(args: argparse.Namespace) -> int:
 
 async def run_delete(args: argparse.Namespace) -> int:
     def show(result: dict) -> None:
+        if result.get("pending"):  # its claims are still being released; the manager carries on
+            print(f"tenant {result.get('name')} is being deleted ({result.get('reason')}): {result.get('message')}")
+            return
         word = "deleted" if result.get("existed") else "was already gone"
         print(f"tenant {result.get('name')} {word}")
 

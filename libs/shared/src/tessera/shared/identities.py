@@ -130,10 +130,13 @@ def uses(service: str, node: str | None = None) -> Uses:
         # Its answer to `tessera tenant create` comes after the server reloaded the tenants' accounts,
         # and a reload forgets which replies a connection may send (allow_responses): the
         # operator's inbox is allowed outright.
+        # Deleting a tenant releases its claims first: it publishes their releases (the lifecycle's
+        # route: to placement or to the claim's node) and reads the claims and the ledger until
+        # nothing of the tenant is left. It writes neither.
         return Uses(
-            publish=(f"{subjects.TENANTS}.>", f"{inbox_prefix(OPERATOR)}.>", *dlq),
+            publish=(f"{subjects.TENANTS}.>", f"{inbox_prefix(OPERATOR)}.>", _claim_events("release"), *dlq),
             serves=(f"{subjects.API_TENANTS}.*",),
-            reads=(subjects.KV_TENANTS, KV_CONTROLPLANES, KV_SECRETS),
+            reads=(subjects.KV_TENANTS, KV_CONTROLPLANES, KV_SECRETS, subjects.KV_CLAIMS, subjects.KV_LEDGER),
             writes={subjects.KV_TENANTS: (">",), KV_CONTROLPLANES: (">",), KV_SECRETS: (">",)},
         )
     if service == "capacity":

@@ -81,6 +81,13 @@ def view(record: TenantControlPlane) -> TenantView:
     )
 
 
+class Removal(msgspec.Struct, frozen=True):
+    existed: bool
+    pending: bool = False  # its claims are not all released yet: the tenant is still there, deleting
+    reason: str = ""
+    message: str = ""
+
+
 class TenantApi:
     def __init__(self, store: TenantStore, reconciler: Reconciler, capacity: HostCapacity) -> None:
         self.store = store
@@ -105,9 +112,10 @@ class TenantApi:
             record = await self._admit(name, spec, resource)
         return await self.reconciler.reconcile(name) or record
 
-    async def remove(self, name: str) -> bool:
+    async def remove(self, name: str, *, wait: float | None = None) -> "Removal":
         """Mark the tenant deleting and tear it down (also finishing an interrupted teardown and
-        cleaning orphans); whether it existed."""
+        cleaning orphans): its claims are released first, waiting up to ``wait`` seconds (default:
+        the teardown wait); whether it existed, and whether its deletion is still pending."""
         for _ in range(20):
             stored = await self.store.controlplanes.get(name)
             if stored is None or stored.value.deleting:
@@ -119,10 +127,12 @@ class TenantApi:
             except ConflictError:
                 continue
         existed = stored is not None
-        await self.reconciler.reconcile(name)
+        left = await self.reconciler.reconcile(name, wait=wait)
         if not existed and await self.store.tenants.get(name) is not None:
-            await self.reconciler.resync()
-        return existed
+            await self.reconciler.resync(wait=self.reconciler.teardown_wait if wait is None else wait)
+        if left is not None:
+            return Removal(existed, pending=True, reason=left.status.reason, message=left.status.message)
+        return Removal(existed)
 
     async def get(self, data: bytes, headers: Mapping[str, str]) -> bytes:
         async def act(req: TenantRequest) -> bytes:
@@ -149,7 +159,11 @@ class TenantApi:
             if owner is not None:  # the controller would only create it again
                 raise ConflictError(f"tenant {name!r} belongs to TenantControlPlane {owner.namespace}/{owner.name};"
                                     f" delete it there: kubectl delete tcp -n {owner.namespace} {owner.name}")
-            return api.ok({"name": name, "deleted": True, "existed": await self.remove(name)})
+            removal = await self.remove(name)
+            reply = {"name": name, "deleted": not removal.pending, "existed": removal.existed}
+            if removal.pending:  # not done: said so, and the manager goes on with it
+                reply.update(pending=True, reason=removal.reason, message=removal.message)
+            return api.ok(reply)
 
         return await self._guard(data, act)
 

@@ -13,13 +13,17 @@ from typing import Callable, Coroutine
 
 from tessera.controlplane.api import TenantApi
 from tessera.controlplane.capacity import HostCapacity
+from tessera.controlplane.claimdrain import ClaimDrain
 from tessera.controlplane.datastores import DatastoreDriver
 from tessera.controlplane.host import HostCluster, NoHost, RenderedHost
 from tessera.controlplane.pki import PkiAuthority
 from tessera.controlplane.reconciler import Reconciler
 from tessera.controlplane.settings import ControlPlaneSettings
 from tessera.controlplane.store import TenantStore
+from tessera.shared import subjects
 from tessera.shared.bus import Bus
+from tessera.shared.claimstore import ClaimStore
+from tessera.shared.ledger import Ledger
 
 log = logging.getLogger("tessera.controlplane")
 
@@ -60,7 +64,10 @@ class Manager:
         async def publish(subject, event, msg_id):
             return await bus.publish(subject, event, msg_id=msg_id)
 
-        reconciler = Reconciler(store, publish, drivers, pki, host, settings.platform_namespace)
+        drain = ClaimDrain(ClaimStore(await bus.kv(subjects.KV_CLAIMS)), Ledger(await bus.kv(subjects.KV_LEDGER)),
+                           publish)
+        reconciler = Reconciler(store, publish, drivers, pki, host, settings.platform_namespace, claims=drain,
+                                teardown_wait=settings.teardown_wait_seconds)
         capacity = HostCapacity(settings.host_cpu_millis, settings.host_memory_mib)
         tenants = TenantApi(store, reconciler, capacity)
         resources = None

@@ -18,6 +18,7 @@ from typing import Awaitable, Callable, Mapping
 import msgspec
 
 from tessera.controlplane import manifests
+from tessera.controlplane.claimdrain import ClaimDrain, Remaining
 from tessera.controlplane.credentials import TenantSecrets
 from tessera.controlplane.datastores import DatastoreDriver
 from tessera.controlplane.host import HostCluster
@@ -26,11 +27,13 @@ from tessera.controlplane.spec import Phase, TenantControlPlane, TenantControlPl
 from tessera.controlplane.store import TenantStore
 from tessera.shared import subjects
 from tessera.shared.errors import ConflictError, TemporaryError
-from tessera.shared.events import TenantCreated, TenantDeleted, TenantRecord, TenantUpdated
+from tessera.shared.events import GpuQuota, TenantCreated, TenantDeleted, TenantRecord, TenantUpdated
 
 log = logging.getLogger("tessera.controlplane.reconciler")
 
 Publish = Callable[[str, msgspec.Struct, str], Awaitable[object]]
+
+CLOSED = GpuQuota(gpus=0, memory_mib=0, cores=0)  # a deleted tenant's quota: nothing more is placed
 
 
 class Reconciler:
@@ -42,7 +45,12 @@ class Reconciler:
         pki: PkiAuthority,
         host: HostCluster,
         platform_namespace: str = "tessera-system",
+        *,
+        claims: ClaimDrain,
+        teardown_wait: float = 20.0,
     ) -> None:
+        self.claims = claims
+        self.teardown_wait = teardown_wait
         self.platform_namespace = platform_namespace
         self.store = store
         self.publish = publish
@@ -51,35 +59,44 @@ class Reconciler:
         self.host = host
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
 
-    async def reconcile(self, name: str) -> TenantControlPlane | None:
-        """One pass for one tenant; returns the record as now stored (None once deleted)."""
+    async def reconcile(self, name: str, *, wait: float | None = None) -> TenantControlPlane | None:
+        """One pass for one tenant; returns the record as now stored (None once deleted; a record
+        marked deleting while its claims are still being released). ``wait``: how long a deletion
+        waits for them (default: the teardown wait)."""
         async with self._locks[name]:
             for _ in range(20):
                 try:
-                    return await self._pass(name)
+                    return await self._pass(name, self.teardown_wait if wait is None else wait)
                 except ConflictError:
                     continue  # someone else wrote the record: re-read and go again
             raise TemporaryError(f"tenant {name}: record kept changing during reconcile")
 
-    async def resync(self) -> None:
-        """Reconcile every stored tenant and clean up public records with no desired state."""
+    async def resync(self, *, wait: float = 0.0) -> None:
+        """Reconcile every stored tenant and clean up public records with no desired state. A pending
+        deletion is looked at without waiting (``wait``): one stuck tenant does not hold up the others."""
         names = set(await self.store.controlplanes.keys())
         for name in sorted(names):
             try:
-                await self.reconcile(name)
+                await self.reconcile(name, wait=wait)
             except Exception as exc:  # one tenant's failure must not stop the others
                 log.warning("reconcile %s failed: %s", name, exc)
         for orphan in set(await self.store.tenants.keys()) - names:
-            await self._teardown(orphan, uid=None)
+            try:
+                async with self._locks[orphan]:
+                    await self._teardown(orphan, uid=None, wait=wait)
+            except Exception as exc:
+                log.warning("removing orphaned tenant record %s failed: %s", orphan, exc)
 
-    async def _pass(self, name: str) -> TenantControlPlane | None:
+    async def _pass(self, name: str, wait: float) -> TenantControlPlane | None:
         stored = await self.store.controlplanes.get(name)
         if stored is None:
             return None
         record = stored.value
         if record.deleting:
-            await self._teardown(name, uid=record.uid, record=record)
-            return None
+            if await self._teardown(name, uid=record.uid, record=record, wait=wait):
+                return None
+            left = await self.store.controlplanes.get(name)
+            return left.value if left is not None else None
         phase, reason, message, endpoint, scope, not_after = await self._converge(record)
         status = TenantControlPlaneStatus(
             phase=phase,
@@ -165,8 +182,30 @@ class Reconciler:
             return
         await self.store.tenants.put(name, record, revision=current.revision if current else None)
 
-    async def _teardown(self, name: str, uid: str | None, record: TenantControlPlane | None = None) -> None:
-        """Remove everything the tenant owns, in the reverse order of creation; safe to repeat."""
+    async def _teardown(self, name: str, uid: str | None, record: TenantControlPlane | None = None,
+                        *, wait: float = 0.0) -> bool:
+        """Release the tenant's claims, then remove everything it owns, in the reverse order of
+        creation; safe to repeat. True once it is gone; False while claims are left (it stays)."""
+        await self._close_quota(name, uid)
+
+        async def progress(left: Remaining) -> None:
+            if left:
+                await self._show_teardown(name, "ReleasingClaims", f"releasing the tenant's claims: {left.describe()}")
+
+        left = await self.claims.drain(name, wait, progress)
+        if not left:
+            # Quota record gone: the translator refuses the tenant's submits from here on. A claim
+            # that slipped in before is released now, and the tenant stays until it is.
+            await self.store.tenants.delete(name)
+            left = await self.claims.drain(name, 0.0)
+            if left:
+                await self._close_quota(name, uid)
+        if left:
+            message = (f"deletion waits for the tenant's claims to be released: {left.describe()}; the manager"
+                       f" tries again on every resync")
+            log.warning("tenant %s: %s", name, message)
+            await self._show_teardown(name, "ClaimsNotReleased", message)
+            return False
         await self.host.remove(name)
         stored = await self.store.secrets.get(name)
         drivers = [self.drivers[record.spec.datastore.driver]] if record and record.spec.datastore.driver in self.drivers else []
@@ -182,3 +221,29 @@ class Reconciler:
             TenantDeleted(tenant=name),
             f"{name}.{uid or 'orphan'}.deleted",
         )
+        return True
+
+    async def _close_quota(self, name: str, uid: str | None) -> None:
+        """Quota to zero and phase Deleting in the public record (what placement reads), once."""
+        current = await self.store.tenants.get(name)
+        closed = TenantRecord(tenant=name, quota=CLOSED, phase="Deleting",
+                              created=current.value.created if current else time.time())
+        if current is not None and current.value.quota == CLOSED and current.value.phase == "Deleting":
+            return
+        await self.store.tenants.put(name, closed, revision=current.revision if current else None)
+        await self.publish(
+            subjects.tenant(name, "updated"),
+            TenantUpdated(tenant=name, quota=CLOSED, phase="Deleting", reason="ReleasingClaims"),
+            f"{name}.{uid or 'orphan'}.deleting",
+        )
+
+    async def _show_teardown(self, name: str, reason: str, message: str) -> None:
+        """Say on the tenant's record how its deletion stands (``tessera tenant get``, the object's status)."""
+        def change(record: TenantControlPlane | None) -> TenantControlPlane | None:
+            if record is None or not record.deleting or (record.status.reason, record.status.message) == (reason, message):
+                return None
+            status = msgspec.structs.replace(record.status, phase="Deleting", reason=reason, message=message,
+                                             last_transition=time.time())
+            return msgspec.structs.replace(record, status=status)
+
+        await self.store.controlplanes.modify(name, change)

@@ -10,8 +10,10 @@ path such as ``$.spec.network.podCidr``; the tenant keeps what it had). A bad ob
 on that object and never stops the watch.
 
 Deletion is guarded by the finalizer ``tessera.io/controlplane``, added on first sight: the API
-server keeps the object until the manager has torn the tenant down (manifests, datastore,
-credentials, quota) and removed the finalizer. An object deleted without it (finalizer removed by
+server keeps the object until the manager has torn the tenant down (its claims released first, then
+manifests, datastore, credentials, quota) and removed the finalizer. While the tenant's claims are
+not all released the finalizer stays and the status says so (phase Deleting, reason
+``ClaimsNotReleased`` and what is left); each resync tries again. An object deleted without it (finalizer removed by
 hand) leaves an orphan tenant, which the next full list notices and removes.
 """
 
@@ -169,7 +171,12 @@ class TenantResources:
             if ref is not None and (ref.namespace, ref.name) not in present:
                 log.warning("tenant %s: its TenantControlPlane %s/%s is gone; removing it", name, ref.namespace,
                             ref.name)
-                await self.tenants.remove(name)
+                await self._remove(name, stored.value)
+
+    async def _remove(self, name: str, record: TenantControlPlane):
+        """Tear the tenant down; one already deleting (a resumed deletion) is looked at without
+        waiting, so a stuck tenant does not hold up the watch."""
+        return await self.tenants.remove(name, wait=0.0 if record.deleting else None)
 
     async def _serve(self, obj: dict[str, Any]) -> tuple[TenantControlPlane | None, Refused | None]:
         ref = _ref(obj)
@@ -197,7 +204,13 @@ class TenantResources:
         ref = _ref(obj)
         stored = await self.store.controlplanes.get(ref.name) if _valid_name(ref.name) else None
         if stored is not None and _owned(stored.value, ref):
-            await self.tenants.remove(ref.name)
+            removal = await self._remove(ref.name, stored.value)
+            if removal.pending:  # its claims still hold GPUs: the object stays, and says why
+                current = await self.store.controlplanes.get(ref.name)
+                status = desired_status(obj, current.value if current else stored.value, None)
+                if not _same(obj.get("status"), status):
+                    await self.objects.set_status(obj, status)
+                return
             log.info("tenant %s removed with its TenantControlPlane %s/%s", ref.name, ref.namespace, ref.name)
         await self.objects.set_finalizers(obj, [f for f in finalizers if f != FINALIZER])
 
@@ -206,7 +219,7 @@ class TenantResources:
         ref = _ref(obj)
         stored = await self.store.controlplanes.get(ref.name) if _valid_name(ref.name) else None
         if stored is not None and _owned(stored.value, ref):
-            await self.tenants.remove(ref.name)
+            await self._remove(ref.name, stored.value)
 
 
 def _served(obj: dict[str, Any]) -> bool:
