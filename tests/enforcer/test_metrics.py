@@ -1,8 +1,13 @@
-"""The enforcer's /metrics: HAMi's monitor names and labels, and Tessera's allocated-versus-used view."""
+"""The enforcer's /metrics: HAMi's monitor names and labels, and Tessera's allocated-versus-used view,
+served on a listener of their own (TESSERA_METRICS_PORT): the probe port, which the kubelet and so
+any pod may reach, serves no claim id (issue 13)."""
 
 from __future__ import annotations
 
+import urllib.error
 import urllib.request
+
+import pytest
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -11,9 +16,17 @@ from tessera.cli.client import Client
 from runkit import MIB, finish, run_claims, start_run, wait_until
 
 
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
 def scrape(port: int) -> dict[str, list]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
+    status, text = get(port, "/metrics")
+    assert status == 200, (status, text)
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
 
 
@@ -24,7 +37,7 @@ def value(samples, **labels) -> float | None:
 
 async def test_metrics_show_hami_series_and_allocated_versus_used(cluster, tmp_path):
     client = await Client.connect(cluster.url)
-    port = cluster.find("enforcer-gpu-0").http_port
+    port = cluster.find("enforcer-gpu-0").metrics_port
     try:
         known = set(await run_claims(client))
         proc = await start_run(cluster, "--gpumem", "2000", "--gpucores", "40",
@@ -62,8 +75,42 @@ async def test_metrics_show_hami_series_and_allocated_versus_used(cluster, tmp_p
         # One of two GPUs carries a slice: all of its free memory is stranded for a whole-GPU request.
         frag = value(m["tessera_node_fragmentation_ratio"], node="gpu-0")
         assert 0 < frag < 1
+        assert_probe_port_serves_no_claim(cluster, claim)
         (tmp_path / "go").touch()
         assert (await finish(proc)).code == 0
     finally:
         (tmp_path / "go").touch()  # never leave the workload holding its claim for the next test
         await client.close()
+
+
+def assert_probe_port_serves_no_claim(cluster, claim: str) -> None:
+    """The split, while a claim is running and its series are on the metrics listener: the probe
+    port answers its probes and nothing with a claim id; the metrics listener serves only /metrics."""
+    enforcer = cluster.find("enforcer-gpu-0")
+    assert enforcer.metrics_port and enforcer.metrics_port != enforcer.http_port
+    status, body = get(enforcer.http_port, "/metrics")
+    assert status == 404 and claim not in body
+    for probe in ("/healthz", "/readyz"):
+        status, body = get(enforcer.http_port, probe)
+        assert status == 200 and claim not in body
+        assert get(enforcer.metrics_port, probe)[0] == 404
+    assert claim in get(enforcer.metrics_port, "/metrics")[1]
+
+
+@pytest.mark.parametrize("port", ["65536", "-1", "x"])
+def test_a_metrics_port_that_is_no_port_stops_the_enforcer_naming_it(port):
+    from tessera.enforcer.settings import EnforcerSettings
+    from tessera.shared.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="TESSERA_METRICS_PORT"):
+        EnforcerSettings.from_env({"TESSERA_NODE": "gpu-0", "TESSERA_METRICS_PORT": port})
+
+
+def test_metrics_listen_where_configured_and_not_by_default():
+    from tessera.enforcer.settings import EnforcerSettings
+
+    default = EnforcerSettings.from_env({"TESSERA_NODE": "gpu-0"})
+    assert (default.metrics_host, default.metrics_port) == ("127.0.0.1", 0)
+    chosen = EnforcerSettings.from_env({"TESSERA_NODE": "gpu-0", "TESSERA_METRICS_HOST": "10.0.0.7",
+                                        "TESSERA_METRICS_PORT": "9394"})
+    assert (chosen.metrics_host, chosen.metrics_port) == ("10.0.0.7", 9394)

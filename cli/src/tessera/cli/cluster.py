@@ -35,6 +35,7 @@ class ServiceProcess:
     proc: subprocess.Popen
     log_path: Path
     http_port: int
+    metrics_port: int = 0  # an enforcer's /metrics listener (0: none)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -125,6 +126,8 @@ class LocalCluster:
     def spawn(self, name: str, *, instance: str, env: dict[str, str] | None = None) -> ServiceProcess:
         port = free_port()
         full_env = self.service_env(name, instance, port, (env or {}).get("TESSERA_NODE"))
+        if name == "enforcer" and "TESSERA_METRICS_PORT" not in self.extra_env:  # apart from the probes
+            full_env["TESSERA_METRICS_PORT"] = str(free_port())
         full_env.update(env or {})
         logs = self.workdir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -139,7 +142,7 @@ class LocalCluster:
                 start_new_session=True,  # Ctrl-C in the terminal reaches `tessera up`, which stops us
                 preexec_fn=die_with_parent,
             )
-        sp = ServiceProcess(instance, proc, log_path, port)
+        sp = ServiceProcess(instance, proc, log_path, port, int(full_env.get("TESSERA_METRICS_PORT") or 0))
         self.processes.append(sp)
         return sp
 

@@ -8,6 +8,11 @@ With legacy metrics on, the pre-2.9 names (``vGPU_device_memory_usage_in_bytes``
 ``podnamespace, podname, ctrname, vdeviceid, deviceuuid``, ...) are emitted too, as HAMi-DRA does by
 default. Scrapes render the last observation; they never touch files or the bus.
 
+Who may read it: these series name every claim of the node and its tenant, so they are served on a
+listener of their own (``TESSERA_METRICS_HOST``/``TESSERA_METRICS_PORT``), never on the probe port
+that the kubelet (and so anything on the pod network) reaches; deploy/k8s admits only the monitoring
+namespace to that port (NetworkPolicy ``enforcer-metrics``). No tenant reads another's claim ids here.
+
 Fragmentation: the share of a node's free GPU memory that sits on GPUs already partly allocated,
 i.e. memory a whole-GPU request cannot use (0 = every free byte is on an untouched GPU or nothing is
 free; 1 = every free byte is stranded next to someone's slice).
@@ -15,6 +20,8 @@ free; 1 = every free byte is stranded next to someone's slice).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections import Counter
 
 from aiohttp import web
@@ -26,6 +33,8 @@ from tessera.shared.ledger import device_totals
 
 from tessera.enforcer.gpustats import DeviceStats
 from tessera.enforcer.observe import NodeView
+
+log = logging.getLogger("tessera.enforcer.metrics")
 
 MIB = 1 << 20
 ZONE = "vGPU"
@@ -157,4 +166,15 @@ class EnforcerMetrics:
 
         return web.get("/metrics", metrics)
 
-
+    async def serve(self, host: str, port: int) -> None:
+        """Forever: ``/metrics`` (and nothing else) on its own listener."""
+        app = web.Application()
+        app.add_routes([self.route()])
+        runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+            log.info("metrics on http://%s:%d/metrics", host, port)
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()

@@ -29,7 +29,7 @@ import msgspec
 from tessera.shared import subjects
 from tessera.shared.bus import Delivery
 from tessera.shared.claimstore import TERMINAL, ClaimStore
-from tessera.shared.errors import TemporaryError
+from tessera.shared.errors import ConfigError, TemporaryError
 from tessera.shared.events import (
     ClaimAllocated,
     ClaimPrepared,
@@ -67,7 +67,9 @@ class EnforcerService:
         self.lost = lostmod.LostNodes(me=settings.node, delay=settings.lost_reclaim_seconds)
         self.gate = UsageGate(heartbeat=settings.usage_heartbeat_seconds)
         self.metrics = EnforcerMetrics(settings.node, settings.legacy_metrics)
-        ctx.extra_routes.append(self.metrics.route())
+        if settings.metrics_port and settings.metrics_port == ctx.settings.http_port:
+            raise ConfigError(f"TESSERA_METRICS_PORT={settings.metrics_port} is the probe port (TESSERA_HTTP_PORT):"
+                              " the metrics need a listener of their own")
 
     async def start(self) -> dict:
         await self.open()
@@ -75,6 +77,8 @@ class EnforcerService:
                  "reconcile": self._reconcile_loop()}
         if self.settings.kubernetes:
             tasks["kubelet-plugin"] = self._kubelet_plugin()
+        if self.settings.metrics_port:
+            tasks["metrics"] = self.metrics.serve(self.settings.metrics_host, self.settings.metrics_port)
         return tasks
 
     async def open(self) -> None:

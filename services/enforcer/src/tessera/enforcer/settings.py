@@ -16,7 +16,7 @@ from typing import Mapping
 
 from tessera.shared.errors import ConfigError
 from tessera.shared.kubeclaims import DRIVER
-from tessera.shared.settings import env_bool, env_float, env_str
+from tessera.shared.settings import env_bool, env_float, env_int, env_str
 
 
 def _in_tree(*parts: str) -> Path | None:
@@ -62,6 +62,13 @@ def _positive(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _port(env: Mapping[str, str], name: str, default: int) -> int:
+    value = env_int(env, name, default, minimum=0)
+    if value > 65535:
+        raise ConfigError(f"{name}={value} is not a TCP port: use 1-65535, or 0 for none")
+    return value
+
+
 def _absolute(name: str, raw: str) -> Path:
     """A directory the kubelet shares: an absolute path, since the kubelet resolves it, not us."""
     path = Path(raw)
@@ -93,6 +100,11 @@ class EnforcerSettings:
     reconcile_seconds: float = 30.0
     # Also emit HAMi's pre-2.9 metric names (vGPU_device_memory_usage_in_bytes, ...).
     legacy_metrics: bool = True
+    # /metrics names every claim of the node with its tenant: it has a listener of its own (not the
+    # probe port every kubelet, and so every pod network path, may reach), for the monitoring system
+    # only. Port 0: no metrics listener.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0
     # Kubernetes mode: the enforcer is the kubelet's DRA plugin of driver gpu.tessera.dev; claims
     # that stand for a ResourceClaim are prepared when the kubelet asks, not on ``allocated``.
     kubernetes: bool = False
@@ -141,6 +153,8 @@ class EnforcerSettings:
             lost_reclaim_seconds=_positive(env, "TESSERA_LOST_RECLAIM_SECONDS", cls.lost_reclaim_seconds),
             reconcile_seconds=_positive(env, "TESSERA_ENFORCER_RECONCILE_SECONDS", cls.reconcile_seconds),
             legacy_metrics=legacy in ("1", "true", "yes"),
+            metrics_host=env_str(env, "TESSERA_METRICS_HOST", cls.metrics_host),
+            metrics_port=_port(env, "TESSERA_METRICS_PORT", cls.metrics_port),
             kubernetes=kubernetes,
             kubelet_registry_dir=_absolute("TESSERA_KUBELET_REGISTRY_DIR", env_str(
                 env, "TESSERA_KUBELET_REGISTRY_DIR", str(cls.kubelet_registry_dir))),
