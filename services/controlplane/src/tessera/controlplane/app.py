@@ -138,7 +138,11 @@ async def make_drivers(bus: Bus, settings: ControlPlaneSettings) -> dict[str, Da
 
         drivers["postgres"] = PostgresDriver(settings.postgres_dsn, settings.postgres_tenant_host,
                                              settings.postgres_connection_limit)
-    if "etcd" in settings.drivers:
+    if "etcd" in settings.drivers and settings.etcd_mode == "dedicated":
+        from tessera.controlplane.datastores.etcd_dedicated import DedicatedEtcdDriver
+
+        drivers["etcd"] = DedicatedEtcdDriver(settings.etcd_data_dir, settings.etcd_quota_bytes, settings.etcd_binary)
+    elif "etcd" in settings.drivers:
         from tessera.controlplane.datastores.etcd import EtcdDriver
 
         drivers["etcd"] = EtcdDriver(settings.etcd_endpoint, settings.etcd_root_password)
