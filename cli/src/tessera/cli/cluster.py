@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tessera.shared import identities
 from tessera.shared import profile as profiles
+from tessera.shared import secretkeys
 from tessera.shared.natsserver import NatsServer, die_with_parent, free_port
 from tessera.shared.runner import is_ready
 
@@ -78,6 +79,12 @@ class LocalCluster:
         conf = auth / "nats.conf"
         return NatsServer(self.workdir / "nats", config_file=conf)
 
+    @property
+    def secret_key_file(self) -> Path:
+        """The manager's sealing keys (0600), in its state directory: made on the first start and
+        kept with the state, since the secrets in NATS are sealed with them."""
+        return self.workdir / "state" / "controlplane" / "secret-keys"
+
     def nodes(self) -> list[str]:
         return [n.node for n in profiles.load(self.profile)]
 
@@ -90,6 +97,7 @@ class LocalCluster:
             url_file.write_text(self.url + "\n")
             url_file.chmod(0o600)
         nodes = self.nodes()  # fail on a bad profile before starting anything else
+        secretkeys.write_key_file(self.secret_key_file)
         for name in SERVICES:
             replicas = self.placement_replicas if name == "placement" else 1
             for i in range(replicas):
@@ -114,6 +122,8 @@ class LocalCluster:
         )
         if self.otlp_endpoint:
             env["OTEL_EXPORTER_OTLP_ENDPOINT"] = self.otlp_endpoint
+        if name == "controlplane":
+            env[secretkeys.KEY_FILE_SETTING] = str(self.secret_key_file)
         if name == "controlplane" and self.nats is not None:
             auth = self.workdir / "nats-auth"
             env.update(TESSERA_CP_NATS_AUTH_FILE=str(auth / "tenants.conf"),

@@ -7,9 +7,10 @@ lifetimes); how to reach NATS and the probe port come from the shared ServiceSet
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
+from tessera.shared.secretkeys import SecretKeys
 from tessera.shared.errors import ConfigError
 from tessera.shared.settings import env_float, env_int, env_str
 
@@ -40,6 +41,10 @@ class ControlPlaneSettings:
     cert_days: int = 365
     rotate_before_days: int = 30
     resync_seconds: float = 30.0
+    # The keys tenant secrets are sealed with (`tessera.controlplane.sealing`). The service reads
+    # them from TESSERA_CP_SECRET_KEY_FILE; the default, one random key in memory, is for a manager
+    # embedded in a test or benchmark and is never what `from_env` returns.
+    secret_keys: SecretKeys = field(default_factory=SecretKeys.ephemeral, repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "ControlPlaneSettings":
@@ -61,7 +66,9 @@ class ControlPlaneSettings:
         days = env_int(env, "TESSERA_CP_CERT_DAYS", 365, minimum=1)
         if rotate >= days:
             raise ConfigError("TESSERA_CP_ROTATE_BEFORE_DAYS must be below TESSERA_CP_CERT_DAYS")
+        keys = SecretKeys.from_file(env_str(env, "TESSERA_CP_SECRET_KEY_FILE", ""))  # before anything connects
         return cls(
+            secret_keys=keys,
             drivers=drivers,
             nats_tenant_url=env_str(env, "TESSERA_CP_NATS_TENANT_URL", ""),
             nats_auth_file=env_str(env, "TESSERA_CP_NATS_AUTH_FILE", ""),
