@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 
-
 from tessera.cli.client import Client
 from tessera.shared import api, subjects
 from tessera.shared.events import GpuQuota
