@@ -202,3 +202,21 @@ async def test_the_service_stops_on_a_bad_key_file_before_it_connects(tmp_path):
         assert proc.returncode == 2, out
         assert f"TESSERA_CP_SECRET_KEY_FILE={tmp_path / 'absent'}: no such file" in out.decode()
         assert total_connections(server) == before
+
+
+async def test_a_tenant_whose_secrets_do_not_open_can_still_be_deleted(platform_bus, secured_settings):
+    first = await Manager.start(platform_bus, secured_settings)
+    try:
+        assert (await call(first, "create", {"name": "alpha"}))["ok"]
+        users = first.drivers["nats"].users
+        assert "alpha" in users.read()
+    finally:
+        await first.close()
+    second = await Manager.start(platform_bus, with_keys(secured_settings, SecretKeys.ephemeral()))
+    try:
+        assert (await call(second, "delete", {"name": "alpha"}))["ok"]
+        assert "alpha" not in await second.store.secrets.keys()  # the unreadable value went too
+        assert "alpha" not in users.read()  # its NATS account went with it
+        assert (await call(second, "get", {"name": "alpha"}))["ok"] is False
+    finally:
+        await second.close()
