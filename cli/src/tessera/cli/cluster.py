@@ -97,7 +97,6 @@ class LocalCluster:
             url_file.write_text(self.url + "\n")
             url_file.chmod(0o600)
         nodes = self.nodes()  # fail on a bad profile before starting anything else
-        secretkeys.write_key_file(self.secret_key_file)
         for name in SERVICES:
             replicas = self.placement_replicas if name == "placement" else 1
             for i in range(replicas):
@@ -123,6 +122,7 @@ class LocalCluster:
         if self.otlp_endpoint:
             env["OTEL_EXPORTER_OTLP_ENDPOINT"] = self.otlp_endpoint
         if name == "controlplane":
+            secretkeys.write_key_file(self.secret_key_file)  # (an existing one is kept)
             env[secretkeys.KEY_FILE_SETTING] = str(self.secret_key_file)
         if name == "controlplane" and self.nats is not None:
             auth = self.workdir / "nats-auth"
