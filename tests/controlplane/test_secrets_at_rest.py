@@ -27,7 +27,7 @@ from tessera.controlplane.sealing import Sealer, Unopenable
 from tessera.controlplane.settings import ControlPlaneSettings
 from tessera.controlplane.store import KV_SECRETS
 from tessera.shared.errors import ConfigError
-from tessera.shared.natsserver import NatsServer, free_port
+from tessera.shared.natsserver import NatsServer, free_port, wait_for_port
 from tessera.shared.secretkeys import SecretKeys, rotate_key_file, write_key_file
 
 
@@ -184,15 +184,17 @@ def test_a_bad_key_file_is_a_configuration_error_naming_the_fix(tmp_path, conten
         ControlPlaneSettings.from_env({})
 
 
-def total_connections(server: NatsServer) -> int:
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.monitor_port}/varz", timeout=5) as reply:
-        return json.load(reply)["total_connections"]
+def client_names(server: NatsServer) -> list[str]:
+    """Names of every client connection the server has seen, open or closed (its /connz)."""
+    wait_for_port(server.monitor_port, 20)  # (start() waits for the client port only)
+    url = f"http://127.0.0.1:{server.monitor_port}/connz?state=all"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        return [c.get("name", "") for c in json.load(reply).get("connections") or []]
 
 
 async def test_the_service_stops_on_a_bad_key_file_before_it_connects(tmp_path):
     # The server is up and would accept it: the service must not get as far as connecting.
     with NatsServer(tmp_path / "nats", monitor_port=free_port()) as server:
-        before = total_connections(server)
         proc = await asyncio.create_subprocess_exec(
             str(Path(sys.executable).parent / "tessera-controlplane"),
             env={"TESSERA_NATS_URL": server.url, "TESSERA_CP_SECRET_KEY_FILE": str(tmp_path / "absent"),
@@ -201,7 +203,7 @@ async def test_the_service_stops_on_a_bad_key_file_before_it_connects(tmp_path):
         out, _ = await asyncio.wait_for(proc.communicate(), 60)
         assert proc.returncode == 2, out
         assert f"TESSERA_CP_SECRET_KEY_FILE={tmp_path / 'absent'}: no such file" in out.decode()
-        assert total_connections(server) == before
+        assert "tessera-controlplane" not in client_names(server)
 
 
 async def test_a_tenant_whose_secrets_do_not_open_can_still_be_deleted(platform_bus, secured_settings):
