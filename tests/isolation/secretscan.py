@@ -64,7 +64,9 @@ async def stream_messages(bus) -> dict[str, bytes]:
     out: dict[str, bytes] = {}
     for info in await js.streams_info():
         state = info.state
-        for seq in range(state.first_seq, state.last_seq + 1):
+        if not state.messages:
+            continue  # (an empty stream reports first_seq 0, which the server refuses to get)
+        for seq in range(max(1, state.first_seq), state.last_seq + 1):
             try:
                 msg = await js.get_msg(info.config.name, seq)
             except NotFoundError:
