@@ -23,7 +23,7 @@ import pytest
 
 from tessera.controlplane.app import Manager
 from tessera.controlplane.credentials import TenantSecrets
-from tessera.controlplane.sealing import Sealer, Unopenable
+from tessera.controlplane.sealing import UNSEALED_READ, Sealer, Unopenable
 from tessera.controlplane.settings import ControlPlaneSettings
 from tessera.controlplane.store import KV_SECRETS
 from tessera.shared.errors import ConfigError
@@ -96,7 +96,11 @@ async def test_a_plaintext_value_from_before_sealing_is_read_and_resealed_not_re
     secrets = (await manager.store.secrets.get("alpha")).value
     kv = await platform_bus.kv(KV_SECRETS)
     await kv.put("alpha", msgspec.json.encode(secrets))  # what a manager from before sealing stored
+    unsealed = UNSEALED_READ[KV_SECRETS]
     await manager.reconciler.resync()
+    assert UNSEALED_READ[KV_SECRETS] == unsealed + 1  # read once, then sealed: the next pass reads ciphertext
+    await manager.reconciler.resync()
+    assert UNSEALED_READ[KV_SECRETS] == unsealed + 1
     data = await raw(platform_bus, "alpha")
     assert data.startswith(b"tessera-sealed.1.") and b"BEGIN" not in data
     assert (await manager.store.secrets.get("alpha")).value == secrets  # same CA key and password: nothing lost
