@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import logging
 import os
 from collections import Counter
 
@@ -31,7 +30,6 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from tessera.shared.kv import BadValue
 from tessera.shared.secretkeys import SecretKeys
 
-log = logging.getLogger("tessera.controlplane.sealing")
 
 MAGIC = b"tessera-sealed"
 VERSION = 1
