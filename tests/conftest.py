@@ -41,12 +41,15 @@ class OtlpCollector:
 
     def __init__(self) -> None:
         self.spans: list[dict] = []
+        self.bodies: list[bytes] = []  # every request as received: a scan sees all a span carried
         self.lock = threading.Lock()
         collector = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 - http.server's naming
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with collector.lock:
+                    collector.bodies.append(body)
                 request = ExportTraceServiceRequest()
                 request.ParseFromString(body)
                 collector._add(request)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import uuid
 
 import psycopg
@@ -60,3 +63,23 @@ async def test_remove_drops_database_and_role(driver):
     assert db is None and role is None
     with pytest.raises(psycopg.OperationalError):
         await psycopg.AsyncConnection.connect(creds.endpoint)
+
+
+def scram_stored_key(password: str, salt: bytes, iterations: int) -> bytes:
+    """RFC 5802's StoredKey, from the password: what the server compares a client's proof with."""
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    return hashlib.sha256(hmac.new(salted, b"Client Key", "sha256").digest()).digest()
+
+
+async def test_the_server_is_given_a_scram_verifier_never_the_password(driver):
+    drv, (a, _) = driver
+    creds = await drv.ensure(a, None)
+    async with await psycopg.AsyncConnection.connect(ADMIN) as admin:
+        (stored,) = await (await admin.execute("SELECT rolpassword FROM pg_authid WHERE rolname=%s",
+                                               (role_name(a),))).fetchone()
+    assert creds.password not in stored
+    scheme, rest = stored.split("$", 1)
+    iterations, salt = rest.split("$")[0].split(":")
+    stored_key = rest.split("$")[1].split(":")[0]
+    assert scheme == "SCRAM-SHA-256"
+    assert base64.b64decode(stored_key) == scram_stored_key(creds.password, base64.b64decode(salt), int(iterations))

@@ -12,6 +12,7 @@ import pytest
 
 from tessera.shared import subjects
 from tessera.shared.events import TenantRecord, tenant_decoder
+from tessera.shared.secretkeys import write_key_file
 
 
 async def _wait_ready(bus, call, timeout=20.0):
@@ -27,7 +28,9 @@ async def _wait_ready(bus, call, timeout=20.0):
 
 @pytest.fixture
 def manager_process(nats_url, tmp_path):
-    env = dict(os.environ, TESSERA_NATS_URL=nats_url, TESSERA_STREAM_STORAGE="memory")
+    write_key_file(tmp_path / "secret-keys")
+    env = dict(os.environ, TESSERA_NATS_URL=nats_url, TESSERA_STREAM_STORAGE="memory",
+               TESSERA_CP_SECRET_KEY_FILE=str(tmp_path / "secret-keys"))
     with open(tmp_path / "manager.log", "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tessera.controlplane"], env=env,

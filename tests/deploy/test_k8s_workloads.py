@@ -31,7 +31,7 @@ ROOT_ALLOWED = {
     "tessera-enforcer": "writes root-owned host directories: /var/run/cdi, its state dir, /usr/local/vgpu",
 }
 # Secrets a workload may reference that the base does not create (the operator provides them).
-PROVIDED_BY_OPERATOR = {"tessera-datastores"}
+PROVIDED_BY_OPERATOR = {"tessera-datastores", "tessera-controlplane-secret-keys"}
 
 
 def _objects(kind: str) -> dict[str, dict]:

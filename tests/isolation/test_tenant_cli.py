@@ -12,15 +12,13 @@ import asyncio
 import sys
 from pathlib import Path
 
-import msgspec
 import pytest
 
 from tessera.cli.client import Client
 from tessera.shared import api, subjects
 from tessera.shared.events import GpuQuota
 
-from tessera.controlplane.credentials import TenantSecrets
-from tessera.controlplane.store import KV_SECRETS
+from secretscan import tenant_secrets
 
 TESSERA = str(Path(sys.executable).parent / "tessera")
 
@@ -32,9 +30,8 @@ async def tessera(*args: str) -> tuple[int, str]:
     return proc.returncode, " ".join(out.decode().split())
 
 
-async def tenant_password(client: Client, tenant: str) -> str:
-    entry = await (await client.bus.kv(KV_SECRETS)).get(tenant)
-    return msgspec.json.decode(entry.value, type=TenantSecrets).datastore.password
+async def tenant_password(cluster, client: Client, tenant: str) -> str:
+    return (await tenant_secrets(cluster, client.bus, tenant)).datastore.password  # sealed: opened with the manager's key
 
 
 @pytest.fixture
@@ -47,7 +44,7 @@ async def tenants(start_cluster, tmp_path):
             await operator.call(f"{subjects.API_TENANTS}.create", api.TenantRequest(name=name, quota=GpuQuota(gpus=4)),
                                 timeout=30)
             files[name] = tmp_path / f"{name}.password"
-            files[name].write_text(await tenant_password(operator, name))
+            files[name].write_text(await tenant_password(cluster, operator, name))
         beta_claim = (await operator.submit(api.SubmitRequest(tenant="beta", resources={"nvidia.com/gpumem": 1000})))["claim"]
         await operator.wait_for(beta_claim, {"prepared"})
         yield cluster, files, beta_claim

@@ -25,7 +25,7 @@ from pathlib import Path
 from rich.console import Console, Group
 from rich.live import Live
 
-from tessera.shared import api, identities
+from tessera.shared import api, identities, secretkeys
 from tessera.shared import profile as profiles
 from tessera.shared.bus import redact
 
@@ -241,6 +241,19 @@ def write_k8s_platform_account(path: Path = K8S_NATS) -> None:
     path.write_text(text[:start] + block + text[end:])
 
 
+def cmd_secret_key(args) -> int:
+    """The manager's sealing keys outside `make up` (compose mounts the file as a secret)."""
+    out = Path(args.out)
+    if args.rotate:
+        secretkeys.rotate_key_file(out)
+        console.print(f"{out}: a new key is first; restart the manager to re-seal every secret with it")
+    elif secretkeys.write_key_file(out):
+        console.print(f"wrote a new key to {out} (0600); keep it: the sealed secrets need it")
+    else:
+        console.print(f"{out} exists; left as it is (its keys open the stored secrets)")
+    return 0
+
+
 def cmd_nats_auth(args) -> int:
     """The authorization of a nats-server outside `make up`: compose's directory, or (--k8s)
     deploy/k8s/nats.yaml's generated platform account."""
@@ -359,6 +372,11 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--k8s", action="store_true", help="rewrite deploy/k8s/nats.yaml's platform account instead")
     n.add_argument("--profile", default=_default_profile(), help="fleet profile YAML: one enforcer user per node")
     n.set_defaults(func=cmd_nats_auth)
+
+    k = sub.add_parser("secret-key", help="create the control-plane manager's secret-key file (0600) if it is absent")
+    k.add_argument("--out", required=True, help="the file (TESSERA_CP_SECRET_KEY_FILE of the manager)")
+    k.add_argument("--rotate", action="store_true", help="put a new key first; the others stay, to open older values")
+    k.set_defaults(func=cmd_secret_key)
 
     a = sub.add_parser("asyncapi", help="write the AsyncAPI document of Tessera's subjects")
     a.add_argument("--output", default=str(REPO_ROOT / "docs" / "asyncapi.json"))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tessera.shared import identities
 from tessera.shared import profile as profiles
+from tessera.shared import secretkeys
 from tessera.shared.natsserver import NatsServer, die_with_parent, free_port
 from tessera.shared.runner import is_ready
 
@@ -79,6 +80,12 @@ class LocalCluster:
         conf = auth / "nats.conf"
         return NatsServer(self.workdir / "nats", config_file=conf)
 
+    @property
+    def secret_key_file(self) -> Path:
+        """The manager's sealing keys (0600), in its state directory: made on the first start and
+        kept with the state, since the secrets in NATS are sealed with them."""
+        return self.workdir / "state" / "controlplane" / "secret-keys"
+
     def nodes(self) -> list[str]:
         return [n.node for n in profiles.load(self.profile)]
 
@@ -115,6 +122,9 @@ class LocalCluster:
         )
         if self.otlp_endpoint:
             env["OTEL_EXPORTER_OTLP_ENDPOINT"] = self.otlp_endpoint
+        if name == "controlplane":
+            secretkeys.write_key_file(self.secret_key_file)  # (an existing one is kept)
+            env[secretkeys.KEY_FILE_SETTING] = str(self.secret_key_file)
         if name == "controlplane" and self.nats is not None:
             auth = self.workdir / "nats-auth"
             env.update(TESSERA_CP_NATS_AUTH_FILE=str(auth / "tenants.conf"),

@@ -4,7 +4,9 @@ Every store (claims, ledger, inventory, tenants, the control-plane manager's buc
 three things, and each had its own copy of them: telling a lost compare-and-set from any other
 failure (by the server's error code, never by the wording of its message), re-reading and retrying a
 lost race a bounded number of times, and decoding a stored value without letting one malformed value
-crash whoever reads the whole bucket. `Bucket[T]` is that, once.
+crash whoever reads the whole bucket. `Bucket[T]` is that, once. A bucket whose values must not
+lie in the clear on the servers (the manager's tenant secrets) passes an ``Envelope`` that seals
+each encoded value, bound to its key, and opens it on the way back.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Generic, TypeVar
+from typing import Awaitable, Callable, Generic, Protocol, TypeVar
 
 import msgspec
 from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
@@ -73,16 +75,28 @@ class Stored(Generic[T]):
     revision: int
 
 
+class Envelope(Protocol):
+    """A wrapping of each stored value bound to its key (sealing at rest). ``open`` raises a
+    BadValue saying why when a value does not open."""
+
+    def seal(self, key: str, data: bytes) -> bytes: ...
+
+    def open(self, key: str, data: bytes) -> bytes: ...
+
+
 class Codec(Generic[T]):
     """Decoding of one bucket's values, for readers that get them from a watch rather than a get."""
 
-    def __init__(self, kind: type[T], name: str) -> None:
+    def __init__(self, kind: type[T], name: str, envelope: Envelope | None = None) -> None:
         self.name = name
+        self.envelope = envelope
         self._decoder = msgspec.json.Decoder(kind)
         self._encoder = msgspec.json.Encoder()
 
     def decode(self, key: str, data: bytes) -> T:
-        """The value of ``key``; BadValue (permanent) if it does not decode."""
+        """The value of ``key``; BadValue (permanent) if it does not open or decode."""
+        if self.envelope is not None:
+            data = self.envelope.open(key, data)
         try:
             return self._decoder.decode(data)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
@@ -97,17 +111,23 @@ class Codec(Generic[T]):
             log.error("skipping %s (fix or delete the key; it is ignored until then)", exc)
             return None
 
-    def encode(self, value: T) -> bytes:
-        return self._encoder.encode(value)
+    def encode(self, value: T, key: str | None = None) -> bytes:
+        data = self._encoder.encode(value)
+        if self.envelope is not None:
+            if key is None:
+                raise ValueError(f"{self.name} seals its values: encode them with their key")
+            data = self.envelope.seal(key, data)
+        return data
 
 
 class Bucket(Generic[T]):
     """A typed view of one KV bucket with compare-and-set writes."""
 
-    def __init__(self, kv: KeyValue, kind: type[T], name: str | None = None) -> None:
+    def __init__(self, kv: KeyValue, kind: type[T], name: str | None = None,
+                 envelope: Envelope | None = None) -> None:
         self.kv = kv
         self.name = name or getattr(kv, "_name", None) or kind.__name__
-        self.codec: Codec[T] = Codec(kind, self.name)
+        self.codec: Codec[T] = Codec(kind, self.name, envelope)
         self.decode = self.codec.decode
         self.decode_or_skip = self.codec.decode_or_skip
         self.encode = self.codec.encode
@@ -142,7 +162,7 @@ class Bucket(Generic[T]):
 
     async def put(self, key: str, value: T, *, revision: int | None) -> int:
         """Write ``value`` if the key is still at ``revision`` (None: must not exist yet); CasLost if not."""
-        data = self.encode(value)
+        data = self.encode(value, key)
         try:
             if revision is None:
                 return await self.kv.create(key, data)  # also re-creates a deleted key
@@ -182,7 +202,7 @@ class Bucket(Generic[T]):
         return await retry_cas(once, attempts, f"update of {self.name}/{key}")
 
     async def overwrite(self, key: str, value: T) -> int:
-        return await self.kv.put(key, self.encode(value))
+        return await self.kv.put(key, self.encode(value, key))
 
     async def delete(self, key: str) -> None:
         try:

@@ -56,7 +56,7 @@ class Manager:
         host: HostCluster | None = None,
         drivers: dict[str, DatastoreDriver] | None = None,
     ) -> "Manager":
-        store = await TenantStore.open(bus)
+        store = await TenantStore.open(bus, settings.secret_keys)
         drivers = drivers if drivers is not None else await make_drivers(bus, settings)
         host = host or make_host(settings)
         pki = PkiAuthority(settings.cert_days, settings.rotate_before_days)

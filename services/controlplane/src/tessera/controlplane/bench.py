@@ -26,6 +26,7 @@ from pathlib import Path
 import msgspec
 
 from tessera.controlplane.datastores.natskv import UsersFile
+from tessera.shared.secretkeys import write_key_file
 from tessera.shared import api, identities, subjects
 from tessera.shared.bus import Bus
 from tessera.shared.natsserver import NatsServer, free_port
@@ -70,7 +71,9 @@ async def run(tenants: int, concurrency: int, workdir: Path) -> dict[str, float]
         TESSERA_CP_NATS_PID_FILE=str(workdir / "nats.pid"), TESSERA_CP_HOST="render",
         TESSERA_CP_MANIFESTS_DIR=str(workdir / "manifests"), TESSERA_HTTP_PORT=str(free_port()),
         TESSERA_LOG_LEVEL="WARNING", TESSERA_CP_RESYNC_SECONDS="3600",
+        TESSERA_CP_SECRET_KEY_FILE=str(workdir / "secret-keys"),
     )
+    write_key_file(workdir / "secret-keys")
     with open(workdir / "manager.log", "wb") as log:
         manager = subprocess.Popen([sys.executable, "-m", "tessera.controlplane"], env=env, stderr=log)
     bus = await Bus.connect(BusSettings(url=url), "bench")
@@ -99,7 +102,7 @@ async def run(tenants: int, concurrency: int, workdir: Path) -> dict[str, float]
             "tenants": tenants, "ready": ready, "concurrency": concurrency, "total_s": total,
             "p50_s": statistics.median(latencies), "p99_s": percentile(latencies, 0.99),
             "rss_idle_mib": rss_idle, "rss_peak_mib": rss_peak,
-            "users_in_file": len(UsersFile(users, None, *PLATFORM).read()),
+            "users_in_file": len(UsersFile(users, None).read()),
         }
     finally:
         await bus.close()

@@ -23,6 +23,7 @@ from tessera.controlplane.credentials import TenantSecrets
 from tessera.controlplane.datastores import DatastoreDriver
 from tessera.controlplane.host import HostCluster
 from tessera.controlplane.pki import PkiAuthority
+from tessera.controlplane.sealing import Unopenable
 from tessera.controlplane.spec import Phase, TenantControlPlane, TenantControlPlaneStatus
 from tessera.controlplane.store import TenantStore
 from tessera.shared import subjects
@@ -72,8 +73,10 @@ class Reconciler:
             raise TemporaryError(f"tenant {name}: record kept changing during reconcile")
 
     async def resync(self, *, wait: float = 0.0) -> None:
-        """Reconcile every stored tenant and clean up public records with no desired state. A pending
-        deletion is looked at without waiting (``wait``): one stuck tenant does not hold up the others."""
+        """Re-seal what is not under the newest key, reconcile every stored tenant and clean up public
+        records with no desired state. A pending deletion is looked at without waiting (``wait``): one
+        stuck tenant does not hold up the others."""
+        await self.store.reseal_secrets()
         names = set(await self.store.controlplanes.keys())
         for name in sorted(names):
             try:
@@ -139,7 +142,12 @@ class Reconciler:
 
     async def _converge(self, record: TenantControlPlane) -> tuple[Phase, str, str, str, str, float]:
         name = record.name
-        stored = await self.store.secrets.get(name)
+        try:
+            stored = await self.store.secrets.get(name)
+        except Unopenable as exc:
+            # Never replaced by new secrets: the key may be restored; the tenant's status says why.
+            log.error("tenant %s: %s", name, exc)
+            return ("NotReady", "SecretsUnreadable", str(exc), "", "", record.status.certificates_not_after)
         secrets = stored.value if stored else TenantSecrets(tenant=name)
         before = msgspec.json.encode(secrets)
         driver = self.drivers.get(record.spec.datastore.driver)
@@ -207,7 +215,11 @@ class Reconciler:
             await self._show_teardown(name, "ClaimsNotReleased", message)
             return False
         await self.host.remove(name)
-        stored = await self.store.secrets.get(name)
+        try:
+            stored = await self.store.secrets.get(name)
+        except Unopenable as exc:  # what it names is deleted all the same
+            log.warning("tenant %s: tearing down without its secrets: %s", name, exc)
+            stored = None
         drivers = [self.drivers[record.spec.datastore.driver]] if record and record.spec.datastore.driver in self.drivers else []
         if stored and stored.value.datastore and stored.value.datastore.driver in self.drivers:
             drivers.append(self.drivers[stored.value.datastore.driver])

@@ -7,9 +7,10 @@ lifetimes); how to reach NATS and the probe port come from the shared ServiceSet
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
+from tessera.shared.secretkeys import SecretKeys
 from tessera.shared.errors import ConfigError
 from tessera.shared.settings import env_choice, env_float, env_int, env_str
 
@@ -51,6 +52,10 @@ class ControlPlaneSettings:
     # Deleting a tenant first releases its claims: how long one delete waits for them (and its quota
     # usage) to be gone before it answers "pending" and leaves the rest to the resync.
     teardown_wait_seconds: float = 20.0
+    # The keys tenant secrets are sealed with (`tessera.controlplane.sealing`). The service reads
+    # them from TESSERA_CP_SECRET_KEY_FILE; the default, one random key in memory, is for a manager
+    # embedded in a test or benchmark and is never what `from_env` returns.
+    secret_keys: SecretKeys = field(default_factory=SecretKeys.ephemeral, repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "ControlPlaneSettings":
@@ -84,7 +89,9 @@ class ControlPlaneSettings:
             if not etcd_data_dir:
                 raise ConfigError("TESSERA_CP_ETCD_MODE=dedicated needs TESSERA_CP_ETCD_DATA_DIR"
                                   " (where each tenant's etcd keeps its data)")
+        keys = SecretKeys.from_file(env_str(env, "TESSERA_CP_SECRET_KEY_FILE", ""))  # before anything connects
         return cls(
+            secret_keys=keys,
             drivers=drivers,
             nats_tenant_url=env_str(env, "TESSERA_CP_NATS_TENANT_URL", ""),
             nats_auth_file=env_str(env, "TESSERA_CP_NATS_AUTH_FILE", ""),

@@ -55,9 +55,12 @@ class PostgresDriver:
         async with conn:
             exists = await (await conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,))).fetchone()
             verb = "ALTER" if exists else "CREATE"
+            # The SCRAM verifier, computed here by libpq: the server stores it as given, so the
+            # password itself never reaches the server (nor its statement log).
+            verifier = conn.pgconn.encrypt_password(password.encode(), role.encode(), b"scram-sha-256").decode()
             await conn.execute(
                 sql.SQL(verb + " ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE CONNECTION LIMIT {} PASSWORD {}").format(
-                    sql.Identifier(role), sql.Literal(self.connection_limit), sql.Literal(password)
+                    sql.Identifier(role), sql.Literal(self.connection_limit), sql.Literal(verifier)
                 )
             )
             has_db = await (await conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (db,))).fetchone()
