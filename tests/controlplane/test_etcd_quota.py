@@ -158,7 +158,10 @@ async def test_dedicated_servers_outlive_the_manager_come_back_when_dead_and_go_
     await restarted.close()
 
 
-def test_dedicated_mode_needs_a_data_dir_and_no_kubernetes():
+def test_dedicated_mode_needs_a_data_dir_and_no_kubernetes(tmp_path):
+    from tessera.shared.secretkeys import write_key_file
+
+    write_key_file(tmp_path / "secret-keys")
     with pytest.raises(ConfigError, match="TESSERA_CP_ETCD_DATA_DIR"):
         ControlPlaneSettings.from_env({"TESSERA_CP_DRIVERS": "etcd", "TESSERA_CP_ETCD_MODE": "dedicated"})
     with pytest.raises(ConfigError, match="Kubernetes mode"):
@@ -167,7 +170,8 @@ def test_dedicated_mode_needs_a_data_dir_and_no_kubernetes():
     with pytest.raises(ConfigError, match="TESSERA_CP_ETCD_MODE"):
         ControlPlaneSettings.from_env({"TESSERA_CP_ETCD_MODE": "per-prefix"})
     ok = ControlPlaneSettings.from_env({"TESSERA_CP_DRIVERS": "etcd", "TESSERA_CP_ETCD_MODE": "dedicated",
-                                        "TESSERA_CP_ETCD_DATA_DIR": "/tmp/x", "TESSERA_CP_ETCD_QUOTA_BYTES": "8388608"})
+                                        "TESSERA_CP_ETCD_DATA_DIR": "/tmp/x", "TESSERA_CP_ETCD_QUOTA_BYTES": "8388608",
+                                        "TESSERA_CP_SECRET_KEY_FILE": str(tmp_path / "secret-keys")})
     assert (ok.etcd_mode, ok.etcd_quota_bytes) == ("dedicated", 8388608)
 
 
