@@ -200,7 +200,9 @@ class Reconciler:
             if left:
                 await self._show_teardown(name, "ReleasingClaims", f"releasing the tenant's claims: {left.describe()}")
 
-        left = await self.claims.drain(name, wait, progress)
+        # Only a delete that waits shows "ReleasingClaims"; a resync's look (no wait) would otherwise
+        # flip a pending deletion's reason back and forth between it and ClaimsNotReleased.
+        left = await self.claims.drain(name, wait, progress if wait > 0 else None)
         if not left:
             # Quota record gone: the translator refuses the tenant's submits from here on. A claim
             # that slipped in before is released now, and the tenant stays until it is.
