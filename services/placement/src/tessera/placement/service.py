@@ -49,6 +49,7 @@ from tessera.shared.events import (
     claim_decoder,
 )
 from tessera.shared.ledger import Ledger, claim_quota, tenant_totals
+from tessera.shared.lifecycle import ON_NODE, TERMINAL, owner_of
 from tessera.shared.runner import ServiceContext
 from tessera.shared.telemetry import inject
 from tessera.shared.settings import ConfigError, env_bool, env_choice, env_float, env_int
@@ -465,11 +466,11 @@ class PlacementService:
                     self.pending[event.claim] = event
         # From here until its outcome is written this replica alone places the claim (lease.py).
         record, revision = await lease.take(self.claims, self.placer_id, record, revision)
-        if record.state not in ("requested", "unschedulable") or record.release_requested:
+        if owner_of(record.state, "allocated") != "placement" or record.release_requested:
             log.debug("%s is %s: nothing to place", event.claim, record.state)
             self._forget(event.claim)
             self._kube_resume(record)  # a redelivery after a crash may find the cluster side unfinished
-            return record.state not in ("released", "failed")
+            return record.state not in TERMINAL
 
         existing = self.claim_nodes.get(event.claim)
         if existing is not None:  # committed before a crash or by a peer: finish, don't re-place
@@ -567,7 +568,7 @@ class PlacementService:
         before it got there): each step is idempotent, and nothing is written or reported again
         where the claim and the pod already say it. The node side (prepared, running) does not
         prove the status was written: an enforcer may prepare on the ``allocated`` event alone."""
-        if record.state in ("allocated", "prepared", "running") and not record.release_requested:
+        if record.state in ON_NODE and not record.release_requested:
             self._kube_allocated(record.claim, record.tenant, record.node, record.devices, record.kube)
 
     def _kube_unschedulable(self, claim: str, kube, reason: str) -> None:
