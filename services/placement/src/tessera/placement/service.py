@@ -5,9 +5,10 @@ Any number of replicas run at once. Each keeps an in-memory view of the fleet (w
 the tenant's quota record first, then the node's ledger record, then the claim's record. Whoever loses
 a race re-reads and tries again; a replica whose claim CAS loses rolls its ledger entry back, so a
 claim is never allocated twice and no GPU is over-committed, without node locks between replicas.
-So that two replicas never hold one claim on two nodes' ledgers even for a moment, the one-claim
-path first takes a placing lease on the claim's record (`tessera.placement.lease`), and only the
-translator's own first delivery of a claim takes the batch path without one.
+So that two replicas never hold one claim on two nodes' ledgers even for a moment, no ledger entry
+is written without a placing lease on the claim's record (`tessera.placement.lease`): the one-claim
+path takes it first, the batch path takes those of a whole batch in one pipelined round (against
+the revisions the ``requested`` events named) before its group commit.
 
 Unschedulable claims are kept (in the ``claims`` bucket, mirrored here) and retried when capacity or
 quota changes: an inventory change, a ledger release or a tenant update, never by polling. Every
@@ -29,8 +30,9 @@ import asyncio
 import gc
 import logging
 import os
+import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 import msgspec
@@ -307,12 +309,13 @@ class PlacementService:
                 return
 
     def _fast(self, event, seen: set[str], delivery: Delivery) -> bool:
-        """A fresh claim that needs nothing but a decision and three pipelined writes.
+        """A fresh claim that needs nothing but a decision and four pipelined writes (lease, ledger,
+        record, event).
 
         Only the translator's own ``requested`` (its msg-id; the stream drops a second copy), on
-        its first delivery: a redelivery may race the replica that got it first, and a tenant's
-        copy the translator's; those take the one-claim path, whose placing lease keeps the two
-        from writing the claim into two nodes' ledgers."""
+        its first delivery, whose record is at the revision the event names: a redelivery, a
+        tenant's copy or a retry read the record first, on the one-claim path. Both paths lease the
+        claim before its ledger write, so neither can race the other onto a second node."""
         subject = delivery.subject
         return (
             isinstance(event, ClaimRequested)
@@ -385,7 +388,11 @@ class PlacementService:
             self.view.unbook_all({a.event.claim for _, a in booked})
             lost_races = [i for i, _ in booked]
             booked = []
-        committed = await self.committer.commit_booked([Booking(a.node, a.entry) for _, a in booked])
+        if booked:
+            booked, leases_lost = await self._lease_booked(booked)
+            lost_races += leases_lost
+        committed = await self.committer.commit_booked([Booking(a.node, a.entry, a.record.placing_until)
+                                                        for _, a in booked])
         writes: list[tuple[int, Allocation]] = []
         for (i, allocation), error in zip(booked, committed):
             if isinstance(error, ConflictError):
@@ -426,6 +433,28 @@ class PlacementService:
                     await asyncio.sleep(0.001 * attempt)
         for i in slow:  # in order: a release after a request in the same batch must see it
             await one(i)
+
+    async def _lease_booked(self, booked: list[tuple[int, Allocation]]) -> tuple[list[tuple[int, Allocation]], list[int]]:
+        """Take the placing lease of every booked claim, one pipelined compare-and-set each against
+        the revision its ``requested`` named, before any ledger write: a claim whose record moved
+        meanwhile (a peer leased it, a release was asked) is unbooked and decided again on the
+        one-claim path. So the batch path, like the one-claim path, writes a claim's ledger entry
+        only while it alone places it (lease.py)."""
+        now = time.time()
+        marked = [lease.mark(a.record, self.placer_id, now) for _, a in booked]
+        revisions = await self.claims.replace_many([(m, a.revision) for m, (_, a) in zip(marked, booked)])
+        kept: list[tuple[int, Allocation]] = []
+        lost: list[int] = []
+        moved: set[str] = set()
+        for (i, a), m, revision in zip(booked, marked, revisions):
+            if revision is None:
+                lost.append(i)
+                moved.add(a.event.claim)
+            else:
+                kept.append((i, replace(a, record=m, revision=revision)))
+        if moved:
+            self.view.unbook_all(moved)
+        return kept, lost
 
     async def place(self, event: ClaimRequested) -> bool:
         """Allocate one claim; True if allocated. Idempotent: a redelivery finds the claim's state.
@@ -507,7 +536,7 @@ class PlacementService:
                     return False
                 await self.ledger.reserve_quota(event.tenant, event.claim, claim_quota(entry), usage, quota_revision)
         try:
-            await self._commit(decision.node, entry)
+            await self._commit(decision.node, entry, record.placing_until)
         except BaseException:
             # Whether the write landed is unknown (a timeout) or a peer holds the claim: give the
             # quota back only where no ledger entry of the claim is known. A committed write comes
@@ -522,8 +551,8 @@ class PlacementService:
         return ClaimRecord(claim=event.claim, tenant=event.tenant, state="requested", spec=event.spec,
                            traceparent=self.traces.get(event.claim, ""), kube=event.kube)
 
-    async def _commit(self, node: str, entry: LedgerEntry) -> None:
-        await self.committer.commit(node, entry)
+    async def _commit(self, node: str, entry: LedgerEntry, leased_until: float | None = None) -> None:
+        await self.committer.commit(node, entry, leased_until)
 
     async def _finish(self, event: ClaimRequested, node: str, entry: LedgerEntry,
                       record: ClaimRecord, revision: int | None) -> bool:
