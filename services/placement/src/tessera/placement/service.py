@@ -356,41 +356,58 @@ class PlacementService:
             (fast if self._fast(event, seen, delivery) else slow).append(i)
             seen.add(getattr(event, "claim", ""))
 
-        booked: list[tuple[int, Allocation]] = []
-        rejected: list[tuple[int, Refusal]] = []
+        # The placing leases of the fresh claims go out first and their acknowledgements come back
+        # while the claims are decided (in memory): the lease costs a write, not a round trip.
         for i in fast:
             event, delivery = items[i]
             if "traceparent" in delivery.headers:
                 self.traces[event.claim] = delivery.headers["traceparent"]
-            with self.ctx.telemetry.span("placement handle requested", parent_headers=delivery.headers,
-                                         attributes={"tessera.claim": event.claim}):
-                decision = self.placer.place(event.claim, event.tenant, event.spec)
-                headers = inject({})
-            record = self._requested_record(event)
-            if isinstance(decision, Rejection):
-                rejected.append((i, Refusal(event, decision.reason, decision.filtered, record, event.record_revision,
-                                            headers)))
-                continue
-            entry = ledger_entry(event.claim, event.tenant, event.spec, decision)
-            self.view.book(decision.node, entry)
-            booked.append((i, Allocation(event, decision.node, entry, record, event.record_revision, headers)))
+        leasing = await self._send_leases([items[i][0] for i in fast])
+        lost_races: list[int] = []
+        try:
+            decided = []
+            for i in fast:
+                event, delivery = items[i]
+                with self.ctx.telemetry.span("placement handle requested", parent_headers=delivery.headers,
+                                             attributes={"tessera.claim": event.claim}):
+                    decision = self.placer.place(event.claim, event.tenant, event.spec)
+                    headers = inject({})
+                entry = None
+                if not isinstance(decision, Rejection):
+                    entry = ledger_entry(event.claim, event.tenant, event.spec, decision)
+                    self.view.book(decision.node, entry)
+                decided.append((i, decision, entry, headers))
+        finally:
+            leased = await leasing  # also when deciding failed: no write is left unawaited
+
+        booked: list[tuple[int, Allocation]] = []
+        rejected: list[tuple[int, Refusal]] = []
+        moved: set[str] = set()
+        for (i, decision, entry, headers), (record, revision) in zip(decided, leased):
+            event = items[i][0]
+            if revision is None:  # the record moved (a peer leased it, a release): decide it again, leased
+                lost_races.append(i)
+                if entry is not None:
+                    moved.add(event.claim)
+            elif entry is None:
+                rejected.append((i, Refusal(event, decision.reason, decision.filtered, record, revision, headers)))
+            else:
+                booked.append((i, Allocation(event, decision.node, entry, record, revision, headers)))
+        if moved:
+            self.view.unbook_all(moved)
 
         if rejected:
             for (i, _), outcome in zip(rejected, await self.outcomes.unschedulable([r for _, r in rejected])):
                 outcomes[i] = outcome
-        lost_races = []
         if booked and asyncio.get_running_loop().time() - fetched > self.bus.settings.ack_wait * LATE_FRACTION:
             # Decided for so long (a stopped process, a starved loop) that the server may have given
-            # these messages to a peer meanwhile: the leased one-claim path places them instead, so
-            # this late write cannot put a claim on a second node beside the peer's.
+            # these messages to a peer meanwhile: the one-claim path (which reads the record and
+            # holds its lease anew) places them instead.
             log.warning("placement batch took %.1fs to decide; its %d fresh claims take the leased path",
                         asyncio.get_running_loop().time() - fetched, len(booked))
             self.view.unbook_all({a.event.claim for _, a in booked})
-            lost_races = [i for i, _ in booked]
+            lost_races += [i for i, _ in booked]
             booked = []
-        if booked:
-            booked, leases_lost = await self._lease_booked(booked)
-            lost_races += leases_lost
         committed = await self.committer.commit_booked([Booking(a.node, a.entry, a.record.placing_until)
                                                         for _, a in booked])
         writes: list[tuple[int, Allocation]] = []
@@ -434,27 +451,24 @@ class PlacementService:
         for i in slow:  # in order: a release after a request in the same batch must see it
             await one(i)
 
-    async def _lease_booked(self, booked: list[tuple[int, Allocation]]) -> tuple[list[tuple[int, Allocation]], list[int]]:
-        """Take the placing lease of every booked claim, one pipelined compare-and-set each against
-        the revision its ``requested`` named, before any ledger write: a claim whose record moved
-        meanwhile (a peer leased it, a release was asked) is unbooked and decided again on the
-        one-claim path. So the batch path, like the one-claim path, writes a claim's ledger entry
-        only while it alone places it (lease.py)."""
+    async def _send_leases(self, events: list[ClaimRequested]):
+        """Send the placing lease of each fresh claim (one pipelined compare-and-set each, against
+        the revision its ``requested`` named) and return an awaitable of (record as leased, its
+        revision or None where the record had moved) per claim. So the batch path, like the
+        one-claim path, writes a claim's ledger entry only while it alone places it (lease.py)."""
         now = time.time()
-        marked = [lease.mark(a.record, self.placer_id, now) for _, a in booked]
-        revisions = await self.claims.replace_many([(m, a.revision) for m, (_, a) in zip(marked, booked)])
-        kept: list[tuple[int, Allocation]] = []
-        lost: list[int] = []
-        moved: set[str] = set()
-        for (i, a), m, revision in zip(booked, marked, revisions):
-            if revision is None:
-                lost.append(i)
-                moved.add(a.event.claim)
-            else:
-                kept.append((i, replace(a, record=m, revision=revision)))
-        if moved:
-            self.view.unbook_all(moved)
-        return kept, lost
+        marked = [lease.mark(self._requested_record(e), self.placer_id, now) for e in events]
+        if not marked:
+            async def nothing() -> list:
+                return []
+            return nothing()
+        writes = asyncio.ensure_future(self.claims.replace_many([(m, e.record_revision) for m, e in zip(marked, events)]))
+        await asyncio.sleep(0)  # the writes are queued on the connection ...
+        await asyncio.sleep(0)  # ... and its flusher sends them while the batch is decided
+
+        async def leased() -> list[tuple[ClaimRecord, int | None]]:
+            return list(zip(marked, await writes))
+        return leased()
 
     async def place(self, event: ClaimRequested) -> bool:
         """Allocate one claim; True if allocated. Idempotent: a redelivery finds the claim's state.
