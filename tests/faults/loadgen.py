@@ -8,7 +8,8 @@ wait" takes seconds), and SIGKILL / restart / SIGSTOP of any one process or of n
 ``Load`` drives it through the public API only (tessera.api.claims.submit / release), as a
 tenant's client would: two tenants with quotas, a steady stream of valid claims (one or two GPUs,
 memory and cores that vary) and invalid ones (out-of-range values, a misspelt resource, an unknown
-tenant), each valid claim released after a short hold, a few kept. A submit or release that fails
+tenant), each valid claim released after a short hold, a few kept (never more than half a
+tenant's quota, so claims keep being placed all through a long run). A submit or release that fails
 as unavailable or times out is retried with the same claim id (the API's idempotent retry), so a
 fault never makes the client itself lose a claim; what the system loses, the auditor finds.
 """
@@ -149,6 +150,7 @@ class Load:
         self._runner: asyncio.Task | None = None
         self._claims: set[asyncio.Task] = set()
         self._n = 0
+        self._kept_gpus = dict.fromkeys(TENANTS, 0)
         self._prefix = f"f{seed}"
 
     async def setup(self) -> None:
@@ -196,12 +198,23 @@ class Load:
             else:
                 self._n += 1
                 claim = f"{self._prefix}-{self._n}"
-                keep = self._n % self.keep_every == 0
-                task = asyncio.create_task(self._valid(claim, self.rng.choice(list(TENANTS)),
-                                                       _valid_resources(self.rng), keep))
+                tenant = self.rng.choice(list(TENANTS))
+                resources = _valid_resources(self.rng)
+                task = asyncio.create_task(self._valid(claim, tenant, resources,
+                                                       self._keeps(tenant, resources["nvidia.com/gpu"])))
             self._claims.add(task)
             task.add_done_callback(self._claims.discard)
             await asyncio.sleep(self.interval)
+
+    def _keeps(self, tenant: str, gpus: int) -> bool:
+        """Is the ``_n``-th valid claim kept to the end? One in ``keep_every`` is, while the tenant's
+        kept claims hold at most half its quota: kept past that, they fill the quota within seconds
+        of a long run and every later claim is unschedulable, so placement writes no ledger entry
+        and a fault during the load strikes a system that places nothing."""
+        if self._n % self.keep_every or self._kept_gpus[tenant] + gpus > TENANTS[tenant].gpus // 2:
+            return False
+        self._kept_gpus[tenant] += gpus
+        return True
 
     async def _invalid(self) -> None:
         request = _invalid_request(self.rng)

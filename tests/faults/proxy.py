@@ -51,6 +51,7 @@ class FaultProxy:
         self.connections_accepted = 0
         # drop_replies_after: bytes that, seen going to the server, start dropping what comes back
         self._trigger: bytes | None = None
+        self._trigger_drops_request = False  # drop_from: the chunk with the marker is dropped too
         self.triggered = threading.Event()
         self._links: list[_Link] = []
         self._pumps: set[asyncio.Task] = set()  # every pump, also of links already closed
@@ -122,6 +123,15 @@ class FaultProxy:
         ``b"$KV.ledger.node."``, a ledger write): that chunk still reaches the server, and from then
         on nothing comes back. ``triggered`` is set at that moment."""
         self.triggered.clear()
+        self._trigger_drops_request = False
+        self._trigger = marker
+
+    def drop_from(self, marker: bytes) -> None:
+        """Pass everything until a chunk to the server contains ``marker``: that chunk and all
+        after it are dropped both ways (the request never arrives, nothing comes back).
+        ``triggered`` is set at that moment."""
+        self.triggered.clear()
+        self._trigger_drops_request = True
         self._trigger = marker
 
     def cut(self) -> None:
@@ -159,6 +169,8 @@ class FaultProxy:
                 if self._trigger is not None and direction is self.directions[UPSTREAM] and self._trigger in chunk:
                     self._trigger = None
                     self.directions[DOWNSTREAM].mode = "drop"
+                    if self._trigger_drops_request:
+                        direction.mode = "drop"
                     self.triggered.set()
                 if direction.mode == "drop":
                     direction.bytes_dropped += len(chunk)

@@ -48,7 +48,7 @@ async def main() -> int:
             "Each scenario: a fresh local Tessera (nats-server, the five services as processes, placement "
             "in two replicas behind a fault proxy, tiny.yaml: 2 nodes x 2 H100), two tenants with GPU "
             f"quotas, mixed claims through the public API (one submit every 0.12 s; 20% invalid, "
-            "rejected by the API; valid ones released after a short hold, one in eight kept until the end)."
+            "rejected by the API; valid ones released after a short hold, one in eight kept until the end, up to half its tenant's quota)."
             f" Warm-up {scenarios.Form.long().warmup:.0f} s, the fault during the load, then "
             f"{scenarios.Form.long().after:.0f} s more load after recovery.", "",
             "- *completed*: accepted claims that reached a final state the tenant asked for "

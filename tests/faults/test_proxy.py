@@ -99,3 +99,22 @@ async def test_replies_are_dropped_from_the_write_that_carries_the_marker(nats_u
             proxy.passthrough()
             await nc.close()
             await direct.close()
+
+
+async def test_drop_from_loses_the_marked_write_itself(nats_url):
+    direct, direct_kv = await _kv(nats_url)
+    with FaultProxy(int(nats_url.rsplit(":", 1)[1])) as proxy:
+        nc, kv = await _kv(proxy.url)
+        try:
+            proxy.drop_from(b"$KV.faults.marked")
+            await kv.put("unmarked", b"answered")
+            with pytest.raises(NatsTimeout):
+                await kv.put("marked", b"never arrives")
+            assert proxy.triggered.is_set()
+            assert proxy.directions[UPSTREAM].bytes_dropped > 0
+            with pytest.raises(Exception):  # the server never saw it
+                await direct_kv.get("marked")
+        finally:
+            proxy.passthrough()
+            await nc.close()
+            await direct.close()

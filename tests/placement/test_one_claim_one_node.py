@@ -56,12 +56,12 @@ async def test_two_replicas_retrying_one_claim_never_hold_it_on_two_nodes(nats_u
         for replica in (a, b):
             real = replica.svc._commit
 
-            async def held(node, entry, real=real):
+            async def held(node, entry, *lease, real=real):
                 try:
                     await asyncio.wait_for(both_there.wait(), 1.0)
                 except TimeoutError:  # the other was refused before committing: go alone
                     pass
-                await real(node, entry)
+                await real(node, entry, *lease)
 
             replica.svc._commit = held
         revisions: list[dict[str, set[str]]] = []
@@ -112,7 +112,7 @@ def _delivery(event, num_delivered: int, msg_id: str) -> Delivery:
                     num_delivered)
 
 
-async def test_only_the_translators_first_delivery_takes_the_unleased_batch_path(nats_url):
+async def test_only_the_translators_first_delivery_takes_the_batch_path(nats_url):
     async with replicas(nats_url) as [r]:
         await tenant(r.svc.bus, "a")
         await settled(lambda: _known(r.svc, r.svc, "a"))
@@ -159,3 +159,68 @@ async def test_a_batch_that_decided_past_half_its_ack_wait_places_through_the_le
         assert await svc.handle_batch([(event, _delivery(event, 1, "c:requested"))]) == [None]
         assert leased == ["c"], "the late batch wrote its ledger entry without the placing lease"
         assert (await svc.claims.get("c"))[0].state == "allocated"
+
+
+async def test_the_batch_path_racing_a_leased_path_never_holds_the_claim_on_two_nodes(nats_url):
+    """The translator's first delivery (the batch path) on one replica and a leased path on another
+    (here a tenant's copy of the same ``requested`` under another message id; a retry or a
+    redelivery takes the same path) reach the ledger write within the same moment."""
+    async with replicas(nats_url, 2) as [a, b]:
+        await tenant(a.svc.bus, "a")
+        await settled(lambda: _known(a.svc, b.svc, "a"))
+        event = await requested(a.svc.bus, "c")
+        for replica, other in ((a, "n2"), (b, "n1")):
+            replica.svc.placer.place = partial(replica.svc.placer.place, exclude_nodes=(other,))
+        both_there = asyncio.Barrier(2)
+
+        async def meet() -> None:
+            try:
+                await asyncio.wait_for(both_there.wait(), 1.0)
+            except TimeoutError:  # the other was refused before its ledger write: go alone
+                pass
+
+        real_batch_commit = a.svc.committer.commit_booked
+
+        async def batch_commit(booked):
+            await meet()
+            return await real_batch_commit(booked)
+
+        a.svc.committer.commit_booked = batch_commit
+        real_commit = b.svc._commit
+
+        async def leased_commit(node, entry, *args):
+            await meet()
+            return await real_commit(node, entry, *args)
+
+        b.svc._commit = leased_commit
+        revisions: list[dict[str, set[str]]] = []
+        watch = asyncio.create_task(_watch_ledger(await a.svc.bus.kv(subjects.KV_LEDGER), revisions))
+        try:
+            outcomes = await asyncio.gather(
+                a.svc.handle_batch([(event, _delivery(event, 1, "c:requested"))]),
+                b.svc.handle_batch([(msgspec.structs.replace(event, record_revision=0),
+                                     _delivery(event, 1, "a-tenants-copy"))]))
+            record = (await a.svc.claims.get("c"))[0]
+            assert record.state == "allocated", outcomes
+            await settled(lambda: _seen(revisions, record.node))
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+        doubled = [r for r in revisions if sum("c" in claims for claims in r.values()) > 1]
+        assert not doubled, f"ledger revisions holding c on two nodes: {doubled}"
+        # the loser was told to try again later (its redelivery finds the claim allocated)
+        assert sum(o == [None] for o in outcomes) >= 1, outcomes
+
+
+async def test_the_group_commit_refuses_an_entry_whose_placing_lease_runs_out(nats_url):
+    """A holder that got to its ledger write too late (stopped, starved) writes nothing: by then a
+    peer may have taken the lease over and be writing the claim into another node's ledger."""
+    async with replicas(nats_url) as [r]:
+        svc = r.svc
+        late = LedgerEntry(claim="c", tenant="a", shares=[DeviceShare(uuid="GPU-n1-0", index=0, memory_mib=1000,
+                                                                      cores=10)])
+        with pytest.raises(ConflictError, match="placing lease ran out"):
+            await svc._commit("n1", late, time.time() + lease.WRITE_MARGIN / 2)
+        assert (await svc.ledger.read_node("n1"))[0].entries == {}
+        await svc._commit("n1", late, time.time() + lease.LEASE_SECONDS)
+        assert set((await svc.ledger.read_node("n1"))[0].entries) == {"c"}

@@ -34,3 +34,14 @@ def test_a_release_goes_to_placement_before_a_node_holds_the_claim_and_to_that_n
     assert release_route("released", "n1") is None
     assert release_route("failed", "n1").node == "n1"  # a failed claim still holds its GPUs until released
     assert TERMINAL == {"released", "failed"}
+
+
+def test_who_ends_a_claim_is_read_from_the_route():
+    from tessera.shared.lifecycle import ended_with_lost_node, ends
+    assert ends("placement", "requested", "") and not ends("enforcer", "requested", "", "n1")
+    assert ends("enforcer", "running", "n1", "n1") and not ends("enforcer", "running", "n1", "n2")
+    assert not ends("placement", "allocated", "n1") and not ends("translator", "requested", "")
+    assert not any(ends(s, "released", "n1", "n1") for s in ("placement", "enforcer"))
+    # a peer ends a lost node's claims, also one whose record never left requested
+    assert ended_with_lost_node("requested") and ended_with_lost_node("prepared")
+    assert not ended_with_lost_node("released")

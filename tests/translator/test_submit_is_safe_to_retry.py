@@ -1,21 +1,25 @@
 """A submit whose outcome the caller cannot know is safe to retry, and never strands its claim (issue 12, window 1).
 
-The real TranslatorService's submit handler in this test's event loop, against a real nats-server.
-The lost answers are played at the bus: a ``requested`` publish that lands but whose ack is lost,
-one that never lands, a claims-bucket write that times out. Then: the caller has the claim id, the
+The real TranslatorService's submit handler in this test's event loop, against a real nats-server
+that it reaches through a TCP proxy (tests/faults/proxy.py): the lost answers are lost on the wire.
+A ``requested`` publish that reaches the stream but whose ack never comes back, one that never
+reaches it, a claims-bucket write that commits but whose reply is lost, and (a second proxy, in
+front of the CLI) a submit whose reply to the caller is lost. Then: the caller has the claim id, the
 same request again makes no second claim and no second event, and a record left ``requested``
 without its event is republished by the translator's reconciler (both paths, API and Kubernetes).
 """
 
 from __future__ import annotations
 
+import asyncio
+import sys
+from pathlib import Path
+
 import msgspec
-import nats
 import pytest
 
 from tessera.shared import api, subjects
 from tessera.shared.bus import Bus
-from tessera.shared.errors import TemporaryError
 from tessera.shared.events import ClaimRecord, ClaimSpec, TenantRecord, claim_decoder, encode
 from tessera.shared.kubeclaims import KubeClaimRef
 from tessera.shared.runner import ServiceContext
@@ -24,20 +28,50 @@ from tessera.shared.telemetry import Telemetry
 
 from tessera.translator.service import TranslatorService, TranslatorSettings
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "faults"))
+
+from proxy import FaultProxy  # noqa: E402
+
 _encoder = msgspec.json.Encoder()
+# What the translator sends when it publishes a claim event of tenant alpha (the ``requested`` of a
+# submit): nothing else it sends (the record's KV write, reads) carries it.
+REQUESTED_OF_ALPHA = f"{subjects.CLAIMS}.alpha.".encode()
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
 
 
 @pytest.fixture
-async def translator(nats_url):
-    bus = await Bus.connect(BusSettings(url=nats_url), "translator")
+async def proxy(nats_url):
+    with FaultProxy(_port(nats_url)) as p:
+        yield p
+
+
+@pytest.fixture
+async def translator(proxy):
+    settings = BusSettings(url=proxy.url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
+    bus = await Bus.connect(settings, "translator")
     await bus.ensure_topology()
-    ctx = ServiceContext(settings=ServiceSettings(service="translator", bus=BusSettings(url=nats_url)),
+    ctx = ServiceContext(settings=ServiceSettings(service="translator", bus=settings),
                          bus=bus, telemetry=Telemetry("translator", None))
     service = TranslatorService(ctx, TranslatorSettings())
     await service.open()
     await service.tenants.put("alpha", encode(TenantRecord(tenant="alpha")))
     yield service
     await bus.close()
+
+
+async def heal(proxy: FaultProxy, bus: Bus) -> None:
+    """Let traffic pass again and drop the connections that lost it: the client reconnects."""
+    before = proxy.connections_accepted
+    proxy.passthrough()
+    proxy.cut()
+    for _ in range(400):
+        if proxy.connections_accepted > before and bus.nc.is_connected:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the client did not reconnect through the proxy")
 
 
 def request(claim: str | None = None, mib: int = 1000) -> bytes:
@@ -54,25 +88,24 @@ async def requested(service: TranslatorService) -> list:
     return out
 
 
-def fail_publish(service: TranslatorService, monkeypatch, *, lands: bool) -> None:
-    real = service.bus.publish
-
-    async def publish(*args, **kwargs):
-        if lands:
-            await real(*args, **kwargs)  # stored by the stream ...
-        raise TemporaryError("publish timed out")  # ... but the ack never came back (or nothing went out)
-
-    monkeypatch.setattr(service.bus, "publish", publish)
+def lose_publish(proxy: FaultProxy, *, lands: bool) -> None:
+    """The next ``requested`` publish reaches the stream and its ack is lost (``lands``), or it is
+    lost on its way there; either way the translator's publish times out."""
+    if lands:
+        proxy.drop_replies_after(REQUESTED_OF_ALPHA)
+    else:
+        proxy.drop_from(REQUESTED_OF_ALPHA)
 
 
 @pytest.mark.parametrize("lands", [True, False], ids=["publish-landed", "publish-lost"])
-async def test_unknown_publish_outcome_gives_the_claim_id_and_a_retry_makes_one_claim(translator, monkeypatch, lands):
-    fail_publish(translator, monkeypatch, lands=lands)
+async def test_unknown_publish_outcome_gives_the_claim_id_and_a_retry_makes_one_claim(translator, proxy, lands):
+    lose_publish(proxy, lands=lands)
     reply = api.decode_reply(await translator.submit(request(), {}))
+    assert proxy.triggered.is_set()
     assert not reply.ok and reply.error.code == "unavailable"
     claim = reply.error.claim
     assert claim and claim in reply.error.message
-    monkeypatch.undo()
+    await heal(proxy, translator.bus)
 
     again = api.decode_reply(await translator.submit(request(claim), {}))
     assert again.ok and again.result["claim"] == claim
@@ -81,13 +114,18 @@ async def test_unknown_publish_outcome_gives_the_claim_id_and_a_retry_makes_one_
     assert len(await translator.claims.all()) == 1
 
 
-async def test_claims_bucket_timeout_is_answered_not_dropped(translator, monkeypatch):
-    async def create(record):
-        raise nats.errors.TimeoutError()
-
-    monkeypatch.setattr(translator.claims, "create", create)
+async def test_claims_bucket_timeout_is_answered_not_dropped(translator, proxy):
+    # The record's write commits; its reply is lost: the translator cannot know it recorded the claim.
+    proxy.drop_replies_after(f"$KV.{subjects.KV_CLAIMS}.c-timeout".encode())
     reply = api.decode_reply(await translator.submit(request("c-timeout"), {}))
+    assert proxy.triggered.is_set()
     assert not reply.ok and reply.error.code == "unavailable" and reply.error.claim == "c-timeout"
+    await heal(proxy, translator.bus)
+
+    again = api.decode_reply(await translator.submit(request("c-timeout"), {}))
+    assert again.ok and again.result["claim"] == "c-timeout"
+    assert [e.claim for e in await requested(translator)] == ["c-timeout"]
+    assert [r.claim for r in await translator.claims.all()] == ["c-timeout"]
 
 
 async def test_a_retry_with_other_content_under_the_same_id_is_refused(translator):
@@ -98,11 +136,11 @@ async def test_a_retry_with_other_content_under_the_same_id_is_refused(translato
     assert [e.spec.memory_mib for e in events] == [1000]
 
 
-async def test_records_left_requested_without_their_event_are_republished(translator, monkeypatch):
-    fail_publish(translator, monkeypatch, lands=False)
+async def test_records_left_requested_without_their_event_are_republished(translator, proxy):
+    lose_publish(proxy, lands=False)
     reply = api.decode_reply(await translator.submit(request(), {}))
     api_claim = reply.error.claim
-    monkeypatch.undo()
+    await heal(proxy, translator.bus)
     # The Kubernetes path's crash window: a translator killed after writing the record.
     kube = ClaimRecord(claim="k-1", tenant="alpha", state="requested", spec=ClaimSpec(memory_mib=500),
                        kube=KubeClaimRef(namespace="ns", name="rc", uid="u-1"))
@@ -118,33 +156,50 @@ async def test_records_left_requested_without_their_event_are_republished(transl
     assert await translator.republish_requested(grace=0) == []  # the stream has them now
 
 
-async def test_cli_retries_an_unavailable_submit_under_the_id_it_chose(translator, monkeypatch, nats_url):
-    import asyncio
-
+async def test_cli_retries_a_submit_whose_reply_is_lost_under_the_id_it_chose(translator, nats_url):
+    """The caller's side of window 1: the translator recorded and requested the claim, and its
+    answer never reaches the CLI (lost between NATS and the CLI); the CLI's retry, under the claim
+    id it chose before the first attempt, finds the claim instead of making a second one."""
     from tessera.cli.client import Client
 
-    real = translator.bus.publish
     seen: list[str | None] = []
-
-    async def publish_ack_lost_once(*args, **kwargs):
-        await real(*args, **kwargs)
-        if len(seen) == 1:
-            raise TemporaryError("publish timed out")
-
-    monkeypatch.setattr(translator.bus, "publish", publish_ack_lost_once)
+    answered = asyncio.Event()
 
     async def submit(data, headers):
         seen.append(msgspec.json.decode(data).get("claim"))
-        return await translator.submit(data, headers)
+        try:
+            return await translator.submit(data, headers)
+        finally:
+            answered.set()
 
     server = asyncio.create_task(translator.bus.serve(subjects.API_SUBMIT, submit))
-    client = await Client.connect(nats_url)
-    try:
-        await asyncio.sleep(0.2)  # subscribed
-        result = await client.submit(api.SubmitRequest(tenant="alpha", resources={"nvidia.com/gpumem": 1000}))
-    finally:
-        await client.close()
-        server.cancel()
-        await asyncio.gather(server, return_exceptions=True)
+    with FaultProxy(_port(nats_url)) as cli_proxy:
+        client = await Client.connect(cli_proxy.url)
+        healer = None
+        try:
+            await asyncio.sleep(0.2)  # subscribed
+            cli_proxy.drop_replies_after(subjects.API_SUBMIT.encode())
+
+            async def heal_after_the_first_answer():
+                await answered.wait()
+                for _ in range(400):  # the answer went out, and was dropped on its way to the CLI
+                    if cli_proxy.directions["to_client"].bytes_dropped:
+                        break
+                    await asyncio.sleep(0.01)
+                await heal(cli_proxy, client.bus)
+
+            healer = asyncio.create_task(heal_after_the_first_answer())
+            result = await client.submit(api.SubmitRequest(tenant="alpha", resources={"nvidia.com/gpumem": 1000}),
+                                         timeout=2.0)
+            await healer
+        finally:
+            if healer is not None:
+                healer.cancel()
+                await asyncio.gather(healer, return_exceptions=True)
+            await client.close()
+            server.cancel()
+            await asyncio.gather(server, return_exceptions=True)
+    assert cli_proxy.triggered.is_set() and cli_proxy.directions["to_client"].bytes_dropped > 0
     assert len(seen) == 2 and seen[0] == seen[1] == result["claim"]
     assert [e.claim for e in await requested(translator)] == [result["claim"]]
+    assert len(await translator.claims.all()) == 1

@@ -96,3 +96,20 @@ def release_route(state: str, node: str | None) -> ReleaseRoute | None:
     if state in UNPLACED or not node:
         return ReleaseRoute("placement", None)
     return ReleaseRoute("enforcer", node)
+
+
+def ends(service: Service, state: str, node: str | None, here: str | None = None) -> bool:
+    """Does ``service`` end (release) a claim recorded in ``state`` on ``node``? For the enforcer,
+    ``here`` is its own node: it ends only the claims its node holds."""
+    route = release_route(state, node)
+    if route is None or route.owner != service:
+        return False
+    return service != "enforcer" or route.node == here
+
+
+def ended_with_lost_node(state: str) -> bool:
+    """Is a claim whose entry sits in a lost node's ledger ended by the peer enforcer that releases
+    that node? Every claim not already over is, whatever its state: the node it was (or was about
+    to be) on is gone, its enforcer cannot act, and the entry there is what the claim holds (a
+    placement that stopped between the ledger write and the record leaves one still ``requested``)."""
+    return state not in TERMINAL

@@ -18,6 +18,7 @@ import msgspec
 from tessera.shared.claimstore import ClaimStore
 from tessera.shared.events import ClaimRecord, GpuDevice, NodeInventory, NodeLedger
 from tessera.shared.ledger import Ledger
+from tessera.shared.lifecycle import ON_NODE
 
 from tessera.enforcer import accounting
 from tessera.enforcer.claimdir import ClaimDir, ClaimDirs
@@ -41,7 +42,7 @@ class ClaimView:
     @property
     def live(self) -> bool:
         """Allocated to this node and not yet released."""
-        return self.record is not None and self.record.state in ("allocated", "prepared", "running")
+        return self.record is not None and self.record.state in ON_NODE
 
     @property
     def processes(self) -> tuple[accounting.ProcessUsage, ...]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from tessera.enforcer.observe import ClaimView, NodeView
 
+from tessera.shared.lifecycle import TERMINAL
 from tessera.shared.workload import RUN_CLAIM_PREFIX as RUN_PREFIX
 
 
@@ -109,7 +110,7 @@ class Reclaimer:
                 elif not cv.error:
                     actions.append(Cleanup(claim))
             if cv.in_ledger:
-                terminal = record is not None and record.state in ("released", "failed")
+                terminal = record is not None and record.state in TERMINAL
                 if terminal or self._held((claim, "ledger-orphan"), now, seen) >= self.grace:
                     actions.append(DropLedger(claim))
         for key in list(self.since):

@@ -28,7 +28,7 @@ import msgspec
 
 from tessera.shared import subjects
 from tessera.shared.bus import Delivery
-from tessera.shared.claimstore import TERMINAL, ClaimStore
+from tessera.shared.claimstore import ClaimStore
 from tessera.shared.errors import ConfigError, TemporaryError
 from tessera.shared.events import (
     ClaimAllocated,
@@ -40,6 +40,7 @@ from tessera.shared.events import (
     claim_decoder,
 )
 from tessera.shared.ledger import Ledger
+from tessera.shared.lifecycle import ON_NODE, TERMINAL, ended_with_lost_node, ends, owner_of
 from tessera.shared.runner import ServiceContext
 
 from tessera.enforcer import lost as lostmod
@@ -164,10 +165,10 @@ class EnforcerService:
         if record.state == "released":
             await self._finish_release(record)
             return
-        if record.state in TERMINAL:
-            return
-        if record.release_requested:
+        if record.release_requested and ends("enforcer", record.state, record.node, self.node):
             await self.release(record, record.reason or "requested")
+            return
+        if record.state not in ON_NODE:
             return
         # A ResourceClaim's claim is prepared by the kubelet plugin (its checkpoint restores it),
         # but an event it failed to publish is owed all the same.
@@ -197,8 +198,8 @@ class EnforcerService:
         match event:
             case ClaimAllocated() if event.node == self.node:
                 record, _ = await self.claims.get(event.claim)
-                if record is not None and record.state == "allocated" and record.node == self.node \
-                        and not self.kubelet_prepares(record):
+                if record is not None and record.node == self.node \
+                        and owner_of(record.state, "prepared") == "enforcer" and not self.kubelet_prepares(record):
                     await self.prepare(record)
             case ClaimRunning() if event.node == self.node:
                 record, _ = await self.claims.get(event.claim)
@@ -208,9 +209,10 @@ class EnforcerService:
             case ClaimReleaseRequested():
                 # Addressed to this node (by the translator, or passed on by placement); a claim
                 # prepared after its release was requested finds the request on its record instead.
+                # The lifecycle says whether it is this enforcer's to end (on this node, not over).
                 record, _ = await self.claims.get(event.claim)
-                if record is not None and record.node == self.node and record.state not in TERMINAL \
-                        and record.tenant == event.tenant:
+                if record is not None and record.tenant == event.tenant \
+                        and ends("enforcer", record.state, record.node, self.node):
                     await self.release(record, event.reason)
             case _:
                 return
@@ -403,7 +405,7 @@ class EnforcerService:
         for node, claim in self.lost.due(inventory, ledgers):
             record, _ = await self.claims.get(claim)
             reason = f"node {node} lost"
-            if record is not None and record.state not in TERMINAL:
+            if record is not None and ended_with_lost_node(record.state):
                 if await self.release(record, reason, node=node):
                     self.metrics.reclaimed["node lost"] += 1
                     log.warning("released %s of lost node %s", claim, node)

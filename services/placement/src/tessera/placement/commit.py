@@ -6,12 +6,14 @@ own writes never conflict with each other. Every entry is checked against the le
 overwrite (`tessera.shared.ledger.check_fit`), whatever the view said when it was decided: that
 check, not the view, is what keeps a GPU from being over-committed by racing replicas. An entry for
 a claim the view knows on another node's ledger is refused too (a redelivery or a peer's duplicate
-that got past the placing lease, `tessera.placement.lease`).
+that got past the placing lease, `tessera.placement.lease`), and so is an entry whose placing lease
+has too little left to be written safely (`lease.live`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from dataclasses import dataclass
 
@@ -19,6 +21,7 @@ from tessera.shared.errors import ConflictError
 from tessera.shared.events import LedgerEntry, NodeLedger
 from tessera.shared.ledger import Ledger, check_fit
 
+from tessera.placement import lease
 from tessera.placement.view import FleetView
 
 # A node whose ledger a peer keeps moving is re-read and written again this many times per drain.
@@ -31,12 +34,14 @@ class Booking:
 
     node: str
     entry: LedgerEntry
+    leased_until: float | None = None  # the claim's placing lease (None: none to honour)
 
 
 @dataclass(frozen=True)
 class Queued:
     entry: LedgerEntry
     done: asyncio.Future
+    leased_until: float | None = None
 
 
 @dataclass(frozen=True)
@@ -59,12 +64,13 @@ class GroupCommit:
         self.queues: dict[str, list[Queued]] = {}
         self.flushing: set[str] = set()
 
-    async def commit(self, node: str, entry: LedgerEntry) -> None:
+    async def commit(self, node: str, entry: LedgerEntry, leased_until: float | None = None) -> None:
         """Book ``entry`` in the view and write it into the node's ledger; ConflictError if it no
-        longer fits there (or the ledger kept moving), the write's own error if it failed."""
+        longer fits there (or the ledger kept moving, or its lease ran out), the write's own error
+        if it failed."""
         self.view.book(node, entry)
         done = asyncio.get_running_loop().create_future()
-        self.queues.setdefault(node, []).append(Queued(entry, done))
+        self.queues.setdefault(node, []).append(Queued(entry, done, leased_until))
         try:
             if node not in self.flushing:
                 await self.drain([node])
@@ -81,7 +87,7 @@ class GroupCommit:
         futures = []
         for b in booked:
             done = loop.create_future()
-            self.queues.setdefault(b.node, []).append(Queued(b.entry, done))
+            self.queues.setdefault(b.node, []).append(Queued(b.entry, done, b.leased_until))
             futures.append(done)
         # Nodes another coroutine is flushing: its flusher takes our entries too.
         await self.drain([n for n in dict.fromkeys(b.node for b in booked) if n not in self.flushing])
@@ -104,11 +110,14 @@ class GroupCommit:
         inventory = self.view.inventories.get(node)
         entries = dict(ledger.entries)
         accepted, refused = [], []
+        now = time.time()
         for q in batch:
             candidate = NodeLedger(node=node, entries=entries)
             elsewhere = self.view.claim_nodes.get(q.entry.claim, node)
             if elsewhere != node:  # never a second node's entry for one claim, not even for a revision
                 why = f"already placed on {elsewhere}"
+            elif not lease.live(q.leased_until, now):  # a peer may hold the claim by now
+                why = "its placing lease ran out before the write"
             elif inventory is None:
                 why = "node left the fleet"
             else:

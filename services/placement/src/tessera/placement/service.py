@@ -5,9 +5,10 @@ Any number of replicas run at once. Each keeps an in-memory view of the fleet (w
 the tenant's quota record first, then the node's ledger record, then the claim's record. Whoever loses
 a race re-reads and tries again; a replica whose claim CAS loses rolls its ledger entry back, so a
 claim is never allocated twice and no GPU is over-committed, without node locks between replicas.
-So that two replicas never hold one claim on two nodes' ledgers even for a moment, the one-claim
-path first takes a placing lease on the claim's record (`tessera.placement.lease`), and only the
-translator's own first delivery of a claim takes the batch path without one.
+So that two replicas never hold one claim on two nodes' ledgers even for a moment, no ledger entry
+is written without a placing lease on the claim's record (`tessera.placement.lease`): the one-claim
+path takes it first, the batch path takes those of a whole batch in one pipelined round (against
+the revisions the ``requested`` events named) before its group commit.
 
 Unschedulable claims are kept (in the ``claims`` bucket, mirrored here) and retried when capacity or
 quota changes: an inventory change, a ledger release or a tenant update, never by polling. Every
@@ -29,8 +30,9 @@ import asyncio
 import gc
 import logging
 import os
+import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 import msgspec
@@ -49,6 +51,7 @@ from tessera.shared.events import (
     claim_decoder,
 )
 from tessera.shared.ledger import Ledger, claim_quota, tenant_totals
+from tessera.shared.lifecycle import ON_NODE, TERMINAL, owner_of
 from tessera.shared.runner import ServiceContext
 from tessera.shared.telemetry import inject
 from tessera.shared.settings import ConfigError, env_bool, env_choice, env_float, env_int
@@ -306,12 +309,13 @@ class PlacementService:
                 return
 
     def _fast(self, event, seen: set[str], delivery: Delivery) -> bool:
-        """A fresh claim that needs nothing but a decision and three pipelined writes.
+        """A fresh claim that needs nothing but a decision and four pipelined writes (lease, ledger,
+        record, event).
 
         Only the translator's own ``requested`` (its msg-id; the stream drops a second copy), on
-        its first delivery: a redelivery may race the replica that got it first, and a tenant's
-        copy the translator's; those take the one-claim path, whose placing lease keeps the two
-        from writing the claim into two nodes' ledgers."""
+        its first delivery, whose record is at the revision the event names: a redelivery, a
+        tenant's copy or a retry read the record first, on the one-claim path. Both paths lease the
+        claim before its ledger write, so neither can race the other onto a second node."""
         subject = delivery.subject
         return (
             isinstance(event, ClaimRequested)
@@ -352,39 +356,60 @@ class PlacementService:
             (fast if self._fast(event, seen, delivery) else slow).append(i)
             seen.add(getattr(event, "claim", ""))
 
-        booked: list[tuple[int, Allocation]] = []
-        rejected: list[tuple[int, Refusal]] = []
+        # The placing leases of the fresh claims go out first and their acknowledgements come back
+        # while the claims are decided (in memory): the lease costs a write, not a round trip.
         for i in fast:
             event, delivery = items[i]
             if "traceparent" in delivery.headers:
                 self.traces[event.claim] = delivery.headers["traceparent"]
-            with self.ctx.telemetry.span("placement handle requested", parent_headers=delivery.headers,
-                                         attributes={"tessera.claim": event.claim}):
-                decision = self.placer.place(event.claim, event.tenant, event.spec)
-                headers = inject({})
-            record = self._requested_record(event)
-            if isinstance(decision, Rejection):
-                rejected.append((i, Refusal(event, decision.reason, decision.filtered, record, event.record_revision,
-                                            headers)))
-                continue
-            entry = ledger_entry(event.claim, event.tenant, event.spec, decision)
-            self.view.book(decision.node, entry)
-            booked.append((i, Allocation(event, decision.node, entry, record, event.record_revision, headers)))
+        leasing = await self._send_leases([items[i][0] for i in fast])
+        lost_races: list[int] = []
+        try:
+            decided = []
+            for i in fast:
+                event, delivery = items[i]
+                with self.ctx.telemetry.span("placement handle requested", parent_headers=delivery.headers,
+                                             attributes={"tessera.claim": event.claim}):
+                    decision = self.placer.place(event.claim, event.tenant, event.spec)
+                    headers = inject({})
+                entry = None
+                if not isinstance(decision, Rejection):
+                    entry = ledger_entry(event.claim, event.tenant, event.spec, decision)
+                    self.view.book(decision.node, entry)
+                decided.append((i, decision, entry, headers))
+        finally:
+            leased = await leasing  # also when deciding failed: no write is left unawaited
+
+        booked: list[tuple[int, Allocation]] = []
+        rejected: list[tuple[int, Refusal]] = []
+        moved: set[str] = set()
+        for (i, decision, entry, headers), (record, revision) in zip(decided, leased):
+            event = items[i][0]
+            if revision is None:  # the record moved (a peer leased it, a release): decide it again, leased
+                lost_races.append(i)
+                if entry is not None:
+                    moved.add(event.claim)
+            elif entry is None:
+                rejected.append((i, Refusal(event, decision.reason, decision.filtered, record, revision, headers)))
+            else:
+                booked.append((i, Allocation(event, decision.node, entry, record, revision, headers)))
+        if moved:
+            self.view.unbook_all(moved)
 
         if rejected:
             for (i, _), outcome in zip(rejected, await self.outcomes.unschedulable([r for _, r in rejected])):
                 outcomes[i] = outcome
-        lost_races = []
         if booked and asyncio.get_running_loop().time() - fetched > self.bus.settings.ack_wait * LATE_FRACTION:
             # Decided for so long (a stopped process, a starved loop) that the server may have given
-            # these messages to a peer meanwhile: the leased one-claim path places them instead, so
-            # this late write cannot put a claim on a second node beside the peer's.
+            # these messages to a peer meanwhile: the one-claim path (which reads the record and
+            # holds its lease anew) places them instead.
             log.warning("placement batch took %.1fs to decide; its %d fresh claims take the leased path",
                         asyncio.get_running_loop().time() - fetched, len(booked))
             self.view.unbook_all({a.event.claim for _, a in booked})
-            lost_races = [i for i, _ in booked]
+            lost_races += [i for i, _ in booked]
             booked = []
-        committed = await self.committer.commit_booked([Booking(a.node, a.entry) for _, a in booked])
+        committed = await self.committer.commit_booked([Booking(a.node, a.entry, a.record.placing_until)
+                                                        for _, a in booked])
         writes: list[tuple[int, Allocation]] = []
         for (i, allocation), error in zip(booked, committed):
             if isinstance(error, ConflictError):
@@ -426,6 +451,25 @@ class PlacementService:
         for i in slow:  # in order: a release after a request in the same batch must see it
             await one(i)
 
+    async def _send_leases(self, events: list[ClaimRequested]):
+        """Send the placing lease of each fresh claim (one pipelined compare-and-set each, against
+        the revision its ``requested`` named) and return an awaitable of (record as leased, its
+        revision or None where the record had moved) per claim. So the batch path, like the
+        one-claim path, writes a claim's ledger entry only while it alone places it (lease.py)."""
+        now = time.time()
+        marked = [lease.mark(self._requested_record(e), self.placer_id, now) for e in events]
+        if not marked:
+            async def nothing() -> list:
+                return []
+            return nothing()
+        writes = asyncio.ensure_future(self.claims.replace_many([(m, e.record_revision) for m, e in zip(marked, events)]))
+        await asyncio.sleep(0)  # the writes are queued on the connection ...
+        await asyncio.sleep(0)  # ... and its flusher sends them while the batch is decided
+
+        async def leased() -> list[tuple[ClaimRecord, int | None]]:
+            return list(zip(marked, await writes))
+        return leased()
+
     async def place(self, event: ClaimRequested) -> bool:
         """Allocate one claim; True if allocated. Idempotent: a redelivery finds the claim's state.
 
@@ -465,11 +509,11 @@ class PlacementService:
                     self.pending[event.claim] = event
         # From here until its outcome is written this replica alone places the claim (lease.py).
         record, revision = await lease.take(self.claims, self.placer_id, record, revision)
-        if record.state not in ("requested", "unschedulable") or record.release_requested:
+        if owner_of(record.state, "allocated") != "placement" or record.release_requested:
             log.debug("%s is %s: nothing to place", event.claim, record.state)
             self._forget(event.claim)
             self._kube_resume(record)  # a redelivery after a crash may find the cluster side unfinished
-            return record.state not in ("released", "failed")
+            return record.state not in TERMINAL
 
         existing = self.claim_nodes.get(event.claim)
         if existing is not None:  # committed before a crash or by a peer: finish, don't re-place
@@ -506,7 +550,7 @@ class PlacementService:
                     return False
                 await self.ledger.reserve_quota(event.tenant, event.claim, claim_quota(entry), usage, quota_revision)
         try:
-            await self._commit(decision.node, entry)
+            await self._commit(decision.node, entry, record.placing_until)
         except BaseException:
             # Whether the write landed is unknown (a timeout) or a peer holds the claim: give the
             # quota back only where no ledger entry of the claim is known. A committed write comes
@@ -521,8 +565,8 @@ class PlacementService:
         return ClaimRecord(claim=event.claim, tenant=event.tenant, state="requested", spec=event.spec,
                            traceparent=self.traces.get(event.claim, ""), kube=event.kube)
 
-    async def _commit(self, node: str, entry: LedgerEntry) -> None:
-        await self.committer.commit(node, entry)
+    async def _commit(self, node: str, entry: LedgerEntry, leased_until: float | None = None) -> None:
+        await self.committer.commit(node, entry, leased_until)
 
     async def _finish(self, event: ClaimRequested, node: str, entry: LedgerEntry,
                       record: ClaimRecord, revision: int | None) -> bool:
@@ -567,7 +611,7 @@ class PlacementService:
         before it got there): each step is idempotent, and nothing is written or reported again
         where the claim and the pod already say it. The node side (prepared, running) does not
         prove the status was written: an enforcer may prepare on the ``allocated`` event alone."""
-        if record.state in ("allocated", "prepared", "running") and not record.release_requested:
+        if record.state in ON_NODE and not record.release_requested:
             self._kube_allocated(record.claim, record.tenant, record.node, record.devices, record.kube)
 
     def _kube_unschedulable(self, claim: str, kube, reason: str) -> None:

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import msgspec
 
-from tessera.shared.claimstore import TERMINAL
 from tessera.shared.events import ClaimRecord, ClaimSpec, TenantName
 from tessera.shared.kubeclaims import DEVICE_CLASS, DRIVER, REQUEST_NAME, TENANT_LABEL, KubeClaimRef, claim_id
+from tessera.shared.lifecycle import release_route
 
 from tessera.translator import dra
 
@@ -156,6 +156,7 @@ def reconcile(claims: Iterable[Mapping], records: Iterable[ClaimRecord]) -> Repa
     live = {tessera_id(c): c for c in claims if not is_deleting(c)}
     recorded = {r.claim: r for r in records}
     request = [c for cid, c in live.items() if cid not in recorded]
-    orphans = [r for r in recorded.values() if r.kube is not None and r.state not in TERMINAL and r.claim not in live]
+    orphans = [r for r in recorded.values()
+               if r.kube is not None and r.claim not in live and release_route(r.state, r.node) is not None]
     return Repairs(request=request, release=[r for r in orphans if not r.release_requested],
                    resend=[r for r in orphans if r.release_requested])

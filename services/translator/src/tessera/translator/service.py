@@ -29,7 +29,7 @@ from aiohttp import web
 from tessera.shared import api, subjects
 from tessera.shared.api import ReleaseRequest, SubmitRequest
 from tessera.shared.bus import KeyNotFoundError
-from tessera.shared.claimstore import TERMINAL, ClaimStore
+from tessera.shared.claimstore import ClaimStore
 from tessera.shared.errors import ConfigError, TemporaryError
 from tessera.shared.events import (
     ClaimRecord,
@@ -41,6 +41,7 @@ from tessera.shared.events import (
     now,
 )
 from tessera.shared.kubeclaims import TENANT_LABEL, KubeClaimRef
+from tessera.shared.lifecycle import release_route
 from tessera.shared.runner import ServiceContext
 from tessera.shared.settings import env_bool, env_float, env_int, env_str
 from tessera.shared.telemetry import inject
@@ -253,12 +254,15 @@ class TranslatorService:
         # that both see the ResourceClaim go publish one release between them.
         while True:
             record, revision = await self.claims.get(claim)
-            if record is None or record.kube is None or record.state in TERMINAL or record.release_requested:
+            if record is None or record.kube is None or record.release_requested \
+                    or release_route(record.state, record.node) is None:
                 return False
             marked = msgspec.structs.replace(record, release_requested=True, reason=reason, updated=now())
             if revision is not None and await self.claims.replace(marked, revision) is not None:
-                with self._release_span(marked):
-                    await self._deliver(*self._release_message(marked, reason))
+                message = self._release_message(marked, reason)
+                if message is not None:
+                    with self._release_span(marked):
+                        await self._deliver(*message)
                 return True
 
     def _spec_from(self, request: SubmitRequest) -> ClaimSpec:
@@ -394,20 +398,25 @@ class TranslatorService:
             return api.error(
                 f"claim {request.claim!r} does not belong to tenant {request.tenant!r}", field="tenant", code="not-found"
             )
-        if record.state in TERMINAL:
+        if release_route(record.state, record.node) is None:  # over already
             return api.ok({"claim": record.claim, "state": record.state})
         await self._release(record, request.reason)
         return api.ok({"claim": record.claim, "state": "releasing"})
 
     async def _release(self, record: ClaimRecord, reason: str) -> None:
         marked = await self.claims.mark_release_requested(record.claim, reason) or record
+        message = self._release_message(marked, reason)
+        if message is None:
+            return
         with self._release_span(record):
-            subject, message, msg_id = self._release_message(marked, reason)
-            await self.bus.publish(subject, message, msg_id=msg_id)
+            subject, event, msg_id = message
+            await self.bus.publish(subject, event, msg_id=msg_id)
 
     async def resend_release(self, record: ClaimRecord) -> None:
-        with self._release_span(record):
-            await self._deliver(*self._release_message(record, record.reason))
+        message = self._release_message(record, record.reason)
+        if message is not None:
+            with self._release_span(record):
+                await self._deliver(*message)
 
     def _release_span(self, record: ClaimRecord):
         # The release continues the claim's own trace: one claim, one trace, request to release.
@@ -416,15 +425,19 @@ class TranslatorService:
                                        attributes={"tessera.claim": record.claim})
 
     @staticmethod
-    def _release_message(record: ClaimRecord, reason: str) -> tuple[str, ClaimReleaseRequested, str]:
-        """The release of a claim whose record is marked ``release_requested`` (``record``)."""
+    def _release_message(record: ClaimRecord, reason: str) -> tuple[str, ClaimReleaseRequested, str] | None:
+        """The release of a claim whose record is marked ``release_requested`` (``record``), routed
+        by the lifecycle to whoever ends it; None if it is over already."""
         # Addressed to the node that holds the claim, if one does by now: its enforcer releases it.
         # Before allocation it concerns no node: placement ends it, and a placement that allocates
-        # it meanwhile finds the request on the record (which is marked first).
-        node = record.node if record.state in ("allocated", "prepared", "running") else None
-        return (subjects.claim(record.tenant, record.claim, "release", node),
+        # it meanwhile finds the request on the record (which is marked first). The message id is
+        # the route's, so this release and one placement passes on to the node are one message.
+        route = release_route(record.state, record.node)
+        if route is None:
+            return None
+        return (route.subject(record.tenant, record.claim),
                 ClaimReleaseRequested(claim=record.claim, tenant=record.tenant, reason=reason),
-                f"{record.claim}:release")
+                route.msg_id(record.claim))
 
 
 def configure():
