@@ -157,7 +157,8 @@ async def replay(client: Client, seq: int, *, force: bool = False) -> dict:
                        code=exitcodes.UNAVAILABLE) from None
     mark = DeadLetterReplayed(seq=seq, subject=letter.subject, replayed_seq=ack.seq, stream=ack.stream)
     await js.publish(mark_subject, encode(mark), headers={"Nats-Msg-Id": f"dlq-replayed:{seq}:{msg_id}"}, timeout=5)
-    return {"seq": seq, "subject": letter.subject, "replayed": not ack.duplicate, "already_replayed": ack.duplicate,
+    duplicate = bool(ack.duplicate)  # a concurrent replay stored it first (same Nats-Msg-Id)
+    return {"seq": seq, "subject": letter.subject, "replayed": not duplicate, "already_replayed": duplicate,
             "stream": ack.stream, "stream_seq": ack.seq}
 
 
