@@ -34,7 +34,7 @@ from tessera.cli.cluster import LocalCluster  # noqa: E402
 WORKLOAD = ROOT / "tests" / "enforcer" / "workload.py"
 TESSERA = str(Path(sys.executable).parent / "tessera")
 # (tenant, node, MiB claimed, SM percent, MiB the workload allocates)
-RUNS = [("vision", "h100-2", 24000, 40, 17000), ("nlp", "a100-1", 16000, 50, 12500), ("nlp", "h100-3", 30000, 30, 9000)]
+RUNS = [("vision", "h100-2", 24000, 40, 17000), ("nlp", "h100-1", 16000, 50, 12500), ("nlp", "h100-3", 30000, 30, 9000)]
 
 
 async def main(out: Path) -> None:
@@ -59,7 +59,7 @@ async def main(out: Path) -> None:
                     TESSERA, "run", "--nats", cluster.url, "--node", node, "--tenant", tenant, "--gpumem", str(mib),
                     "--gpucores", str(cores), "-q", "--", sys.executable, str(WORKLOAD), "--alloc", str(alloc),
                     "--hold-file", str(hold), "--hold-max", "300", env=env,
-                    stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL))
+                    stdout=asyncio.subprocess.DEVNULL))
             async with top.live_model(viewer) as (model, _), webui.serving(model) as url, async_playwright() as pw:
                 for _ in range(600):  # until the three workloads' usage is in the view
                     used = [s for n in model.snapshot()["nodes"] for g in n["gpus"] for s in g["slices"]
