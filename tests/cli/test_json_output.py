@@ -121,3 +121,37 @@ async def test_exit_codes_are_the_documented_ones(cluster):
         assert (await client.wait_for(claim, {"released"}, timeout=30)).state == "released"
     finally:
         await client.close()
+
+
+async def test_top_draws_the_fleet_and_quits_on_ctrl_c(cluster):
+    import asyncio
+    import os
+    import signal
+
+    from conftest import TESSERA
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TESSERA_NATS")}
+    env["COLUMNS"] = "200"
+    proc = await asyncio.create_subprocess_exec(TESSERA, "top", "--nats", cluster.url_for(identities.VIEWER),
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                                                env=env)
+    client = await Client.connect(cluster.url)
+    try:
+        await client.call(f"{subjects.API_TENANTS}.create", api.TenantRequest(name="topteam", quota=GpuQuota()),
+                          timeout=30)
+        claim = (await client.submit(api.SubmitRequest(tenant="topteam", resources={"nvidia.com/gpumem": 3000})))["claim"]
+        await client.wait_for(claim, {"prepared"}, timeout=60)
+        # top is drawing once it follows the usage stream (its consumer there is its last step before
+        # the live table; nothing else in this cluster consumes that stream)
+        for _ in range(600):
+            info = await client.bus.js.stream_info(subjects.STREAM_USAGE)
+            if info.state.consumer_count >= 1 or proc.returncode is not None:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await client.close()
+    proc.send_signal(signal.SIGINT)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == exitcodes.OK, err.decode()
+    text = out.decode()
+    assert "Tessera fleet" in text and "gpu-0" in text and "gpu-1" in text and "topteam" in text, text
