@@ -8,7 +8,10 @@ is saved in the test's directory.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,9 @@ from tessera.cli.client import Client
 
 from browserkit import browser_args
 
+WORKLOAD = Path(__file__).resolve().parents[1] / "enforcer" / "workload.py"
+TESSERA = str(Path(sys.executable).parent / "tessera")
+FAST_USAGE = {"TESSERA_USAGE_SECONDS": "0.3", "TESSERA_USAGE_HEARTBEAT_SECONDS": "3"}
 TENANTS = {"vision": GpuQuota(gpus=3, memory_mib=200000), "nlp": GpuQuota(gpus=2, memory_mib=150000, cores=150)}
 
 
@@ -36,7 +42,7 @@ async def test_the_page_shows_the_fleet_and_follows_a_new_claim(start_cluster, t
     chromium = shutil.which("chromium")
     if chromium is None:
         pytest.fail("chromium is not installed: 'make browser-tools' installs Debian's package")
-    cluster = await start_cluster("tiny.yaml")
+    cluster = await start_cluster("tiny.yaml", extra_env=FAST_USAGE)
     operator = await Client.connect(cluster.url)
     viewer = await Client.connect(cluster.url_for(identities.VIEWER))
     try:
@@ -69,9 +75,28 @@ async def test_the_page_shows_the_fleet_and_follows_a_new_claim(start_cluster, t
                 assert "/" in frag  # "<fragmentation> / <free GPU units>"
                 prepared = await page.inner_text('[data-state="prepared"] b')
                 assert int(prepared) == 3
-                shot = tmp_path / "fleet-view.png"
-                await page.screenshot(path=str(shot), full_page=True)
-                assert shot.stat().st_size > 10_000
+
+                # A workload that allocates memory on the simulated driver: its slice shows it used.
+                hold = tmp_path / "release-the-workload"
+                run = await asyncio.create_subprocess_exec(
+                    TESSERA, "run", "--nats", cluster.url, "--node", "gpu-1", "--tenant", "vision", "--gpumem", "8000",
+                    "-q", "--", sys.executable, str(WORKLOAD), "--alloc", "6000", "--hold-file", str(hold),
+                    env={k: v for k, v in os.environ.items() if k != "TESSERA_NODE"},
+                    stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+                try:
+                    used = await page.wait_for_function(
+                        """() => { const s = document.querySelector('[data-claim^="run-"] .used');
+                                   return s && parseFloat(s.style.width) > 50 ? s.style.width : null; }""",
+                        timeout=60_000)
+                    assert 70 < float((await used.json_value()).rstrip("%")) <= 100  # 6000 of 8000 MiB (and any context)
+                    assert "used" in await page.inner_text('[data-node="gpu-1"]')
+                    shot = tmp_path / "fleet-view.png"  # (the test directory keeps it)
+                    await page.screenshot(path=str(shot), full_page=True)
+                    assert shot.stat().st_size > 10_000
+                finally:
+                    hold.touch()
+                    _, err = await asyncio.wait_for(run.communicate(), 60)
+                assert run.returncode == 0, err.decode()
             finally:
                 await browser.close()
     finally:
