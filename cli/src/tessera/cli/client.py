@@ -1,7 +1,8 @@
 """The CLI's view of Tessera: a client of the public NATS subjects and KV buckets, nothing more.
 
 It never imports a service. Requests go to the documented request/reply subjects; state is read from
-the documented buckets (inventory, ledger, claims, tenants), exactly as an outside tool would.
+the documented buckets (inventory, ledger, claims, tenants), exactly as an outside tool would, and
+never created: a reader that finds no bucket says Tessera is not set up there (exit 4).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from tessera.shared.settings import BusSettings
 from tessera.cli import exitcodes, feed
 from tessera.cli.fleetmodel import FleetModel
 
-_inventory = msgspec.json.Decoder(NodeInventory)
 _encoder = msgspec.json.Encoder()
 
 
