@@ -20,7 +20,7 @@ from tessera.shared.settings import BusSettings
 from tessera.cli import dlq, exitcodes
 from tessera.cli.client import Client
 
-from conftest import tessera
+from clikit import tessera
 
 WINDOW = 2.0  # the streams' duplicate window here (production: 120 s)
 PAYLOAD = b'{"kind": "requested", "claim": "c-dlq", "tenant": "alpha", "spec": {"gpus": 1}}'

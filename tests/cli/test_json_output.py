@@ -11,7 +11,7 @@ from tessera.shared.events import GpuQuota
 from tessera.cli import exitcodes
 from tessera.cli.client import Client
 
-from conftest import tessera
+from clikit import tessera
 
 NODE_FIELDS = {"node", "lost", "cpu_millis", "cpu_free_millis", "host_memory_mib", "host_memory_free_mib",
                "fragmentation", "free_gpu_units", "fragmentation_ratio", "gpus"}
@@ -128,7 +128,7 @@ async def test_top_draws_the_fleet_and_quits_on_ctrl_c(cluster):
     import os
     import signal
 
-    from conftest import TESSERA
+    from clikit import TESSERA
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("TESSERA_NATS")}
     env["COLUMNS"] = "200"

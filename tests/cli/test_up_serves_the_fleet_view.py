@@ -13,7 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from conftest import PROFILES, TESSERA
+from clikit import PROFILES, TESSERA
 
 
 def test_up_prints_the_url_of_a_live_fleet_view(tmp_path):

@@ -21,7 +21,7 @@ from tessera.shared.settings import BusSettings
 
 from tessera.cli import exitcodes
 
-from conftest import tessera
+from clikit import tessera
 
 
 @pytest.fixture
