@@ -155,3 +155,32 @@ async def test_top_draws_the_fleet_and_quits_on_ctrl_c(cluster):
     assert proc.returncode == exitcodes.OK, err.decode()
     text = out.decode()
     assert "Tessera fleet" in text and "gpu-0" in text and "gpu-1" in text and "topteam" in text, text
+
+
+async def test_ui_serves_the_fleet_document_until_ctrl_c(cluster):
+    import asyncio
+    import os
+    import re
+    import signal
+    import urllib.request
+
+    from clikit import TESSERA
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TESSERA_NATS")}
+    proc = await asyncio.create_subprocess_exec(TESSERA, "ui", "--port", "0", "--nats", cluster.url_for(identities.VIEWER),
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+    try:
+        line = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode()
+        url = re.search(r"fleet view at (http://127\.0\.0\.1:\d+/)", line).group(1)
+
+        def get(path: str) -> bytes:
+            with urllib.request.urlopen(url + path, timeout=10) as response:
+                return response.read()
+
+        doc = json.loads(await asyncio.to_thread(get, "api/fleet"))
+        assert doc["totals"]["nodes"] == 2
+        assert b"EventSource" in await asyncio.to_thread(get, "")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == exitcodes.OK, err.decode()

@@ -99,6 +99,7 @@ async def cmd_ui(args) -> int:
         async with live_model(client) as (model, task):
             async with webui.serving(model, args.host, args.port) as url:
                 console.print(f"fleet view at {url}  (Ctrl-C stops)")
+                console.file.flush()  # (a script reading our stdout through a pipe sees the URL now)
                 await _until(stop, task)
     finally:
         await client.close()
