@@ -11,10 +11,11 @@ PROJECTS := libs/shared services/controlplane services/capacity services/transla
             services/placement services/enforcer cli
 PYPROJECTS := pyproject.toml $(addsuffix /pyproject.toml,$(PROJECTS))
 
-.PHONY: up test bench lint native clean demo help gpu-wheels container-tools
+.PHONY: up test bench lint native clean demo help gpu-wheels container-tools browser-tools
 
 help:
-	@echo "make up     install what is missing, run Tessera on a simulated fleet with a live table (Ctrl-C stops)"
+	@echo "make up     install what is missing, run Tessera on a simulated fleet with a live table and the"
+	@echo "            fleet view in a browser (it prints the URL; Ctrl-C stops)"
 	@echo "make test   install what is missing, build native/vgpu, check layering, run the test suite"
 	@echo "make bench  run the benchmarks and print their tables"
 	@echo "make demo   run the demo scenario to the end and print a summary"
@@ -45,7 +46,11 @@ lint: $(STAMP)
 container-tools:
 	@tests/containers/install.sh
 
-test: $(STAMP) $(CORE) native lint container-tools protos
+# Chromium for tests/ui (the fleet view in a headless browser), from Debian's packages when missing.
+browser-tools:
+	@tests/ui/install.sh
+
+test: $(STAMP) $(CORE) native lint container-tools browser-tools protos
 	$(MAKE) -C native/vgpu test
 	$(PY) -m pytest $(PYTEST_ARGS)
 

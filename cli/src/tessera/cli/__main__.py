@@ -4,7 +4,9 @@
   tessera demo               the same scenario to the end, a summary, exit 0
   tessera submit ...         ask for GPUs in HAMi's vocabulary
   tessera release CLAIM      give a claim back
-  tessera status | claims    the fleet table / the claims table
+  tessera status | claims    the fleet table / the claims table (-o json for scripts)
+  tessera top | ui           the live fleet, in the terminal / in a browser
+  tessera dlq list|replay    dead letters, and sending them back once
   tessera tenant ...         tenant control planes
   tessera bench ...          benchmarks (placement, tenants)
   tessera asyncapi           write (or --check) the AsyncAPI document of the subjects
@@ -22,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
+
 from rich.console import Console, Group
 from rich.live import Live
 
@@ -29,7 +33,7 @@ from tessera.shared import api, identities, secretkeys
 from tessera.shared import profile as profiles
 from tessera.shared.bus import redact
 
-from tessera.cli import scenario, views
+from tessera.cli import exitcodes, scenario, views
 from tessera.cli.client import Client, CliError, add_identity_args
 from tessera.cli.cluster import LocalCluster
 from tessera.cli.gpuflags import resources_from
@@ -52,7 +56,7 @@ def _start_cluster(args) -> LocalCluster:
     workdir = Path(args.workdir).resolve()
     if not args.keep_state:
         # A fresh scenario each time: the previous run's streams, buckets and claim directories go.
-        for part in ("nats", "nats-auth", "state", "nats-url"):
+        for part in ("nats", "nats-auth", "state", "nats-url", "nats-url-viewer"):
             target = workdir / part
             if target.is_dir():
                 shutil.rmtree(target)
@@ -101,23 +105,31 @@ async def cmd_up(args) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    client = None
+    client = viewer = None
     try:
         client, _ = await _scenario(cluster.url)
-        with Live(console=console, refresh_per_second=2, screen=False) as live:
-            while not stop.is_set():
-                state = await client.fleet()
-                live.update(Group(views.gpu_table(state), views.summary(state), "[dim]Ctrl-C stops everything[/]"))
-                dead = cluster.dead()
-                if dead:
-                    raise CliError(f"{dead[0].name} stopped unexpectedly; see {dead[0].log_path}")
-                try:
-                    await asyncio.wait_for(stop.wait(), timeout=1.0)
-                except asyncio.TimeoutError:
-                    pass
+        from tessera.cli import top, webui
+
+        viewer = await Client.connect(cluster.url_for(identities.VIEWER) if cluster.nats else cluster.url)
+        async with top.live_model(viewer) as (model, _feed):
+            async with webui.serving(model, "127.0.0.1", args.ui_port) as url:
+                err.print(f"[dim]•[/] [bold]fleet view at {url}[/] (live; read-only NATS identity 'viewer')")
+                with Live(console=console, refresh_per_second=2, screen=False) as live:
+                    while not stop.is_set():
+                        snap = model.snapshot()
+                        live.update(Group(views.fleet_table(snap), views.snapshot_summary(snap),
+                                          f"[dim]fleet view at {url} · Ctrl-C stops everything[/]"))
+                        dead = cluster.dead()
+                        if dead:
+                            raise CliError(f"{dead[0].name} stopped unexpectedly; see {dead[0].log_path}")
+                        try:
+                            await asyncio.wait_for(stop.wait(), timeout=1.0)
+                        except asyncio.TimeoutError:
+                            pass
     finally:
-        if client is not None:
-            await client.close()
+        for c in (viewer, client):
+            if c is not None:
+                await c.close()
         err.print("[dim]•[/] stopping services")
         codes = cluster.stop()
         bad = {k: v for k, v in codes.items() if v not in (0, -signal.SIGTERM)}
@@ -182,15 +194,24 @@ async def cmd_submit(args) -> int:
         )
         claim = result["claim"]
         if not args.wait:
-            console.print(claim)
-            return 0
+            if args.output == "json":
+                _print_json({"claim": claim})
+            else:
+                console.print(claim)
+            return exitcodes.OK
         record = await client.wait_for(claim, {"prepared", "running", "unschedulable", "failed"}, timeout=args.timeout)
+        if args.output == "json":
+            _print_json(msgspec.to_builtins(record))
         if record.state == "unschedulable":
             err.print(f"claim {claim} is unschedulable: {record.reason}")
-            return 3
-        devices = ", ".join(f"{d.uuid} ({d.memory_mib} MiB, {d.cores}%)" for d in record.devices)
-        console.print(f"{claim} {record.state} on {record.node}: {devices}")
-        return 0
+            return exitcodes.UNSCHEDULABLE
+        if record.state == "failed":
+            err.print(f"claim {claim} failed: {record.reason}")
+            return exitcodes.FAILED
+        if args.output != "json":
+            devices = ", ".join(f"{d.uuid} ({d.memory_mib} MiB, {d.cores}%)" for d in record.devices)
+            console.print(f"{claim} {record.state} on {record.node}: {devices}")
+        return exitcodes.OK
     finally:
         await client.close()
 
@@ -202,30 +223,53 @@ async def cmd_release(args) -> int:
         if args.wait:
             await client.wait_for(args.claim, {"released"}, timeout=args.timeout)
             result["state"] = "released"
-        console.print(f"{args.claim} {result['state']}")
-        return 0
+        if args.output == "json":
+            _print_json({"claim": args.claim, "state": result["state"]})
+        else:
+            console.print(f"{args.claim} {result['state']}")
+        return exitcodes.OK
     finally:
         await client.close()
+
+
+def _print_json(value) -> None:
+    """JSON on stdout, nothing else there (diagnostics go to stderr): for `jq` and scripts."""
+    import json
+
+    print(json.dumps(value, indent=2, sort_keys=True))
 
 
 async def cmd_status(args) -> int:
-    client = await Client.from_args(args)
+    client = await Client.from_args(args, read_only=True)
     try:
-        state = await client.fleet()
-        console.print(views.gpu_table(state))
-        console.print(views.summary(state))
-        return 0
+        snap = (await client.fleet()).model.snapshot()
     finally:
         await client.close()
+    if args.output == "json":
+        _print_json(snap)
+    else:
+        console.print(views.fleet_table(snap))
+        console.print(views.snapshot_summary(snap))
+        console.print(views.tenants_table(snap))
+    return exitcodes.OK
 
 
 async def cmd_claims(args) -> int:
-    client = await Client.from_args(args)
+    client = await Client.from_args(args, read_only=True)
     try:
-        console.print(views.claims_table(await client.fleet()))
-        return 0
+        state = await client.fleet()
     finally:
         await client.close()
+    if args.claim:
+        missing = [c for c in args.claim if c not in state.claims]
+        if missing:
+            raise CliError(f"no such claim: {', '.join(missing)} (see 'tessera claims')")
+        state.claims = {c: state.claims[c] for c in args.claim}
+    if args.output == "json":
+        _print_json([msgspec.to_builtins(c) for c in sorted(state.claims.values(), key=lambda c: c.updated)])
+    else:
+        console.print(views.claims_table(state))
+    return exitcodes.OK
 
 
 K8S_NATS = REPO_ROOT / "deploy" / "k8s" / "nats.yaml"
@@ -262,7 +306,7 @@ def cmd_nats_auth(args) -> int:
         console.print(f"rewrote platform.conf in {K8S_NATS}")
         return 0
     if not args.out:
-        raise CliError("give --out DIR (compose's authorization directory) or --k8s", code=2)
+        raise CliError("give --out DIR (compose's authorization directory) or --k8s", code=exitcodes.USAGE)
     nodes = [n.node for n in profiles.load(args.profile)]
     out = Path(args.out)
     passwords = identities.write_auth_dir(out, nodes)
@@ -334,13 +378,19 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--keep-state", action="store_true", help="keep the previous run's NATS data and claims instead of starting fresh")
         return sp
 
-    local("up", "run Tessera on a simulated fleet and show a live GPU table until Ctrl-C").set_defaults(func=cmd_up)
+    up = local("up", "run Tessera on a simulated fleet and show a live GPU table until Ctrl-C")
+    up.add_argument("--ui-port", type=int, default=8470, help="port of the fleet view (default 8470; 0: any free one)")
+    up.set_defaults(func=cmd_up)
     local("demo", "run the demo scenario to the end, print a summary and exit").set_defaults(func=cmd_demo)
 
     def client_cmd(name: str, help_: str):
         sp = sub.add_parser(name, help=help_, description=help_)
         add_identity_args(sp)
         return sp
+
+    def output_arg(sp) -> None:
+        sp.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                        help="table (default) or json: one JSON document on stdout, fields in docs/cli.md")
 
     s = client_cmd("submit", "ask for GPUs (HAMi resource names as flags)")
     s.add_argument("--tenant", required=True)
@@ -356,16 +406,34 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--node", help="pin the claim to one node")
     s.add_argument("--wait", action="store_true", help="wait until the claim is prepared or unschedulable")
     s.add_argument("--timeout", type=float, default=30)
+    output_arg(s)
     s.set_defaults(func=cmd_submit)
 
     r = client_cmd("release", "give a claim back")
     r.add_argument("claim")
     r.add_argument("--wait", action="store_true")
     r.add_argument("--timeout", type=float, default=30)
+    output_arg(r)
     r.set_defaults(func=cmd_release)
 
-    client_cmd("status", "the fleet: GPUs and their slices per tenant").set_defaults(func=cmd_status)
-    client_cmd("claims", "every claim and its state").set_defaults(func=cmd_claims)
+    st = client_cmd("status", "the fleet: GPUs and their slices per tenant, fragmentation, tenants' quota use")
+    output_arg(st)
+    st.set_defaults(func=cmd_status)
+    cl = client_cmd("claims", "every claim and its state (or only the claims named)")
+    cl.add_argument("claim", nargs="*", help="claim ids (default: every claim)")
+    output_arg(cl)
+    cl.set_defaults(func=cmd_claims)
+
+    from tessera.cli import dlq, top
+
+    tp = client_cmd("top", "the live fleet in the terminal, redrawn on every change")
+    tp.add_argument("--screen", action="store_true", help="use the whole terminal (alternate screen)")
+    tp.set_defaults(func=top.cmd_top)
+    ui = client_cmd("ui", "serve the live fleet view (a web page) until Ctrl-C")
+    ui.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    ui.add_argument("--port", type=int, default=8470, help="port (default 8470; 0: any free one)")
+    ui.set_defaults(func=top.cmd_ui)
+    dlq.register(sub, output_arg)
 
     n = sub.add_parser("nats-auth", help="write a nats-server authorization directory: one user per service and node")
     n.add_argument("--out", help="directory for nats.conf, tenants.conf and passwords/")
@@ -421,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"[red]error:[/] {exc}")
         return exc.code
     except KeyboardInterrupt:
-        return 130
+        return exitcodes.INTERRUPTED
     except Exception as exc:  # a clear line, not a traceback, for what the user can act on
         from tessera.shared.errors import ConfigError
 

@@ -1,12 +1,14 @@
 """The CLI's view of Tessera: a client of the public NATS subjects and KV buckets, nothing more.
 
 It never imports a service. Requests go to the documented request/reply subjects; state is read from
-the documented buckets (inventory, ledger, claims, tenants), exactly as an outside tool would.
+the documented buckets (inventory, ledger, claims, tenants), exactly as an outside tool would, and
+never created: a reader that finds no bucket says Tessera is not set up there (exit 4).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -20,33 +22,40 @@ from tessera.shared.bus import Bus
 from tessera.shared.claimstore import ClaimStore
 from tessera.shared.errors import ConfigError, TemporaryError
 from tessera.shared.events import ClaimPrepared, ClaimRecord, NodeInventory, NodeLedger
-from tessera.shared.kvkeys import live_values
-from tessera.shared.ledger import Ledger
 from tessera.shared.settings import BusSettings
 
-_inventory = msgspec.json.Decoder(NodeInventory)
+from tessera.cli import exitcodes, feed
+from tessera.cli.fleetmodel import FleetModel
+
 _encoder = msgspec.json.Encoder()
 
 
 class CliError(Exception):
-    """Something the user should read: printed without a traceback, exit code 1 (or .code)."""
+    """Something the user should read: printed without a traceback, exit code 1 (or .code, one of
+    `tessera.cli.exitcodes`)."""
 
-    def __init__(self, message: str, code: int = 1) -> None:
+    def __init__(self, message: str, code: int = exitcodes.FAILED) -> None:
         super().__init__(message)
         self.code = code
 
 
 LOCAL_URL_FILE = Path(__file__).resolve().parents[4] / ".run" / "nats-url"
+# The read-only identity's URL that `make up` leaves beside it (`identities.VIEWER`).
+LOCAL_VIEWER_URL_FILE = LOCAL_URL_FILE.with_name("nats-url-viewer")
 
 
-def nats_url(explicit: str | None = None) -> str:
-    """--nats, else $TESSERA_NATS_URL, else the URL a running `make up` left in .run/nats-url."""
+def nats_url(explicit: str | None = None, *, read_only: bool = False) -> str:
+    """--nats, else $TESSERA_NATS_URL, else the URL a running `make up` left in .run/nats-url
+    (for a command that only reads, ``read_only``: the viewer's, in .run/nats-url-viewer)."""
     if explicit or os.environ.get("TESSERA_NATS_URL"):
         return explicit or os.environ["TESSERA_NATS_URL"]
-    try:
-        return LOCAL_URL_FILE.read_text().strip()
-    except OSError:
-        return "nats://127.0.0.1:4222"
+    files = (LOCAL_VIEWER_URL_FILE, LOCAL_URL_FILE) if read_only else (LOCAL_URL_FILE,)
+    for file in files:
+        try:
+            return file.read_text().strip()
+        except OSError:
+            continue
+    return "nats://127.0.0.1:4222"
 
 
 @dataclass
@@ -54,6 +63,7 @@ class FleetState:
     inventories: dict[str, NodeInventory]
     ledgers: dict[str, NodeLedger]
     claims: dict[str, ClaimRecord]
+    model: FleetModel | None = None  # the same read as the fleet view's model (snapshot, JSON)
 
 
 def identity(user: str | None = None, password_file: str | None = None) -> dict:
@@ -67,7 +77,7 @@ def identity(user: str | None = None, password_file: str | None = None) -> dict:
     try:
         bus = BusSettings.from_env(env)
     except ConfigError as exc:
-        raise CliError(str(exc), code=2) from None
+        raise CliError(str(exc), code=exitcodes.USAGE) from None
     return {"user": bus.user, "password": bus.password, "creds_file": bus.creds_file}
 
 
@@ -88,25 +98,30 @@ class Client:
 
     @classmethod
     async def connect(cls, url: str | None = None, *, user: str | None = None,
-                      password_file: str | None = None) -> "Client":
-        settings = BusSettings(url=nats_url(url), max_reconnect_attempts=3, **identity(user, password_file))
+                      password_file: str | None = None, read_only: bool = False) -> "Client":
+        settings = BusSettings(url=nats_url(url, read_only=read_only), max_reconnect_attempts=3,
+                               **identity(user, password_file))
         try:
             bus = await Bus.connect(settings, "cli", connect_timeout=3)
         except TemporaryError as exc:
-            raise CliError(f"{exc}\nIs Tessera running? Start it with 'make up', or set TESSERA_NATS_URL.") from None
+            raise CliError(f"{exc}\nIs Tessera running? Start it with 'make up', or set TESSERA_NATS_URL.",
+                           code=exitcodes.UNAVAILABLE) from None
         user = settings.user or urlsplit(settings.url).username
         if identities.is_tenant_user(user):
             return cls(bus, None)
         try:
-            claims_kv = await bus.kv(subjects.KV_CLAIMS)
+            claims_kv = await bus.existing_kv(subjects.KV_CLAIMS)  # a client never creates a bucket
+        except TemporaryError as exc:
+            await bus.close()
+            raise CliError(f"{exc}; is Tessera running against this server?", code=exitcodes.UNAVAILABLE) from None
         except Exception as exc:
             await bus.close()
             raise CliError(f"cannot read the claims bucket as NATS user {user or '(none)'}: {exc!r}") from None
         return cls(bus, claims_kv)
 
     @classmethod
-    async def from_args(cls, args) -> "Client":
-        return await cls.connect(args.nats, user=args.user, password_file=args.password_file)
+    async def from_args(cls, args, *, read_only: bool = False) -> "Client":
+        return await cls.connect(args.nats, user=args.user, password_file=args.password_file, read_only=read_only)
 
     @property
     def as_tenant(self) -> bool:
@@ -119,7 +134,7 @@ class Client:
         try:
             data = await self.bus.request(subject, _encoder.encode(request), timeout=timeout)
         except TemporaryError as exc:
-            raise CliError(str(exc)) from None
+            raise CliError(str(exc), code=exitcodes.UNAVAILABLE) from None
         return self._result(api.decode_reply(data))
 
     @staticmethod
@@ -127,7 +142,8 @@ class Client:
         if not reply.ok:
             err = reply.error
             where = f" (field {err.field})" if err and err.field else ""
-            raise CliError(f"{err.message if err else 'request failed'}{where}")
+            code = exitcodes.UNAVAILABLE if err and err.code == "unavailable" else exitcodes.FAILED
+            raise CliError(f"{err.message if err else 'request failed'}{where}", code=code)
         return reply.result
 
     async def submit(self, request: api.SubmitRequest, attempts: int = 3, timeout: float = 10.0) -> dict:
@@ -149,18 +165,20 @@ class Client:
             if attempt < attempts:
                 await asyncio.sleep(0.5 * attempt)
         raise CliError(f"{problem}\nThe claim may have been recorded as {request.claim}: check with "
-                       f"'tessera claims', or submit again with --claim {request.claim}")
+                       f"'tessera claims', or submit again with --claim {request.claim}", code=exitcodes.UNAVAILABLE)
 
     async def release(self, claim: str, reason: str = "requested") -> dict:
         return await self.call(subjects.API_RELEASE, api.ReleaseRequest(claim=claim, reason=reason))
 
     async def fleet(self) -> FleetState:
+        """One read of the buckets (never creating one): inventories, ledgers, claims, tenants."""
         if self.as_tenant:
             raise CliError("this NATS identity is a tenant's: the fleet's state needs operator credentials")
-        inventories = await live_values(await self.bus.kv(subjects.KV_INVENTORY), _inventory)
-        ledgers = await Ledger(await self.bus.kv(subjects.KV_LEDGER)).all_nodes()
-        claims = {c.claim: c for c in await ClaimStore(await self.bus.kv(subjects.KV_CLAIMS)).all()}
-        return FleetState(inventories, ledgers, claims)
+        try:
+            model = await feed.load(self.bus)
+        except TemporaryError as exc:
+            raise CliError(f"{exc}; is Tessera running against this server?", code=exitcodes.UNAVAILABLE) from None
+        return FleetState(dict(model.inventories), dict(model.ledgers), dict(model.claims), model)
 
     async def claim(self, claim: str) -> ClaimRecord | None:
         if self.as_tenant:
@@ -183,13 +201,48 @@ class Client:
         await self.call(subjects.API_CLAIM_RUNNING, api.ClaimRequest(claim=claim, pids=pids))
 
     async def wait_for(self, claim: str, states: set[str], timeout: float = 30.0) -> ClaimRecord:
-        """Poll the claim's record until it reaches one of ``states`` (the CLI is not latency-bound)."""
+        """Wait until the claim's record reaches one of ``states``, by watching, not polling: the
+        operator watches the claim's key in the claims bucket, a tenant its claim's events (its
+        account sees those, not the bucket); each change is re-read, and the first read happens
+        after the watch is in place, so no change between the two is missed."""
+        changed = asyncio.Event()
+        if self.claims_kv is not None:
+            watcher = await self.claims_kv.watch(subjects.token(claim))
+
+            async def drain() -> None:
+                async for _ in watcher:
+                    changed.set()
+
+            task = asyncio.create_task(drain())
+            stop = watcher.stop
+        else:
+            async def on_event(_msg) -> None:
+                changed.set()
+
+            sub = await self.bus.nc.subscribe(f"{subjects.CLAIMS}.*.{subjects.token(claim)}.>", cb=on_event)
+            task = None
+            stop = sub.unsubscribe
         deadline = time.monotonic() + timeout
         record = None
-        while time.monotonic() < deadline:
-            record = await self.claim(claim)
-            if record is not None and record.state in states:
-                return record
-            await asyncio.sleep(0.1)
+        try:
+            while True:
+                changed.clear()
+                record = await self.claim(claim)
+                if record is not None and record.state in states:
+                    return record
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    await asyncio.wait_for(changed.wait(), left)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            with contextlib.suppress(Exception):
+                await stop()
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         state = record.state if record else "unknown"
-        raise CliError(f"claim {claim} is still {state} after {timeout:.0f}s (waiting for {', '.join(sorted(states))})")
+        raise CliError(f"claim {claim} is still {state} after {timeout:.0f}s (waiting for {', '.join(sorted(states))})",
+                       code=exitcodes.TIMEOUT)

@@ -94,9 +94,10 @@ class LocalCluster:
         if not self.nats_url:
             progress("starting nats-server with JetStream and authorization")
             self.nats = self._secured_nats().start()
-            url_file = self.workdir / "nats-url"
-            url_file.write_text(self.url + "\n")
-            url_file.chmod(0o600)
+            for name, url in (("nats-url", self.url), ("nats-url-viewer", self.url_for(identities.VIEWER))):
+                url_file = self.workdir / name  # (the viewer's: what the read-only commands use)
+                url_file.write_text(url + "\n")
+                url_file.chmod(0o600)
         nodes = self.nodes()  # fail on a bad profile before starting anything else
         for name in SERVICES:
             replicas = self.placement_replicas if name == "placement" else 1

@@ -21,7 +21,7 @@ Claim ids start with ``run-``: that is how the enforcer knows the claim has an o
 before the owner has taken its lock.
 
 Exit codes: CMD's own; 128+N when CMD was killed by signal N; 3 when the claim is unschedulable;
-4 when it was not prepared in time; 126/127 when CMD cannot be executed / found; 1 for other errors.
+5 when it was not prepared in time (the CLI's table, tessera.cli.exitcodes); 126/127 when CMD cannot be executed / found; 1 for other errors.
 CMD runs in its own process group (so a signal forwarded to it reaches its children too); SIGINT and
 SIGTERM sent to `tessera run` are forwarded to that group.
 """
@@ -44,13 +44,14 @@ from tessera.shared import api, subjects
 from tessera.shared.events import ClaimPrepared, ClaimRecord, ClaimRunning, claim_decoder
 from tessera.shared.workload import OWNER_LOCK_VAR, RUN_CLAIM_PREFIX
 
+from tessera.cli import exitcodes
 from tessera.cli.client import Client, CliError, add_identity_args
 from tessera.cli.gpuflags import resources_from
 
 err = Console(stderr=True)
 
-EXIT_UNSCHEDULABLE = 3
-EXIT_TIMEOUT = 4
+EXIT_UNSCHEDULABLE = exitcodes.UNSCHEDULABLE  # (the CLI's table: tessera.cli.exitcodes)
+EXIT_TIMEOUT = exitcodes.TIMEOUT
 EXIT_CANNOT_EXECUTE = 126
 EXIT_NOT_FOUND = 127
 PATH_LIKE = ("LD_PRELOAD", "LD_LIBRARY_PATH")  # prepended to the caller's value, not replacing it
@@ -156,33 +157,40 @@ class Run:
         ))
 
     async def wait_prepared(self) -> ClaimRecord | int:
-        """The prepared record, or the exit code to leave with."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.args.timeout
-        state = "unknown"
-        while loop.time() < deadline and not self.interrupt.is_set():
-            record = await self.client.claim(self.claim)
-            if record is not None:
-                state = record.state
-                if state in ("prepared", "running"):
-                    return record
-                if state == "unschedulable":
-                    err.print(f"[red]tessera run:[/] claim {self.claim} cannot be placed on node {self.node}: "
-                              f"{record.reason}", highlight=False, soft_wrap=True)
-                    return EXIT_UNSCHEDULABLE
-                if state in ("failed", "released"):
-                    err.print(f"[red]tessera run:[/] claim {self.claim} {state}: {record.reason}", highlight=False, soft_wrap=True)
-                    return 1
-            try:
-                await asyncio.wait_for(self.interrupt.wait(), timeout=0.1)
-            except asyncio.TimeoutError:
-                pass
-        if self.interrupt.is_set():
+        """The prepared record, or the exit code to leave with. Watches the claim (Client.wait_for)
+        rather than polling it, and gives up at once on SIGINT/SIGTERM."""
+        final = {"prepared", "running", "unschedulable", "failed", "released"}
+        waiting = asyncio.create_task(self.client.wait_for(self.claim, final, timeout=self.args.timeout))
+        interrupted = asyncio.create_task(self.interrupt.wait())
+        try:
+            await asyncio.wait({waiting, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            interrupted.cancel()
+        if not waiting.done():
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
             return 128 + (self.signalled or signal.SIGINT)
-        hint = {"requested": "is placement running?", "allocated": f"is the enforcer of {self.node} running?"}.get(state, "")
-        err.print(f"[red]tessera run:[/] claim {self.claim} is still {state} after {self.args.timeout:.0f}s"
-                  + (f"; {hint}" if hint else ""), highlight=False, soft_wrap=True)
-        return EXIT_TIMEOUT
+        try:
+            record = waiting.result()
+        except CliError as exc:
+            if exc.code != exitcodes.TIMEOUT:
+                raise
+            record = await self.client.claim(self.claim)
+            state = record.state if record is not None else "unknown"
+            hint = {"requested": "is placement running?",
+                    "allocated": f"is the enforcer of {self.node} running?"}.get(state, "")
+            err.print(f"[red]tessera run:[/] claim {self.claim} is still {state} after {self.args.timeout:.0f}s"
+                      + (f"; {hint}" if hint else ""), highlight=False, soft_wrap=True)
+            return EXIT_TIMEOUT
+        if record.state == "unschedulable":
+            err.print(f"[red]tessera run:[/] claim {self.claim} cannot be placed on node {self.node}: "
+                      f"{record.reason}", highlight=False, soft_wrap=True)
+            return EXIT_UNSCHEDULABLE
+        if record.state in ("failed", "released"):
+            err.print(f"[red]tessera run:[/] claim {self.claim} {record.state}: {record.reason}", highlight=False,
+                      soft_wrap=True)
+            return exitcodes.FAILED
+        return record
 
     async def prepared_event(self, record: ClaimRecord) -> ClaimPrepared:
         """The ``prepared`` event (with the environment); the record may be written just before it."""

@@ -26,10 +26,11 @@ from tessera.shared.errors import TemporaryError
 from tessera.shared.events import GpuQuota
 from tessera.shared.settings import BusSettings
 
+from tessera.cli import exitcodes
 from tessera.cli.client import nats_url as resolve_url
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
-EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE = 0, 1, 3, 2
+EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE = exitcodes.OK, exitcodes.FAILED, exitcodes.UNAVAILABLE, exitcodes.USAGE
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -42,7 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         p.add_argument("--nats", dest="tenant_nats", default=None,
                        help=f"NATS URL (default: $TESSERA_NATS_URL or {DEFAULT_URL})")
         p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the manager")
-        p.add_argument("--json", action="store_true", help="print the raw reply as JSON")
+        p.add_argument("--json", action="store_true", help="print the raw reply as JSON (the same as -o json)")
+        p.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                       help="json: the manager's reply as one JSON document on stdout (fields in docs/cli.md)")
 
     create = verbs.add_parser("create", help="create a tenant (or change its spec; repeating is harmless)")
     create.add_argument("name")
@@ -135,7 +138,7 @@ async def _call(args: argparse.Namespace, verb: str, req: TenantRequest, show) -
     finally:
         await bus.close()
     reply = api.decode_reply(data)
-    if args.json:
+    if args.json or getattr(args, "output", "table") == "json":
         print(json.dumps(msgspec.to_builtins(reply), indent=2, sort_keys=True))
         return EXIT_OK if reply.ok else EXIT_REFUSED
     if not reply.ok:

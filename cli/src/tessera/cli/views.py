@@ -78,3 +78,67 @@ def claims_table(state: FleetState) -> Table:
         table.add_row(c.claim, Text(c.tenant, style=colours.get(c.tenant, "")), c.state, c.node or "-",
                       str(c.spec.gpus), str(mem), f"{c.spec.cores}%", c.reason[:60])
     return table
+
+
+# --- the fleet document (tessera.cli.fleetmodel), as `tessera status` and `tessera top` show it ---
+
+
+def _colours_of(snapshot: dict) -> dict[str, str]:
+    tenants = [t["tenant"] for t in snapshot["tenants"]]
+    return {t: PALETTE[i % len(PALETTE)] for i, t in enumerate(tenants)}
+
+
+def fleet_table(snapshot: dict, *, title: str = "Tessera fleet") -> Table:
+    """One row per GPU: a memory bar coloured by tenant (allocated; a lighter block where the
+    slice's workload uses it), used/allocated/total, cores, and the node's fragmentation."""
+    colours = _colours_of(snapshot)
+    table = Table(title=title, title_justify="left", expand=False)
+    for col, kw in (("node", {}), ("frag", {"justify": "right"}), ("gpu", {"justify": "right"}), ("model", {}),
+                    ("memory: allocated (█) / used (▓)", {}), ("used/alloc/total MiB", {"justify": "right"}),
+                    ("cores", {"justify": "right"}), ("slices", {})):
+        table.add_column(col, **kw)
+    for node in snapshot["nodes"]:
+        first = True
+        for gpu in node["gpus"]:
+            bar = Text()
+            for s in gpu["slices"]:
+                width = max(1, round(BAR * s["memory_mib"] / gpu["memory_mib"]))
+                used = min(width, round(BAR * s["used_mib"] / gpu["memory_mib"]))
+                style = colours.get(s["tenant"], "white")
+                bar.append("▓" * used, style=f"bold {style}")
+                bar.append("█" * (width - used), style=style)
+            bar.append("·" * max(0, BAR - len(bar.plain)), style="dim")
+            name = Text(node["node"] + (" (lost)" if node["lost"] else ""), style="red" if node["lost"] else "")
+            frag = f"{node['fragmentation']:.2f}" if first else ""
+            names = ", ".join(f"{s['tenant']}:{s['claim'][-6:]}" for s in gpu["slices"]) or "-"
+            table.add_row(name if first else "", frag, str(gpu["index"]), gpu["model"], bar,
+                          f"{gpu['used_mib']:.0f}/{gpu['allocated_mib']}/{gpu['memory_mib']}",
+                          f"{gpu['cores_allocated']}%", names)
+            first = False
+    return table
+
+
+def tenants_table(snapshot: dict) -> Table:
+    colours = _colours_of(snapshot)
+    table = Table(title="tenants: quota use", title_justify="left")
+    for col in ("tenant", "phase", "GPUs", "memory MiB", "cores", "claims"):
+        table.add_column(col)
+
+    def use(t: dict, k: str) -> str:
+        q = t["quota"].get(k)
+        return f"{t['used'][k]}/{'∞' if q is None else q}"
+
+    for t in snapshot["tenants"]:
+        claims = ", ".join(f"{k} {v}" for k, v in sorted(t["claims"].items())) or "-"
+        table.add_row(Text(t["tenant"], style=colours.get(t["tenant"], "")), t["phase"] or "-",
+                      use(t, "gpus"), use(t, "memory_mib"), use(t, "cores"), claims)
+    return table
+
+
+def snapshot_summary(snapshot: dict) -> str:
+    tot = snapshot["totals"]
+    states = ", ".join(f"{k} {v}" for k, v in snapshot["claims"]["by_state"].items() if v) or "no claims"
+    pct = 100 * tot["allocated_mib"] / tot["memory_mib"] if tot["memory_mib"] else 0
+    return (f"{tot['nodes']} nodes, {tot['gpus']} GPUs; memory allocated {tot['allocated_mib']}/{tot['memory_mib']} MiB "
+            f"({pct:.1f}%), used {tot['used_mib']:.0f} MiB; fragmentation {tot['fragmentation']:.2f} of "
+            f"{tot['free_gpu_units']:.2f} free GPU units ({snapshot['mix']} mix); claims: {states}")

@@ -229,6 +229,19 @@ class Bus:
             self._kv[bucket] = kv
         return kv
 
+    async def existing_kv(self, bucket: str) -> KeyValue:
+        """A bucket that must already exist: readers (the CLI, the fleet view) never create topology,
+        which is the services' to create with their settings. Missing: a TemporaryError that says so."""
+        kv = self._kv.get(bucket)
+        if kv is None:
+            try:
+                kv = await self.js.key_value(bucket)
+            except nats.js.errors.BucketNotFoundError:
+                raise TemporaryError(f"the {bucket!r} bucket does not exist yet: Tessera's services create it "
+                                     f"when they first start") from None
+            self._kv[bucket] = kv
+        return kv
+
     # --- publishing ------------------------------------------------------------------------
 
     def _headers(self, msg_id: str | None) -> dict[str, str]:

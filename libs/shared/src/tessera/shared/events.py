@@ -283,7 +283,18 @@ class DeadLetter(Event, tag="dead-letter"):
     ts: float = field(default_factory=now)
 
 
-DlqEvent = DeadLetter
+class DeadLetterReplayed(Event, tag="replayed"):
+    """`tessera dlq replay` sent the letter at ``seq`` of the dead-letter stream back to its subject
+    (on ``tessera.dlq.replayed.<seq>``): a second replay finds this and sends nothing."""
+
+    seq: int
+    subject: str
+    replayed_seq: int = 0  # where the republished message landed in its own stream
+    stream: str = ""
+    ts: float = field(default_factory=now)
+
+
+DlqEvent = DeadLetter | DeadLetterReplayed
 
 
 # --- KV records (current state, not events) ------------------------------------------------------

@@ -36,6 +36,10 @@ from tessera.shared import subjects
 
 PLATFORM_ACCOUNT = "TESSERA"
 OPERATOR = "operator"  # the CLI/admin identity: the whole platform account
+# The read-only identity of the fleet view, `tessera top` and outside dashboards: it reads the
+# buckets, follows the events and lists dead letters, and can change nothing (no publish but its
+# JetStream API reads; no stream or bucket create or update).
+VIEWER = "viewer"
 SERVICES = ("controlplane", "capacity", "translator", "placement", "enforcer")
 JS = "$JS.API"
 
@@ -229,6 +233,23 @@ def permissions(service: str, node: str | None = None) -> dict:
     }
 
 
+def viewer_permissions() -> dict:
+    """nats-server ``permissions`` of `VIEWER`: bucket reads and watches, ordered consumers on the
+    streams it follows (usage for the fleet view, the dead letters for `tessera dlq list`), core
+    subscriptions to the public event families. No publish to any event subject or KV key, and no
+    ``STREAM.CREATE``/``UPDATE``: a reader never creates topology."""
+    user = VIEWER
+    publish = [f"{JS}.INFO"]
+    for bucket in subjects.KV_BUCKETS:
+        publish += _kv_read(bucket)
+    for stream in (subjects.STREAM_USAGE, subjects.STREAM_DLQ):
+        publish += _consumer(stream)
+        publish += [f"{JS}.STREAM.MSG.GET.{stream}", f"{JS}.DIRECT.GET.{stream}", f"{JS}.DIRECT.GET.{stream}.>"]
+    subscribe = [f"{family}.>" for family in (subjects.INVENTORY, subjects.CLAIMS, subjects.USAGE, subjects.TENANTS)]
+    subscribe.append(f"{inbox_prefix(user)}.>")
+    return {"publish": {"allow": sorted(set(publish))}, "subscribe": {"allow": sorted(set(subscribe))}}
+
+
 def hash_password(password: str) -> str:
     return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=10)).decode()
 
@@ -285,6 +306,8 @@ def platform_users(passwords: dict[str, str], nodes: list[str] = ()) -> list[dic
     """User entries of account TESSERA. ``passwords``: user -> bcrypt hash (or plain, for tests);
     the operator gets the whole account; a service one entry per `user_for`."""
     users = [{"user": OPERATOR, "password": passwords[OPERATOR]}]
+    if VIEWER in passwords:
+        users.append({"user": VIEWER, "password": passwords[VIEWER], "permissions": viewer_permissions()})
     for service in SERVICES:
         if service == "enforcer" and nodes:
             for node in nodes:
@@ -296,7 +319,7 @@ def platform_users(passwords: dict[str, str], nodes: list[str] = ()) -> list[dic
 
 
 def platform_user_names(nodes: list[str] = ()) -> list[str]:
-    names = [OPERATOR]
+    names = [OPERATOR, VIEWER]
     for service in SERVICES:
         names += [user_for(service, n) for n in nodes] if service == "enforcer" and nodes else [service]
     return names

@@ -105,6 +105,13 @@ def dlq(service: str) -> str:
     return f"{DLQ}.{token(service)}"
 
 
+DLQ_REPLAYED = f"{DLQ}.replayed"  # .<seq>: the mark `tessera dlq replay` leaves for one letter
+
+
+def dlq_replayed(seq: int) -> str:
+    return f"{DLQ_REPLAYED}.{int(seq)}"
+
+
 def ledger_node_key(node: str) -> str:
     return f"node.{node}"
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from tessera.shared import fragmentation
 from tessera.shared.events import ClaimSpec
 
 __all__ = ["Demand", "WorkloadMix", "demand_of", "DEFAULT_MIX"]
@@ -118,18 +119,9 @@ def demand_of(spec: ClaimSpec) -> Demand:
     )
 
 
-# Before anything is observed: a mix typical of shared inference/training fleets (whole GPUs
-# dominate, then halves and quarters, a few multi-GPU jobs). Weights are claim counts.
-DEFAULT_MIX: tuple[tuple[tuple, float], ...] = (
-    ((1, None, None, 100, 0, 0), 50.0),
-    ((1, None, 50, 50, 0, 0), 15.0),
-    ((1, None, 25, 25, 0, 0), 10.0),
-    ((1, None, 75, 75, 0, 0), 5.0),
-    ((1, None, 10, 10, 0, 0), 5.0),
-    ((2, None, None, 100, 0, 0), 6.0),
-    ((4, None, None, 100, 0, 0), 5.0),
-    ((8, None, None, 100, 0, 0), 4.0),
-)
+# The default mix and the kinds' size weights are the shared definition of fragmentation's mix
+# (tessera.shared.fragmentation), which the CLI's fleet view uses too.
+DEFAULT_MIX = fragmentation.DEFAULT_MIX
 
 
 def _kind_demand(kind: tuple) -> Demand:
@@ -138,15 +130,7 @@ def _kind_demand(kind: tuple) -> Demand:
                   cpu=cpu, hostmem=hostmem)
 
 
-def _size_weight(kind: tuple) -> float:
-    gpus, memory_mib, memory_percent, cores, _, _ = kind
-    if not gpus:
-        return 0.5 ** 0.5
-    if cores >= 100 or (memory_mib is None and memory_percent is None):
-        share = 1.0
-    else:
-        share = max(cores, memory_percent or 0, 1) / 100
-    return (gpus * share) ** 0.5
+_size_weight = fragmentation.size_weight
 
 
 # Total variation distance between the published mix and the current counts below which the published
