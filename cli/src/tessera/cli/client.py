@@ -23,6 +23,7 @@ from tessera.shared.events import ClaimPrepared, ClaimRecord, NodeInventory, Nod
 from tessera.shared.kvkeys import live_values
 from tessera.shared.ledger import Ledger
 from tessera.shared.settings import BusSettings
+from tessera.shared.topology import TopologyMissing
 
 _inventory = msgspec.json.Decoder(NodeInventory)
 _encoder = msgspec.json.Encoder()
@@ -99,6 +100,9 @@ class Client:
             return cls(bus, None)
         try:
             claims_kv = await bus.kv(subjects.KV_CLAIMS)
+        except TopologyMissing as exc:  # a reader never creates the buckets: the services do
+            await bus.close()
+            raise CliError(str(exc)) from None
         except Exception as exc:
             await bus.close()
             raise CliError(f"cannot read the claims bucket as NATS user {user or '(none)'}: {exc!r}") from None

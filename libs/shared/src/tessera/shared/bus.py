@@ -25,7 +25,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFound
 from nats.js.kv import KeyValue
 from opentelemetry.trace import SpanKind
 
-from tessera.shared import identities, subjects
+from tessera.shared import identities, subjects, topology
 from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
 from tessera.shared.events import DeadLetter, encode
 from tessera.shared.jspub import PubAck, publisher
@@ -80,7 +80,9 @@ ApiHandler = Callable[[bytes, Mapping[str, str]], Awaitable[bytes]]
 
 
 def redact(url: str) -> str:
-    """A NATS URL fit for logs: credentials in it are replaced by ***."""
+    """A NATS URL (or a comma-separated list of them) fit for logs: credentials replaced by ***."""
+    if "," in url:
+        return ",".join(redact(u.strip()) for u in url.split(","))
     scheme, sep, rest = url.partition("://")
     if sep and "@" in rest:
         return f"{scheme}://***@{rest.split('@', 1)[1]}"
@@ -128,6 +130,7 @@ class Bus:
         self.service = service
         self.telemetry = telemetry
         self._kv: dict[str, KeyValue] = {}
+        self.declared = topology.declare(settings.topology())  # the streams and buckets, with their limits
 
     # --- connection ------------------------------------------------------------------------
 
@@ -154,7 +157,7 @@ class Bus:
             log.info("nats: reconnected to %s", shown)
 
         options: dict[str, Any] = dict(
-            servers=[settings.url],
+            servers=settings.servers,
             name=f"tessera-{service}",
             connect_timeout=connect_timeout,
             max_reconnect_attempts=settings.max_reconnect_attempts,
@@ -168,7 +171,7 @@ class Bus:
             options["user_credentials"] = settings.creds_file
         if settings.user:
             options.update(user=settings.user, password=settings.password or "")
-        user = settings.user or urlsplit(settings.url).username
+        user = settings.user or urlsplit(settings.servers[0]).username
         if user:  # replies to this identity only: its permissions allow no other inbox
             options["inbox_prefix"] = identities.inbox_prefix(user)
         try:
@@ -192,41 +195,19 @@ class Bus:
 
     # --- topology --------------------------------------------------------------------------
 
-    async def ensure_topology(self) -> None:
-        """Create (or update) the streams and KV buckets this service uses (its identity may touch
-        no others: `tessera.shared.identities`), every one for a tool with no entry there."""
-        storage = api.StorageType.FILE if self.settings.file_storage else api.StorageType.MEMORY
+    async def ensure_topology(self) -> dict[str, str]:
+        """Make the server hold the streams and KV buckets this service uses (its identity may touch
+        no others: `tessera.shared.identities`) as `tessera.shared.topology` declares them: created
+        when missing, replicas and limits updated when they differ; every one for a tool with no
+        entry there. Only services (and tests acting as them) call this; readers only bind."""
         streams, buckets = identities.topology(self.service)
-        for name, subject in subjects.STREAMS.items():
-            if name not in streams:
-                continue
-            config = api.StreamConfig(
-                name=name,
-                subjects=[subject],
-                storage=storage,
-                num_replicas=self.settings.replicas,
-                duplicate_window=self.settings.duplicate_window,
-                max_age=7 * 24 * 3600.0,
-                retention=api.RetentionPolicy.LIMITS,
-            )
-            try:
-                await self.js.add_stream(config)
-            except nats.js.errors.BadRequestError:
-                await self.js.update_stream(config)
-        for bucket in buckets:
-            await self.kv(bucket)
+        return await topology.ensure(self.js, self.declared, streams, buckets)
 
     async def kv(self, bucket: str) -> KeyValue:
+        """Bind to an existing bucket; `topology.TopologyMissing` (start the services first) when absent."""
         kv = self._kv.get(bucket)
         if kv is None:
-            storage = api.StorageType.FILE if self.settings.file_storage else api.StorageType.MEMORY
-            try:
-                kv = await self.js.key_value(bucket)
-            except nats.js.errors.BucketNotFoundError:
-                kv = await self.js.create_key_value(
-                    bucket=bucket, history=5, storage=storage, replicas=self.settings.replicas
-                )
-            self._kv[bucket] = kv
+            kv = self._kv[bucket] = await topology.bind(self.js, bucket)
         return kv
 
     # --- publishing ------------------------------------------------------------------------

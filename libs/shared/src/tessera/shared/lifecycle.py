@@ -96,3 +96,10 @@ def release_route(state: str, node: str | None) -> ReleaseRoute | None:
     if state in UNPLACED or not node:
         return ReleaseRoute("placement", None)
     return ReleaseRoute("enforcer", node)
+
+
+# Who removes a record once its claim's life is over: the translator, which created it (submit).
+# Only records in a state nothing leads out of are removed (`ENDED`), and only after a retention
+# period (tessera.shared.claimpruning).
+RECORD_PRUNER: Service = "translator"
+ENDED: frozenset[str] = frozenset(state for state, targets in ALLOWED.items() if not targets)
