@@ -25,6 +25,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFound
 from nats.js.kv import KeyValue
 from opentelemetry.trace import SpanKind
 
+from tessera.shared import api as api_replies
 from tessera.shared import identities, subjects, topology
 from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
 from tessera.shared.events import DeadLetter, encode
@@ -562,12 +563,20 @@ class Bus:
             with self.telemetry.span(
                 f"{self.service} serve {subject}", parent_headers=headers, kind=SpanKind.SERVER
             ):
-                if with_subject:
-                    reply = await handler(msg.subject, msg.data, headers)
-                else:
-                    reply = await handler(msg.data, headers)
+                try:
+                    if with_subject:
+                        reply = await handler(msg.subject, msg.data, headers)
+                    else:
+                        reply = await handler(msg.data, headers)
+                except (TemporaryError, ConflictError, nats.errors.Error, asyncio.TimeoutError) as exc:
+                    # The bus went away under the handler (a NATS leader changing): say so at once,
+                    # so the caller retries (every API is safe to retry) instead of waiting out its
+                    # timeout for an answer that never comes.
+                    log.warning("%s: cannot answer a request on %s now (%r)", self.service, msg.subject, exc)
+                    reply = api_replies.error(f"{self.service} cannot answer now ({exc!r}); try again", code="unavailable")
                 if msg.reply:
-                    await msg.respond(reply)
+                    with contextlib.suppress(nats.errors.Error):
+                        await msg.respond(reply)
 
         async def on_msg(msg: Msg) -> None:
             task = asyncio.create_task(answer(msg))

@@ -28,6 +28,7 @@ import nats.js.errors
 import msgspec
 
 from tessera.shared import lifecycle, subjects
+from tessera.shared.errors import TemporaryError
 from tessera.shared.kvkeys import live_entries
 
 log = logging.getLogger("tessera.claimpruning")
@@ -106,6 +107,6 @@ async def prune_loop(bus, retention: float, interval: float) -> None:
             result = await prune_once(kv, applied)
             if result.removed:
                 log.info("pruned %d released claims older than %.0fs (%d live)", result.removed, applied, result.live)
-        except (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError) as exc:
+        except (TemporaryError, nats.errors.Error, asyncio.TimeoutError) as exc:
             log.warning("pruning released claims failed (%r); trying again in %.0fs", exc, interval)
         await asyncio.sleep(interval)

@@ -19,6 +19,7 @@ stop releases too); buckets refuse new writes when full (current state is never 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, replace
 
@@ -185,14 +186,20 @@ async def _apply(js: JetStreamContext, wanted: api.StreamConfig) -> str:
     return "updated"
 
 
+# JetStream not (yet) available, no cluster quorum, a peer still catching up: retried by the caller.
+_NOT_NOW = frozenset({10008, 10039, 10118})
+
+
 def _refused(wanted: api.StreamConfig, exc: nats.js.errors.APIError) -> Exception:
     """A refusal is a setting that does not fit this server: stop the service saying which."""
     hint = ""
     if wanted.num_replicas and wanted.num_replicas > 1 and "replicas" in (exc.description or "").lower():
         hint = (f"; TESSERA_STREAM_REPLICAS={wanted.num_replicas} needs a JetStream cluster of at least"
                 f" {wanted.num_replicas} servers: set it to 1 for a single server")
-    return ConfigError(f"the NATS server refused stream {wanted.name} (error {exc.err_code}): "
-                       f"{exc.description}{hint}")
+    what = f"the NATS server refused stream {wanted.name} (error {exc.err_code}): {exc.description}{hint}"
+    if exc.err_code in _NOT_NOW or (exc.code == 503 and not hint):
+        return TemporaryError(what)  # a cluster still electing its leaders: ask again
+    return ConfigError(what)
 
 
 def bucket_config(topology: Topology, spec: BucketSpec) -> api.StreamConfig:
@@ -216,11 +223,25 @@ def bucket_config(topology: Topology, spec: BucketSpec) -> api.StreamConfig:
 
 
 async def ensure(js: JetStreamContext, topology: Topology, streams: tuple[str, ...] = (),
-                 buckets: tuple[str, ...] = ()) -> dict[str, str]:
+                 buckets: tuple[str, ...] = (), *, patience: float = 60.0) -> dict[str, str]:
     """Create or update the named streams and buckets (all of the table when both are empty) so the
     server holds what the table says; returns name -> "created" / "updated" / "unchanged"."""
     if not streams and not buckets:
         streams, buckets = tuple(topology.streams), tuple(topology.buckets)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience
+    while True:
+        try:
+            return await _ensure_all(js, topology, streams, buckets)
+        except (TemporaryError, nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError) as exc:
+            if loop.time() > deadline:
+                raise TemporaryError(f"cannot lay out the streams and buckets: {exc}") from exc
+            log.warning("streams and buckets not ready yet (%s); retrying", exc)
+            await asyncio.sleep(0.5)
+
+
+async def _ensure_all(js: JetStreamContext, topology: Topology, streams: tuple[str, ...],
+                      buckets: tuple[str, ...]) -> dict[str, str]:
     done = {}
     for name in streams:
         done[name] = await _apply(js, topology.stream_config(topology.streams[name]))
