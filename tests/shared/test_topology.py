@@ -19,6 +19,7 @@ from nats.js import api
 from tessera.shared import identities, subjects, topology
 from tessera.shared.bus import Bus
 from tessera.shared.errors import ConfigError
+from tessera.shared.natsserver import NatsCluster
 from tessera.shared.settings import BusSettings
 
 TABLE = topology.declare(topology.TopologySettings())
@@ -125,3 +126,26 @@ def test_each_service_ensures_exactly_the_buckets_its_identity_may_manage():
             assert f"$JS.API.STREAM.UPDATE.{name}" in allowed, (service, name)
     assert identities.topology("controlplane")[1] == (subjects.KV_TENANTS, identities.KV_CONTROLPLANES,
                                                       identities.KV_SECRETS)
+
+
+async def test_moving_to_three_replicas_brings_existing_buckets_to_r3_too(tmp_path):
+    """A deployment that ran at R1 on a cluster and is restarted with TESSERA_STREAM_REPLICAS=3:
+    the streams *and* the KV buckets become R3 (the old code updated the streams only and left
+    every bucket at R1, seen with it: KV_claims 1, KV_tenants 1, TESSERA_CLAIMS 3)."""
+    auth = tmp_path / "auth"
+    passwords = identities.write_auth_dir(auth, [])
+    cluster = NatsCluster(tmp_path / "cluster", auth).start()
+    try:
+        url = ",".join(u.replace("nats://", f"nats://translator:{passwords['translator']}@")
+                       for u in cluster.url.split(","))
+        for replicas in (1, 3):
+            bus = await Bus.connect(BusSettings(url=url, replicas=replicas), "translator")
+            try:
+                await bus.ensure_topology()
+                streams, buckets = identities.topology("translator")
+                for name in [*streams, *(f"KV_{b}" for b in buckets)]:
+                    assert (await bus.js.stream_info(name)).config.num_replicas == replicas, name
+            finally:
+                await bus.close()
+    finally:
+        cluster.stop()
