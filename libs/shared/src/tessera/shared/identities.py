@@ -216,6 +216,8 @@ def permissions(service: str, node: str | None = None) -> dict:
         publish += _manage(stream)
     for stream in u.consumes:
         publish += _consumer(stream)
+        # The bus dead-letters what max_deliver gave up on from the server's advisory (bus.watch_exhausted).
+        subscribe.append(f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.*")
         if stream == subjects.STREAM_CLAIMS:
             publish += [f"{JS}.STREAM.MSG.GET.{stream}", f"{JS}.DIRECT.GET.{stream}", f"{JS}.DIRECT.GET.{stream}.>"]
     for bucket in u.buckets():
