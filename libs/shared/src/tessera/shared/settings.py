@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from tessera.shared.errors import ConfigError
-from tessera.shared.topology import TopologySettings
 
 
 def env_str(env: Mapping[str, str], name: str, default: str) -> str:
@@ -90,6 +89,25 @@ def _password(env: Mapping[str, str]) -> str | None:
         except OSError as exc:
             raise ConfigError(f"TESSERA_NATS_PASSWORD_FILE={path}: cannot read it ({exc.strerror})") from None
     return env.get("TESSERA_NATS_PASSWORD") or None
+
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TopologySettings:
+    """The knobs of the stream and bucket table (`tessera.shared.topology`); BusSettings carries
+    them from the environment."""
+
+    replicas: int = 1
+    file_storage: bool = True
+    duplicate_window: float = 120.0
+    stream_max_bytes: int = 1024 * MIB
+    bucket_max_bytes: int = 1024 * MIB
+    heartbeat_retention: float = 3600.0
+    usage_retention: float = 3600.0
+    event_retention: float = 7 * 24 * 3600.0
+    dlq_retention: float = 30 * 24 * 3600.0
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from nats.js.kv import KeyValue
 
 from tessera.shared import subjects
 from tessera.shared.errors import ConfigError, TemporaryError
+from tessera.shared.settings import TopologySettings
 
 log = logging.getLogger("tessera.topology")
 
@@ -39,27 +40,11 @@ log = logging.getLogger("tessera.topology")
 KV_CONTROLPLANES = "controlplanes"
 KV_SECRETS = "controlplane-secrets"
 
-DAY = 24 * 3600.0
 MIB = 1024 * 1024
 
 
 class TopologyMissing(TemporaryError):
     """A stream or bucket a reader needs does not exist: the services that create it never ran."""
-
-
-@dataclass(frozen=True)
-class TopologySettings:
-    """The knobs of the table; `tessera.shared.settings.BusSettings` carries them from the environment."""
-
-    replicas: int = 1
-    file_storage: bool = True
-    duplicate_window: float = 120.0
-    stream_max_bytes: int = 1024 * MIB
-    bucket_max_bytes: int = 1024 * MIB
-    heartbeat_retention: float = 3600.0
-    usage_retention: float = 3600.0
-    event_retention: float = 7 * DAY
-    dlq_retention: float = 30 * DAY
 
 
 @dataclass(frozen=True)
