@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
+import nats.js.errors
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -141,6 +142,21 @@ async def probe_claim(load: Load, claim: str, since: float) -> tuple[float, str]
     return took, record.state
 
 
+async def _through_reloads(call, patience: float = 15.0):
+    """Creating a tenant reloads the accounts of the member the manager signals: its JetStream API
+    answers 503 for a moment. The services ride it out (tessera.shared.bus); the auditor's plain
+    client is given the same patience here."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience
+    while True:
+        try:
+            return await call()
+        except nats.js.errors.ServiceUnavailableError:
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
 def _figures(run: ClusterRun, load: Load, findings: Findings) -> None:
     run.sent, run.accepted, run.completed = load.tally.sent, len(load.accepted), findings.completed
     run.lost = len(findings.lost) + len(load.tally.unconfirmed)
@@ -165,7 +181,7 @@ async def run(workdir: Path, form: Form, seed: int = 7) -> ClusterRun:
                 assert info.config.num_replicas == 3, f"{stream} is R{info.config.num_replicas}"
             load = Load(client, seed=seed)
             await load.setup()
-            await auditor.refresh_reference()
+            await _through_reloads(auditor.refresh_reference)
             load.start()
             await asyncio.sleep(form.warmup)
             for n, (target, stream) in enumerate(TARGETS):
@@ -235,7 +251,14 @@ async def main() -> int:
             f"claim is submitted at once; {Form.long().after:.0f} s later the member is restarted, then the leader "
             "of the ledger bucket is killed the same way. Then the load stops and the auditor checks every "
             "accepted claim, every ledger revision and every consumer.", "",
-            table(result), ""]
+            table(result), "",
+            "- *time to a new leader*: from the SIGKILL until the stream's info names another member as leader "
+            "(nats-server's Raft election; the members' default timeouts put it at several seconds).",
+            "- *kill to a claim's final state*: a claim submitted right after the kill, until placement has "
+            "decided it (prepared, or unschedulable when the load holds the GPUs or the tenant's quota): it "
+            "needs the claims stream, the claims and ledger buckets and the consumers to work again.",
+            "- *load end to clean audit*: every accepted claim in a final state, none allocated twice, ledger = "
+            "live claims = quota usage, no consumer with pending messages.", ""]
     if result.findings:
         text += ["## Findings", ""] + [f"- {line}" for line in result.findings[:50]] + [""]
     Path(args.out).write_text("\n".join(text))
