@@ -252,8 +252,8 @@ async def main() -> int:
             "of the ledger bucket is killed the same way. Then the load stops and the auditor checks every "
             "accepted claim, every ledger revision and every consumer.", "",
             table(result), "",
-            "- *time to a new leader*: from the SIGKILL until the stream's info names another member as leader "
-            "(nats-server's Raft election; the members' default timeouts put it at several seconds).",
+            "- *time to a new leader*: from the SIGKILL until a client (one of the load's, which may itself be reconnecting) sees another member named as leader "
+            "(nats-server's Raft election, an upper bound; a claim may be decided before it is seen).",
             "- *kill to a claim's final state*: a claim submitted right after the kill, until placement has "
             "decided it (prepared, or unschedulable when the load holds the GPUs or the tenant's quota): it "
             "needs the claims stream, the claims and ledger buckets and the consumers to work again.",

@@ -15,6 +15,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "faults"))
 import clusterfaults  # noqa: E402
 
 
+# nats-py 2.16 leaks the socket of a reconnect attempt whose handshake fails (a member being killed or
+# restarting): Client._attempt_reconnect opens a new transport without closing the failed one, and the
+# StreamWriter is reported at garbage collection. That one warning, from the test's own clients, is
+# not this test's subject; any other stays an error.
+@pytest.mark.filterwarnings("ignore:Exception ignored in. <function StreamWriter.__del__:pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.slow
 async def test_killing_the_stream_and_kv_leaders_loses_and_duplicates_no_claim(tmp_path):
     result = await clusterfaults.run(tmp_path / "cluster", clusterfaults.Form.short())

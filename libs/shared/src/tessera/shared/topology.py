@@ -195,7 +195,10 @@ def bucket_config(topology: Topology, spec: BucketSpec) -> api.StreamConfig:
         subjects=[f"$KV.{spec.name}.>"],
         allow_rollup_hdrs=True,
         deny_delete=True,
-        allow_direct=True,
+        # Every get answered by the bucket's leader (STREAM.MSG.GET): with direct gets a follower
+        # that is behind answers too, and a key written a moment ago reads as absent (the cluster
+        # test saw a submit refused with "tenant does not exist" just after a leader was killed).
+        allow_direct=False,
         discard=api.DiscardPolicy.NEW,
         duplicate_window=min(s.duplicate_window, 120.0),
         max_bytes=spec.max_bytes,
