@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -237,8 +238,12 @@ async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "bench" / "nats_cluster.md"))
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="tessera-nats-cluster-") as tmp:
-        result = await run(Path(tmp), Form.long())
+    tmp = Path(tempfile.mkdtemp(prefix="tessera-nats-cluster-"))
+    result = await run(tmp, Form.long())
+    if result.findings:  # the services' and servers' logs, for whoever reads the findings
+        print(f"logs kept in {tmp}", file=sys.stderr)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
     commit = subprocess.run(["git", "-C", str(ROOT), "log", "--oneline", "-1"], capture_output=True, text=True).stdout
     text = ["# A NATS cluster losing its leaders under load", "",
             f"Commit: `{commit.strip()}`. Regenerate with `python tests/faults/clusterfaults.py` "
