@@ -76,9 +76,11 @@ protos: $(STAMP)
 gpu-wheels: $(STAMP)
 	$(PY) tests/gpu/wheels.py
 
-# The fault suite's long form (issue 12): every scenario under load, audited; writes bench/reliability.md.
+# The fault suite's long form (issue 12): every scenario under load, audited; writes bench/reliability.md,
+# and the three-member NATS cluster losing its leaders (bench/nats_cluster.md).
 # Its short form runs in `make test` (tests/reliability/test_fault_suite.py).
 .PHONY: reliability
 reliability: $(STAMP) $(CORE) native
 	HYPOTHESIS_PROFILE=reliability $(PY) -m pytest tests/properties -q
 	$(PY) tests/faults/reliability.py --out bench/reliability.md
+	$(PY) tests/faults/clusterfaults.py --out bench/nats_cluster.md

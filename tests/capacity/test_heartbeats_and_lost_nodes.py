@@ -11,6 +11,8 @@ import asyncio
 import msgspec
 
 from tessera.shared import subjects
+from tessera.shared.bus import Bus
+from tessera.shared.settings import BusSettings
 from tessera.shared.events import NodeInventory, NodeLost, inventory_decoder
 
 from tessera.cli.client import Client
@@ -34,6 +36,11 @@ async def eventually(predicate, timeout: float = 30.0):
 async def test_a_silent_node_is_marked_lost_and_restored_when_it_speaks_again(nats_server, tmp_path, profiles_dir):
     cluster = LocalCluster(workdir=tmp_path, profile=profiles_dir / "tiny.yaml", nats_url=nats_server.url,
                            heartbeat_seconds=0.5, lost_after_seconds=2.0)
+    # Only capacity runs here: lay out the rest of the topology as the other services would (the
+    # CLI reads the fleet and never creates buckets).
+    tool = await Bus.connect(BusSettings(url=nats_server.url), "cli")
+    await tool.ensure_topology()
+    await tool.close()
     first = cluster.spawn("capacity", instance="capacity-gpu-0", env={"TESSERA_CAPACITY_NODES": "gpu-0"})
     second = cluster.spawn("capacity", instance="capacity-gpu-1", env={"TESSERA_CAPACITY_NODES": "gpu-1"})
     client = await Client.connect(nats_server.url)

@@ -14,7 +14,9 @@ from deploy_sources import ROOT, SERVICES, Dockerfile, compose, unread_env
 from tessera.shared import profile
 
 COMPOSE_DIR = ROOT / "deploy" / "compose"
-THIRD_PARTY = {"nats", "jaeger"}  # official images, no Dockerfile of ours
+NATS_MEMBERS = {"nats-1", "nats-2", "nats-3"}
+THIRD_PARTY = NATS_MEMBERS | {"jaeger", "prometheus"}  # official images, no Dockerfile of ours
+EVERY_MEMBER = "nats://nats-1:4222,nats://nats-2:4222,nats://nats-3:4222"
 
 
 def _services() -> dict:
@@ -62,17 +64,23 @@ def test_service_is_healthchecked_limited_restarted_and_waits_for_nats(name):
     limits = svc["deploy"]["resources"]["limits"]
     assert limits.get("cpus") and limits.get("memory")
     assert svc["restart"] in ("unless-stopped", "always", "on-failure")
-    assert svc["depends_on"]["nats"]["condition"] == "service_healthy"
-    assert svc["environment"]["TESSERA_NATS_URL"] == "nats://nats:4222"
+    assert all(svc["depends_on"][m]["condition"] == "service_healthy" for m in NATS_MEMBERS)
+    assert svc["environment"]["TESSERA_NATS_URL"] == EVERY_MEMBER  # a client moves between members
+    assert svc["environment"]["TESSERA_STREAM_REPLICAS"] == "3"
     assert svc["environment"]["TESSERA_HTTP_PORT"] == "8080"  # what the healthcheck asks
 
 
-def test_nats_runs_jetstream_on_a_volume_and_is_healthchecked():
-    nats = _services()["nats"]
+@pytest.mark.parametrize("name", sorted(NATS_MEMBERS))
+def test_each_nats_member_runs_its_own_config_with_its_store_on_a_volume_and_is_healthchecked(name):
+    nats = _services()[name]
     command = nats["command"]
-    assert "-js" in command
-    store = command[command.index("-sd") + 1]
-    assert any(v.endswith(":" + store) and v.split(":")[0] in compose()["volumes"] for v in nats["volumes"])
+    config = command[command.index("-c") + 1]
+    assert config == f"/etc/nats/{name}.conf"
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in nats["volumes"]}
+    assert mounts[config] == f"./nats/{name}.conf" and (COMPOSE_DIR / mounts[config]).is_file()
+    assert mounts["/etc/nats/auth"] == "./nats-auth"  # the config's include "auth/nats.conf"
+    assert mounts["/data"] in compose()["volumes"]  # its own JetStream store, kept across restarts
+    assert len({_services()[m]["volumes"][0] for m in NATS_MEMBERS}) == 3  # one store each
     assert nats["healthcheck"]["test"] and nats["deploy"]["resources"]["limits"]
 
 

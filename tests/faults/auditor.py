@@ -339,7 +339,8 @@ class Auditor:
         async def quiet(*_args) -> None:  # a scenario kills the server on purpose
             pass
 
-        nc = await nats.connect(url, name="fault-auditor", max_reconnect_attempts=-1, reconnect_time_wait=0.2,
+        servers = [u.strip() for u in url.split(",")]  # one server, or every member of a cluster
+        nc = await nats.connect(servers, name="fault-auditor", max_reconnect_attempts=-1, reconnect_time_wait=0.2,
                                 error_cb=quiet, disconnected_cb=quiet)
         auditor = cls(nc)
         await auditor.refresh_reference()

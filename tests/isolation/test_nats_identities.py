@@ -9,6 +9,8 @@ ledger writes go on.
 
 from __future__ import annotations
 
+import asyncio
+
 import nats
 import pytest
 from nats.js.errors import BucketNotFoundError
@@ -164,3 +166,19 @@ async def test_a_tenant_account_refuses_connections_beyond_its_limit(secured):
     finally:
         for probe in probes:
             await probe.close()
+
+
+@pytest.mark.parametrize("user", ["placement", "enforcer-gpu-0"])
+async def test_a_consuming_service_may_watch_its_max_deliveries_advisory(secured, user):
+    """The bus dead-letters what the server stops delivering (max_deliver spent) from the server's
+    advisory; a service whose identity may not subscribe to it never learns of those messages."""
+    from tessera.shared.bus import MAX_DELIVERIES_ADVISORY
+
+    probe = await Probe.connect(secured, user)
+    try:
+        await probe.nc.subscribe(MAX_DELIVERIES_ADVISORY.format(stream=subjects.STREAM_CLAIMS, consumer=user))
+        await probe.nc.flush()
+        await asyncio.sleep(0.3)  # a refusal comes back asynchronously, on the error callback
+        assert probe.violations == []
+    finally:
+        await probe.close()

@@ -110,8 +110,8 @@ class Client:
         if identities.is_tenant_user(user):
             return cls(bus, None)
         try:
-            claims_kv = await bus.existing_kv(subjects.KV_CLAIMS)  # a client never creates a bucket
-        except TemporaryError as exc:
+            claims_kv = await bus.kv(subjects.KV_CLAIMS)  # binds only: a reader never creates a bucket
+        except TemporaryError as exc:  # TopologyMissing (start the services first) or NATS not answering
             await bus.close()
             raise CliError(f"{exc}; is Tessera running against this server?", code=exitcodes.UNAVAILABLE) from None
         except Exception as exc:

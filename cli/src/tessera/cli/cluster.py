@@ -19,7 +19,7 @@ from pathlib import Path
 from tessera.shared import identities
 from tessera.shared import profile as profiles
 from tessera.shared import secretkeys
-from tessera.shared.natsserver import NatsServer, die_with_parent, free_port
+from tessera.shared.natsserver import NatsCluster, NatsServer, die_with_parent, free_port
 from tessera.shared.runner import is_ready
 
 SERVICES = ("controlplane", "capacity", "translator", "placement")
@@ -54,7 +54,10 @@ class LocalCluster:
     extra_env: dict[str, str] = field(default_factory=dict)
     heartbeat_seconds: float = 2.0
     lost_after_seconds: float = 10.0
-    nats: NatsServer | None = None
+    # 3: a JetStream cluster of three members on loopback (same authorization), streams and
+    # buckets at R3, every client given every member's URL.
+    nats_servers: int = 1
+    nats: NatsServer | NatsCluster | None = None
     processes: list[ServiceProcess] = field(default_factory=list)
     passwords: dict[str, str] = field(default_factory=dict)  # NATS user -> password (embedded server)
 
@@ -67,7 +70,7 @@ class LocalCluster:
         if self.nats_url:
             return self.nats_url
         assert self.nats is not None, "cluster not started"
-        return self.nats.url.replace("nats://", f"nats://{user}:{self.passwords[user]}@", 1)
+        return self.nats.url.replace("nats://", f"nats://{user}:{self.passwords[user]}@")  # every member
 
     def _secured_nats(self) -> NatsServer:
         """The embedded server with config-file authorization (`tessera.shared.identities`): one user
@@ -76,6 +79,9 @@ class LocalCluster:
         credentials work in `make up` exactly as against a production server). The plain passwords
         stay in passwords/ (0600); the server config holds bcrypt hashes."""
         auth = self.workdir / "nats-auth"
+        if self.nats_servers > 1:  # each member has its own pid file (its own config includes nats.conf)
+            self.passwords = identities.write_auth_dir(auth, self.nodes())
+            return NatsCluster(self.workdir / "nats", auth, self.nats_servers)
         self.passwords = identities.write_auth_dir(auth, self.nodes(), pid_file=str(auth / "nats.pid"))
         conf = auth / "nats.conf"
         return NatsServer(self.workdir / "nats", config_file=conf)
@@ -126,11 +132,16 @@ class LocalCluster:
         if name == "controlplane":
             secretkeys.write_key_file(self.secret_key_file)  # (an existing one is kept)
             env[secretkeys.KEY_FILE_SETTING] = str(self.secret_key_file)
+        if self.nats_servers > 1:
+            env["TESSERA_STREAM_REPLICAS"] = str(min(self.nats_servers, 3))
         if name == "controlplane" and self.nats is not None:
             auth = self.workdir / "nats-auth"
+            # A cluster: the manager reloads its first member (the tenants' accounts reach the others
+            # on their next reload; platform identities are the same everywhere).
+            pid = self.nats.pid_file() if isinstance(self.nats, NatsCluster) else auth / "nats.pid"
             env.update(TESSERA_CP_NATS_AUTH_FILE=str(auth / "tenants.conf"),
-                       TESSERA_CP_NATS_PID_FILE=str(auth / "nats.pid"),
-                       TESSERA_CP_NATS_TENANT_URL=self.nats.url)
+                       TESSERA_CP_NATS_PID_FILE=str(pid),
+                       TESSERA_CP_NATS_TENANT_URL=self.nats.url.split(",")[0])
         env.update(self.extra_env)
         return env
 

@@ -35,7 +35,7 @@ async def load(bus: Bus, model: FleetModel | None = None) -> FleetModel:
     """One complete read of the buckets into ``model`` (a new one if None)."""
     model = model or FleetModel()
     for bucket in BUCKETS:
-        kv = await bus.existing_kv(bucket)
+        kv = await bus.kv(bucket)
         for key, (value, revision) in (await live_entries(kv)).items():
             model.apply(bucket, key, value, revision)
     return model
@@ -44,7 +44,7 @@ async def load(bus: Bus, model: FleetModel | None = None) -> FleetModel:
 async def follow(bus: Bus, model: FleetModel, ready: asyncio.Event | None = None) -> None:
     """Load, then keep ``model`` current until cancelled."""
     await load(bus, model)
-    watchers = [await (await bus.existing_kv(b)).watchall() for b in BUCKETS]
+    watchers = [await (await bus.kv(b)).watchall() for b in BUCKETS]
     usage_sub = await _follow_usage(bus, model)
     tasks = [asyncio.create_task(_drain(b, w, model), name=f"watch-{b}") for b, w in zip(BUCKETS, watchers)]
     if ready is not None:

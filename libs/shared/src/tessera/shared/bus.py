@@ -25,7 +25,8 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFound
 from nats.js.kv import KeyValue
 from opentelemetry.trace import SpanKind
 
-from tessera.shared import identities, subjects
+from tessera.shared import api as api_replies
+from tessera.shared import identities, subjects, topology
 from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
 from tessera.shared.events import DeadLetter, encode
 from tessera.shared.jspub import PubAck, publisher
@@ -80,7 +81,9 @@ ApiHandler = Callable[[bytes, Mapping[str, str]], Awaitable[bytes]]
 
 
 def redact(url: str) -> str:
-    """A NATS URL fit for logs: credentials in it are replaced by ***."""
+    """A NATS URL (or a comma-separated list of them) fit for logs: credentials replaced by ***."""
+    if "," in url:
+        return ",".join(redact(u.strip()) for u in url.split(","))
     scheme, sep, rest = url.partition("://")
     if sep and "@" in rest:
         return f"{scheme}://***@{rest.split('@', 1)[1]}"
@@ -128,6 +131,7 @@ class Bus:
         self.service = service
         self.telemetry = telemetry
         self._kv: dict[str, KeyValue] = {}
+        self.declared = topology.declare(settings.topology())  # the streams and buckets, with their limits
 
     # --- connection ------------------------------------------------------------------------
 
@@ -154,7 +158,7 @@ class Bus:
             log.info("nats: reconnected to %s", shown)
 
         options: dict[str, Any] = dict(
-            servers=[settings.url],
+            servers=settings.servers,
             name=f"tessera-{service}",
             connect_timeout=connect_timeout,
             max_reconnect_attempts=settings.max_reconnect_attempts,
@@ -168,7 +172,7 @@ class Bus:
             options["user_credentials"] = settings.creds_file
         if settings.user:
             options.update(user=settings.user, password=settings.password or "")
-        user = settings.user or urlsplit(settings.url).username
+        user = settings.user or urlsplit(settings.servers[0]).username
         if user:  # replies to this identity only: its permissions allow no other inbox
             options["inbox_prefix"] = identities.inbox_prefix(user)
         try:
@@ -192,54 +196,19 @@ class Bus:
 
     # --- topology --------------------------------------------------------------------------
 
-    async def ensure_topology(self) -> None:
-        """Create (or update) the streams and KV buckets this service uses (its identity may touch
-        no others: `tessera.shared.identities`), every one for a tool with no entry there."""
-        storage = api.StorageType.FILE if self.settings.file_storage else api.StorageType.MEMORY
+    async def ensure_topology(self) -> dict[str, str]:
+        """Make the server hold the streams and KV buckets this service uses (its identity may touch
+        no others: `tessera.shared.identities`) as `tessera.shared.topology` declares them: created
+        when missing, replicas and limits updated when they differ; every one for a tool with no
+        entry there. Only services (and tests acting as them) call this; readers only bind."""
         streams, buckets = identities.topology(self.service)
-        for name, subject in subjects.STREAMS.items():
-            if name not in streams:
-                continue
-            config = api.StreamConfig(
-                name=name,
-                subjects=[subject],
-                storage=storage,
-                num_replicas=self.settings.replicas,
-                duplicate_window=self.settings.duplicate_window,
-                max_age=7 * 24 * 3600.0,
-                retention=api.RetentionPolicy.LIMITS,
-            )
-            try:
-                await self.js.add_stream(config)
-            except nats.js.errors.BadRequestError:
-                await self.js.update_stream(config)
-        for bucket in buckets:
-            await self.kv(bucket)
+        return await topology.ensure(self.js, self.declared, streams, buckets)
 
     async def kv(self, bucket: str) -> KeyValue:
+        """Bind to an existing bucket; `topology.TopologyMissing` (start the services first) when absent."""
         kv = self._kv.get(bucket)
         if kv is None:
-            storage = api.StorageType.FILE if self.settings.file_storage else api.StorageType.MEMORY
-            try:
-                kv = await self.js.key_value(bucket)
-            except nats.js.errors.BucketNotFoundError:
-                kv = await self.js.create_key_value(
-                    bucket=bucket, history=5, storage=storage, replicas=self.settings.replicas
-                )
-            self._kv[bucket] = kv
-        return kv
-
-    async def existing_kv(self, bucket: str) -> KeyValue:
-        """A bucket that must already exist: readers (the CLI, the fleet view) never create topology,
-        which is the services' to create with their settings. Missing: a TemporaryError that says so."""
-        kv = self._kv.get(bucket)
-        if kv is None:
-            try:
-                kv = await self.js.key_value(bucket)
-            except nats.js.errors.BucketNotFoundError:
-                raise TemporaryError(f"the {bucket!r} bucket does not exist yet: Tessera's services create it "
-                                     f"when they first start") from None
-            self._kv[bucket] = kv
+            kv = self._kv[bucket] = await topology.bind(self.js, bucket)
         return kv
 
     # --- publishing ------------------------------------------------------------------------
@@ -594,12 +563,20 @@ class Bus:
             with self.telemetry.span(
                 f"{self.service} serve {subject}", parent_headers=headers, kind=SpanKind.SERVER
             ):
-                if with_subject:
-                    reply = await handler(msg.subject, msg.data, headers)
-                else:
-                    reply = await handler(msg.data, headers)
+                try:
+                    if with_subject:
+                        reply = await handler(msg.subject, msg.data, headers)
+                    else:
+                        reply = await handler(msg.data, headers)
+                except (TemporaryError, ConflictError, nats.errors.Error, asyncio.TimeoutError) as exc:
+                    # The bus went away under the handler (a NATS leader changing): say so at once,
+                    # so the caller retries (every API is safe to retry) instead of waiting out its
+                    # timeout for an answer that never comes.
+                    log.warning("%s: cannot answer a request on %s now (%r)", self.service, msg.subject, exc)
+                    reply = api_replies.error(f"{self.service} cannot answer now ({exc!r}); try again", code="unavailable")
                 if msg.reply:
-                    await msg.respond(reply)
+                    with contextlib.suppress(nats.errors.Error):
+                        await msg.respond(reply)
 
         async def on_msg(msg: Msg) -> None:
             task = asyncio.create_task(answer(msg))

@@ -33,6 +33,7 @@ from pathlib import Path
 import bcrypt
 
 from tessera.shared import subjects
+from tessera.shared import topology as topology_table
 
 PLATFORM_ACCOUNT = "TESSERA"
 OPERATOR = "operator"  # the CLI/admin identity: the whole platform account
@@ -48,8 +49,8 @@ TENANT_API_OPS = ("submit", "release", "get", "running")
 TENANT_API = f"{subjects.API}.tenant"  # tessera.api.tenant.<tenant>.claims.<op>
 
 # Buckets of the control-plane manager (tenant CA keys, datastore passwords): the manager's alone.
-KV_CONTROLPLANES = "controlplanes"
-KV_SECRETS = "controlplane-secrets"
+KV_CONTROLPLANES = topology_table.KV_CONTROLPLANES
+KV_SECRETS = topology_table.KV_SECRETS
 
 
 def tenant_api_subject(tenant: str, op: str) -> str:
@@ -97,6 +98,7 @@ class Uses:
     consumes: tuple[str, ...] = ()  # streams it runs pull consumers on
     reads: tuple[str, ...] = ()  # KV buckets it reads (get, keys, watch)
     writes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # bucket -> key patterns
+    prunes: tuple[str, ...] = ()  # KV buckets whose ended records it removes (stream purge)
 
     def buckets(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(self.reads + tuple(self.writes)))
@@ -112,8 +114,8 @@ def topology(service: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     try:
         u = uses(service)
     except ValueError:
-        return tuple(subjects.STREAMS), subjects.KV_BUCKETS
-    return u.streams(), tuple(b for b in u.buckets() if b in subjects.KV_BUCKETS)
+        return tuple(subjects.STREAMS), tuple(topology_table.declare(topology_table.TopologySettings()).buckets)
+    return u.streams(), u.buckets()
 
 
 def stream_of(subject: str) -> str | None:
@@ -156,6 +158,7 @@ def uses(service: str, node: str | None = None) -> Uses:
                     subjects.API_CLAIM_RUNNING, f"{TENANT_API}.*.claims.*"),
             consumes=(subjects.STREAM_CLAIMS,),  # reads a claim's last 'prepared' event for `get`
             reads=(subjects.KV_CLAIMS, subjects.KV_TENANTS), writes={subjects.KV_CLAIMS: (">",)},
+            prunes=(subjects.KV_CLAIMS,),  # released claims past their retention (lifecycle.RECORD_PRUNER)
         )
     if service == "placement":
         return Uses(
@@ -220,12 +223,16 @@ def permissions(service: str, node: str | None = None) -> dict:
         publish += _manage(stream)
     for stream in u.consumes:
         publish += _consumer(stream)
+        # The bus dead-letters what max_deliver gave up on from the server's advisory (bus.watch_exhausted).
+        subscribe.append(f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.*")
         if stream == subjects.STREAM_CLAIMS:
             publish += [f"{JS}.STREAM.MSG.GET.{stream}", f"{JS}.DIRECT.GET.{stream}", f"{JS}.DIRECT.GET.{stream}.>"]
     for bucket in u.buckets():
         publish += _kv_read(bucket) + _manage(f"KV_{bucket}")
     for bucket, keys in u.writes.items():
         publish += [f"$KV.{bucket}.{k}" for k in keys]
+    for bucket in u.prunes:
+        publish.append(f"{JS}.STREAM.PURGE.KV_{bucket}")
     return {
         "publish": {"allow": sorted(set(publish))},
         "subscribe": {"allow": sorted(set(subscribe))},

@@ -11,16 +11,20 @@ each encoded value, bound to its key, and opens it on the way back.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections import Counter
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Generic, Protocol, TypeVar
 
 import msgspec
+import nats.errors
+import nats.js.errors
 from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from tessera.shared.errors import ConflictError, PermanentError
+from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
 from tessera.shared.jspub import WRONG_LAST_SEQUENCE, PublishError
 from tessera.shared.kvkeys import live_entries, live_keys
 
@@ -45,6 +49,22 @@ class CasLost(ConflictError):
 
 class BadValue(PermanentError):
     """A stored value does not decode as the bucket's type; the message names the key and the path."""
+
+
+# What a KV call raises while the server cannot answer for a moment (a cluster electing the bucket's
+# new leader, a reconnect): nothing to fix, so a TemporaryError, retried by the caller's usual path
+# (a redelivery, the next pass of a loop) instead of ending a root task and with it the service.
+_NOT_NOW = (nats.errors.TimeoutError, asyncio.TimeoutError, nats.errors.NoRespondersError,
+            nats.errors.ConnectionReconnectingError, nats.js.errors.ServiceUnavailableError,
+            nats.js.errors.NoStreamResponseError)
+
+
+@contextlib.contextmanager
+def answering(bucket: str, key: str):
+    try:
+        yield
+    except _NOT_NOW as exc:
+        raise TemporaryError(f"{bucket}/{key}: the server did not answer ({exc!r}); retry later") from exc
 
 
 def cas_lost(exc: BaseException) -> bool:
@@ -137,7 +157,8 @@ class Bucket(Generic[T]):
     async def get(self, key: str) -> Stored[T] | None:
         """The value and revision of ``key``; None if absent or deleted; BadValue if malformed."""
         try:
-            entry = await self.kv.get(key)
+            with answering(self.name, key):
+                entry = await self.kv.get(key)
         except KeyNotFoundError:  # also raised for a deleted or purged key
             return None
         if not entry.value or entry.operation is not None:
@@ -164,9 +185,12 @@ class Bucket(Generic[T]):
         """Write ``value`` if the key is still at ``revision`` (None: must not exist yet); CasLost if not."""
         data = self.encode(value, key)
         try:
-            if revision is None:
-                return await self.kv.create(key, data)  # also re-creates a deleted key
-            return await self.kv.update(key, data, last=revision)
+            with answering(self.name, key):
+                if revision is None:
+                    return await self.kv.create(key, data)  # also re-creates a deleted key
+                return await self.kv.update(key, data, last=revision)
+        except TemporaryError:
+            raise
         except Exception as exc:
             if cas_lost(exc):
                 raise CasLost(f"{self.name}/{key} changed since revision {revision}") from None
@@ -202,10 +226,12 @@ class Bucket(Generic[T]):
         return await retry_cas(once, attempts, f"update of {self.name}/{key}")
 
     async def overwrite(self, key: str, value: T) -> int:
-        return await self.kv.put(key, self.encode(value, key))
+        with answering(self.name, key):
+            return await self.kv.put(key, self.encode(value, key))
 
     async def delete(self, key: str) -> None:
         try:
-            await self.kv.purge(key)
+            with answering(self.name, key):
+                await self.kv.purge(key)
         except KeyNotFoundError:
             pass

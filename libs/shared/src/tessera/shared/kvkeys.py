@@ -14,12 +14,16 @@ batches of 512 per round trip, where a ``get`` per key would cost one round trip
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any, Callable
 
 import nats.errors
+import nats.js.errors
 from nats.js import api
 from nats.js.kv import KeyValue
+
+from tessera.shared.errors import TemporaryError
 
 _DELETED = {"DEL", "PURGE"}
 _FETCH = 512
@@ -55,6 +59,16 @@ async def live_values(kv: KeyValue, decoder, on_error: Callable[[str, Exception]
 
 
 async def _scan(kv: KeyValue, timeout: float, headers_only: bool) -> dict[str, tuple[bytes, int]]:
+    """A server that does not answer (a cluster electing the bucket's new leader, a reconnect) is a
+    TemporaryError: the caller retries later, as for any other I/O, instead of dying on a bare timeout."""
+    try:
+        return await _scan_once(kv, timeout, headers_only)
+    except (nats.errors.TimeoutError, asyncio.TimeoutError, nats.errors.NoRespondersError,
+            nats.errors.ConnectionReconnectingError, nats.js.errors.ServiceUnavailableError) as exc:
+        raise TemporaryError(f"cannot read the KV bucket {kv._stream[3:]} now: {exc!r}") from exc
+
+
+async def _scan_once(kv: KeyValue, timeout: float, headers_only: bool) -> dict[str, tuple[bytes, int]]:
     # KeyValue keeps its context, stream and subject prefix private; nats-py is pinned in libs/shared.
     js, stream, prefix = kv._js, kv._stream, kv._pre
     sub = await js.pull_subscribe(

@@ -16,10 +16,10 @@ import msgspec
 
 from tessera.shared import subjects
 from tessera.shared.bus import KeyNotFoundError, KeyValue
-from tessera.shared.errors import ConflictError
+from tessera.shared.errors import ConflictError, TemporaryError
 from tessera.shared.events import GpuQuota, LedgerEntry, NodeLedger, TenantUsage, encode
 from tessera.shared.jspub import kv_update_many
-from tessera.shared.kv import Bucket, CasLost, cas_lost
+from tessera.shared.kv import Bucket, CasLost, answering, cas_lost
 
 _node_decoder = msgspec.json.Decoder(NodeLedger)
 
@@ -72,7 +72,8 @@ class Ledger:
 
     async def read_node(self, node: str) -> tuple[NodeLedger, int | None]:
         try:
-            entry = await self.kv.get(subjects.ledger_node_key(node))
+            with answering("ledger", subjects.ledger_node_key(node)):
+                entry = await self.kv.get(subjects.ledger_node_key(node))
         except KeyNotFoundError:
             return NodeLedger(node=node), None
         if entry.value is None or entry.value == b"":
@@ -81,9 +82,12 @@ class Ledger:
 
     async def _write(self, key: str, value: bytes, revision: int | None) -> int:
         try:
-            if revision is None:
-                return await self.kv.create(key, value)
-            return await self.kv.update(key, value, last=revision)
+            with answering("ledger", key):
+                if revision is None:
+                    return await self.kv.create(key, value)
+                return await self.kv.update(key, value, last=revision)
+        except TemporaryError:
+            raise
         except Exception as exc:
             if cas_lost(exc):
                 raise CasLost(f"{key} changed since revision {revision}") from None
@@ -129,7 +133,8 @@ class Ledger:
 
     async def read_tenant(self, tenant: str) -> tuple[TenantUsage, int | None]:
         try:
-            entry = await self.kv.get(subjects.ledger_tenant_key(tenant))
+            with answering("ledger", subjects.ledger_tenant_key(tenant)):
+                entry = await self.kv.get(subjects.ledger_tenant_key(tenant))
         except KeyNotFoundError:
             return TenantUsage(tenant=tenant), None
         if not entry.value:

@@ -113,3 +113,10 @@ def ended_with_lost_node(state: str) -> bool:
     to be) on is gone, its enforcer cannot act, and the entry there is what the claim holds (a
     placement that stopped between the ledger write and the record leaves one still ``requested``)."""
     return state not in TERMINAL
+
+
+# Who removes a record once its claim's life is over: the translator, which created it (submit).
+# Only records in a state nothing leads out of are removed (`ENDED`), and only after a retention
+# period (tessera.shared.claimpruning).
+RECORD_PRUNER: Service = "translator"
+ENDED: frozenset[str] = frozenset(state for state, targets in ALLOWED.items() if not targets)

@@ -164,3 +164,111 @@ class NatsServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# --- a JetStream cluster on loopback ------------------------------------------------------------
+
+CLUSTER_NAME = "tessera"
+
+
+def cluster_node_config(name: str, cluster_port: int, peers: list[int], auth_include: str,
+                        *, pid_file: str | None = None, sync_always: bool = True) -> str:
+    """One member's config: its name, its route port and its peers' (loopback), and the platform's
+    authorization included from the file `tessera.shared.identities` writes (the same accounts
+    and per-service users as a single server)."""
+    routes = ", ".join(f'"nats-route://127.0.0.1:{p}"' for p in peers)
+    lines = [f'server_name: "{name}"']
+    if pid_file:
+        lines.append(f'pid_file: "{pid_file}"')
+    if sync_always:  # every write on disk before it is acknowledged: a killed member loses nothing it acked
+        lines.append("jetstream { sync_interval: always }")
+    lines += [
+        "cluster {",
+        f'  name: "{CLUSTER_NAME}"',
+        f'  listen: "127.0.0.1:{cluster_port}"',
+        f"  routes: [{routes}]",
+        "}",
+        f'include "{auth_include}"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+class NatsCluster:
+    """Three (or ``size``) nats-server processes with JetStream, clustered on loopback.
+
+    ``config_dir`` holds the authorization config (``nats.conf``, as `identities.write_auth_dir`
+    writes it without a pid file); each member's own config there includes it. Members are named
+    ``n1``..``nN``; ``kill(name)`` / ``start_member(name)`` stop and restart one on the same ports
+    and store. ``url`` lists every member, comma-separated, as TESSERA_NATS_URL accepts."""
+
+    def __init__(self, workdir: str | os.PathLike, config_dir: str | os.PathLike, size: int = 3) -> None:
+        self.workdir = Path(workdir)
+        self.config_dir = Path(config_dir)
+        self.members: dict[str, NatsServer] = {}
+        cluster_ports = [free_port() for _ in range(size)]
+        for i in range(size):
+            name = f"n{i + 1}"
+            conf = self.config_dir / f"{name}.conf"
+            conf.write_text(cluster_node_config(
+                name, cluster_ports[i], [p for j, p in enumerate(cluster_ports) if j != i], "nats.conf",
+                pid_file=str(self.config_dir / f"{name}.pid")))
+            self.members[name] = NatsServer(self.workdir / name, config_file=conf, monitor_port=free_port())
+
+    @property
+    def url(self) -> str:
+        return ",".join(m.url for m in self.members.values())
+
+    @property
+    def port(self) -> int:
+        return next(iter(self.members.values())).port
+
+    def pid_file(self, name: str = "n1") -> Path:
+        return self.config_dir / f"{name}.pid"
+
+    def start(self, timeout: float = 30.0) -> "NatsCluster":
+        for member in self.members.values():
+            member.start(timeout)
+        self.wait_healthy(timeout)
+        return self
+
+    def start_member(self, name: str, timeout: float = 30.0) -> None:
+        self.members[name].start(timeout)
+        self.wait_healthy(timeout, only=[name])
+
+    def wait_healthy(self, timeout: float = 30.0, only: list[str] | None = None) -> None:
+        """Until each member's /healthz says its JetStream is up (a meta leader is known and its
+        streams are current)."""
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        for name in only or list(self.members):
+            member = self.members[name]
+            url = f"http://127.0.0.1:{member.monitor_port}/healthz"
+            while True:
+                try:
+                    with urllib.request.urlopen(url, timeout=1) as reply:
+                        if reply.status == 200:
+                            break
+                except (urllib.error.URLError, OSError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise NatsServerError(f"cluster member {name} not healthy after {timeout:.0f}s "
+                                          f"(see {member.log_file})")
+                time.sleep(0.1)
+
+    def kill(self, name: str) -> None:
+        self.members[name].kill()
+
+    def alive(self) -> list[str]:
+        return [n for n, m in self.members.items() if m.proc is not None and m.proc.poll() is None]
+
+    def stop(self, timeout: float = 10.0) -> None:
+        for member in self.members.values():
+            member.stop(timeout)
+
+    def __enter__(self) -> "NatsCluster":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

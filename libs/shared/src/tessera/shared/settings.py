@@ -66,6 +66,19 @@ def env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     return value in _TRUE
 
 
+def _positive(env: Mapping[str, str], name: str, default: float) -> float:
+    value = env_float(env, name, default)
+    if value <= 0:
+        raise ConfigError(f"{name}={value:g} must be more than 0 (seconds)")
+    return value
+
+
+def _non_negative(name: str, value: float) -> float:
+    if value < 0:
+        raise ConfigError(f"{name}={value:g} must be 0 (never) or more (seconds)")
+    return value
+
+
 def _password(env: Mapping[str, str]) -> str | None:
     """TESSERA_NATS_PASSWORD_FILE (a mounted Secret) before TESSERA_NATS_PASSWORD."""
     path = env.get("TESSERA_NATS_PASSWORD_FILE")
@@ -76,6 +89,25 @@ def _password(env: Mapping[str, str]) -> str | None:
         except OSError as exc:
             raise ConfigError(f"TESSERA_NATS_PASSWORD_FILE={path}: cannot read it ({exc.strerror})") from None
     return env.get("TESSERA_NATS_PASSWORD") or None
+
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TopologySettings:
+    """The knobs of the stream and bucket table (`tessera.shared.topology`); BusSettings carries
+    them from the environment."""
+
+    replicas: int = 1
+    file_storage: bool = True
+    duplicate_window: float = 120.0
+    stream_max_bytes: int = 1024 * MIB
+    bucket_max_bytes: int = 1024 * MIB
+    heartbeat_retention: float = 3600.0
+    usage_retention: float = 3600.0
+    event_retention: float = 7 * 24 * 3600.0
+    dlq_retention: float = 30 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -95,6 +127,28 @@ class BusSettings:
     duplicate_window: float = 120.0
     max_deliver: int = 5
     ack_wait: float = 30.0
+    # Limits of the streams and buckets (tessera.shared.topology explains the sizing).
+    stream_max_bytes: int = 1024 * 1024 * 1024
+    bucket_max_bytes: int = 1024 * 1024 * 1024
+    heartbeat_retention: float = 3600.0
+    usage_retention: float = 3600.0
+    # Released claims are removed from the claims bucket this long after their last change
+    # (tessera.shared.claimpruning); 0 keeps them forever.
+    claim_retention: float = 7 * 24 * 3600.0
+    claim_prune_interval: float = 600.0
+
+    @property
+    def servers(self) -> list[str]:
+        """The server URLs: ``TESSERA_NATS_URL`` may list several, comma-separated (a cluster's
+        members; the client moves to another when one goes away)."""
+        return [u.strip() for u in self.url.split(",") if u.strip()]
+
+    def topology(self) -> TopologySettings:
+        return TopologySettings(
+            replicas=self.replicas, file_storage=self.file_storage, duplicate_window=self.duplicate_window,
+            stream_max_bytes=self.stream_max_bytes, bucket_max_bytes=self.bucket_max_bytes,
+            heartbeat_retention=self.heartbeat_retention, usage_retention=self.usage_retention,
+        )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "BusSettings":
@@ -108,6 +162,13 @@ class BusSettings:
             file_storage=env_choice(env, "TESSERA_STREAM_STORAGE", "file", ("file", "memory")) == "file",
             max_deliver=env_int(env, "TESSERA_MAX_DELIVER", 5, minimum=1),
             ack_wait=env_float(env, "TESSERA_ACK_WAIT", 30.0),
+            stream_max_bytes=env_int(env, "TESSERA_STREAM_MAX_BYTES", cls.stream_max_bytes, minimum=1024 * 1024),
+            bucket_max_bytes=env_int(env, "TESSERA_BUCKET_MAX_BYTES", cls.bucket_max_bytes, minimum=1024 * 1024),
+            heartbeat_retention=_positive(env, "TESSERA_HEARTBEAT_RETENTION", cls.heartbeat_retention),
+            usage_retention=_positive(env, "TESSERA_USAGE_RETENTION", cls.usage_retention),
+            claim_retention=_non_negative("TESSERA_CLAIM_RETENTION",
+                                          env_float(env, "TESSERA_CLAIM_RETENTION", cls.claim_retention)),
+            claim_prune_interval=_positive(env, "TESSERA_CLAIM_PRUNE_INTERVAL", cls.claim_prune_interval),
         )
 
 

@@ -26,7 +26,7 @@ from typing import Mapping
 import msgspec
 from aiohttp import web
 
-from tessera.shared import api, subjects
+from tessera.shared import api, claimpruning, subjects
 from tessera.shared.api import ReleaseRequest, SubmitRequest
 from tessera.shared.bus import KeyNotFoundError
 from tessera.shared.claimstore import ClaimStore
@@ -134,6 +134,9 @@ class TranslatorService:
             "api-release": self.bus.serve(subjects.API_RELEASE, self.release),
             **TenantApi(self).tasks(),
             "requested-reconcile": self._republish_loop(),
+            # lifecycle.RECORD_PRUNER: released claims leave the bucket after their retention.
+            "prune-released": claimpruning.prune_loop(self.bus, self.bus.settings.claim_retention,
+                                                      self.bus.settings.claim_prune_interval),
         }
         cluster = None
         if self.settings.kubernetes:

@@ -131,7 +131,7 @@ class NatsKvDriver:
 
     @classmethod
     def from_settings(cls, bus: Bus, settings: ControlPlaneSettings) -> "NatsKvDriver":
-        parts = urlsplit(bus.settings.url)
+        parts = urlsplit(bus.settings.servers[0])  # a cluster: its first member
         bare = urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
         users = None
         if settings.nats_users_secret:
