@@ -124,8 +124,10 @@ def test_each_service_ensures_exactly_the_buckets_its_identity_may_manage():
         allowed = identities.permissions(service)["publish"]["allow"]
         for name in [*streams, *(f"KV_{b}" for b in buckets)]:
             assert f"$JS.API.STREAM.UPDATE.{name}" in allowed, (service, name)
+    # Every bucket a service uses, read or written, so the start order does not matter: the manager
+    # also reads claims and the ledger (a deleted tenant's claims are released first).
     assert identities.topology("controlplane")[1] == (subjects.KV_TENANTS, identities.KV_CONTROLPLANES,
-                                                      identities.KV_SECRETS)
+                                                      identities.KV_SECRETS, subjects.KV_CLAIMS, subjects.KV_LEDGER)
 
 
 async def test_moving_to_three_replicas_brings_existing_buckets_to_r3_too(tmp_path):
