@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tessera.cli.cluster import LocalCluster  # noqa: E402
 from tessera.shared import api, subjects  # noqa: E402
 
+import scenarios  # noqa: E402
 from auditor import Accepted, Auditor, Findings  # noqa: E402
 from loadgen import ACK_WAIT_SECONDS, FaultCluster, Load, connect, profile_path  # noqa: E402
 
@@ -57,11 +58,8 @@ class ClusterFaults(FaultCluster):
         return env
 
 
-@dataclass(frozen=True)
-class Form:
-    warmup: float
-    after: float
-    recover_timeout: float
+class Form(scenarios.Form):
+    """The fault suite's phases with the cluster's own lengths (a leader election takes longer)."""
 
     @classmethod
     def short(cls) -> "Form":
