@@ -42,7 +42,7 @@ def test_the_k8s_platform_account_is_the_generated_one():
 
 def test_each_service_secret_names_its_own_user_with_its_password():
     secrets = service_secrets()
-    for service in identities.SERVICES:
+    for service in (*identities.SERVICES, identities.VIEWER):
         secret = secrets[f"tessera-nats-{service}"]
         url = urlsplit(secret["url"])
         assert (url.username, url.password) == (service, secret["password"])
@@ -66,8 +66,8 @@ def test_nats_server_accepts_the_k8s_config_with_a_tenant_account_included(tmp_p
     secrets = service_secrets()
     env = dict(os.environ, POD_NAME="nats-0")
     env[identities.password_env(identities.OPERATOR)] = secrets["tessera-nats"]["password"]
-    for service in identities.SERVICES:
-        env[identities.password_env(service)] = secrets[f"tessera-nats-{service}"]["password"]
+    for user in (*identities.SERVICES, identities.VIEWER):
+        env[identities.password_env(user)] = secrets[f"tessera-nats-{user}"]["password"]
     checked = subprocess.run([find_binary(), "-c", str(conf), "-t"], capture_output=True, text=True, env=env)
     assert checked.returncode == 0, checked.stderr
     # Without a service's password in the environment the config does not load: none is built in.

@@ -382,10 +382,12 @@ def password_env(user: str) -> str:
 
 
 def k8s_platform_account(operator: str = "tessera") -> str:
-    """Account TESSERA as deploy/k8s/nats.yaml includes it: the operator and one user per service
-    (one ``enforcer`` for the whole DaemonSet), passwords as environment references."""
+    """Account TESSERA as deploy/k8s/nats.yaml includes it: the operator, one user per service
+    (one ``enforcer`` for the whole DaemonSet) and the read-only viewer (dashboards, the fleet view),
+    passwords as environment references."""
     users = [{"user": operator, "password": f"${password_env(OPERATOR)}"}]
     users += [{"user": s, "password": f"${password_env(s)}", "permissions": permissions(s)} for s in SERVICES]
+    users.append({"user": VIEWER, "password": f"${password_env(VIEWER)}", "permissions": viewer_permissions()})
     body = json.dumps({"jetstream": "enabled", "users": users, "exports": PLATFORM_EXPORTS}, indent=1)
     return f"{PLATFORM_ACCOUNT}: " + re.sub(r'"\$(NATS_PW_[A-Z_]+)"', r"$\1", body) + "\n"
 
