@@ -36,9 +36,7 @@ from tessera.shared.metrics import MIB, ZONE, ServiceMetrics
 _usage = msgspec.json.Decoder(TenantUsage)
 
 DEVICE = ["node", "device_uuid", "device_index", "device_type", "zone"]
-LEGACY__usage = msgspec.json.Decoder(TenantUsage)
-
-DEVICE = ["nodeid", "deviceuuid", "deviceidx", "devicetype", "zone"]
+LEGACY_DEVICE = ["nodeid", "deviceuuid", "deviceidx", "devicetype", "zone"]
 CONTAINER = ["namespace", "node", "pod", "container_index", "device_uuid", "zone"]
 LEGACY_CONTAINER = ["podnamespace", "nodename", "podname", "containeridx", "deviceuuid", "zone"]
 
