@@ -3,9 +3,11 @@ fleet is, and HAMi's scheduler-side series so that existing HAMi dashboards work
 
 The decision path pays one histogram observation per claim (`decided`) and one per allocation
 (`allocated`); counts it keeps anyway (`PlacementService.counts`) and the sizes of its tables are
-read when scraped. Fragmentation and HAMi's per-GPU series are derived from the fleet view once per
-metrics refresh (TESSERA_METRICS_INTERVAL), off the decision path, with each node recomputed only when
-its inventory, its ledger or the workload mix changed since the last refresh.
+read when scraped. Fragmentation and HAMi's per-GPU and per-claim series are derived from the fleet
+view once per metrics refresh (TESSERA_METRICS_INTERVAL), off the decision path, each node only when
+its inventory, its ledger or the workload mix changed since, and kept as ready Prometheus text
+(`tessera.shared.metrics.Exposition`): at a thousand nodes they are over a hundred thousand samples,
+which a scrape must not rebuild in the loop that decides claims.
 
 Fragmentation is `tessera.shared.fragmentation` over the node's inventory and ledger with the mix the
 engine learned, i.e. the number the fragmentation-aware policy minimises (in GPU units: the expected
@@ -22,6 +24,7 @@ namespace = tenant, pod = claim, container index 0.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -31,7 +34,7 @@ import msgspec
 from tessera.shared import fragmentation
 from tessera.shared.events import TenantUsage
 from tessera.shared.ledger import tenant_totals
-from tessera.shared.metrics import MIB, ZONE, ServiceMetrics
+from tessera.shared.metrics import MIB, ZONE, Exposition, ServiceMetrics, labelset, line
 
 _usage = msgspec.json.Decoder(TenantUsage)
 
@@ -41,6 +44,42 @@ CONTAINER = ["namespace", "node", "pod", "container_index", "device_uuid", "zone
 LEGACY_CONTAINER = ["podnamespace", "nodename", "podname", "containeridx", "deviceuuid", "zone"]
 
 
+# Nodes rebuilt between two yields to the event loop (about 30 ms at eight GPUs a node).
+YIELD_EVERY = 50
+
+# The per-node families, in the order they are served: (name, help).
+FRAGMENTATION = (
+    ("tessera_fragmentation_gpu_units", "expected free GPU capacity a claim drawn from the workload mix could not "
+                                        "use on the node (FGD; tessera.shared.fragmentation)"),
+    ("tessera_free_gpu_units", "free GPU capacity of the node (GPU units)"),
+    ("tessera_fragmentation_ratio", "fragmentation over free capacity (0: all usable, 1: none)"),
+)
+HAMI_DEVICE = (
+    ("hami_gpu_memory_limit_bytes", "Device memory limit for a certain GPU"),
+    ("hami_gpu_core_limit_ratio", "Device core limit for a certain GPU"),
+    ("hami_gpu_memory_allocated_bytes", "Device memory allocated for a certain GPU"),
+    ("hami_gpu_shared_count", "Number of containers sharing this GPU"),
+    ("hami_gpu_core_allocated_ratio", "Device core allocated for a certain GPU"),
+    ("hami_node_gpu_memory_allocated_ratio", "GPU Memory Allocated Percentage on a certain GPU"),
+    ("hami_vgpu_memory_allocated_bytes", "vGPU memory allocated from a container"),
+    ("hami_vgpu_core_allocated_ratio", "vGPU core allocated from a container"),
+)
+HAMI_LEGACY = (
+    ("GPUDeviceMemoryLimit", "Device memory limit for a certain GPU"),
+    ("GPUDeviceCoreLimit", "Device memory core limit for a certain GPU"),
+    ("GPUDeviceMemoryAllocated", "Device memory allocated for a certain GPU"),
+    ("GPUDeviceSharedNum", "Number of containers sharing this GPU"),
+    ("GPUDeviceCoreAllocated", "Device core allocated for a certain GPU"),
+    ("nodeGPUMemoryPercentage", "GPU Memory Allocated Percentage on a certain GPU"),
+    ("vGPUMemoryAllocated", "vGPU memory allocated from a container"),
+    ("vGPUCoreAllocated", "vGPU core allocated from a container"),
+)
+WITH_CORES = ["node", "device_uuid", "device_index", "device_cores", "device_type", "zone"]
+LEGACY_WITH_CORES = ["nodeid", "deviceuuid", "deviceidx", "devicecores", "devicetype", "zone"]
+RATIO = ["node", "device_uuid", "device_index", "zone"]
+LEGACY_RATIO = ["nodeid", "deviceuuid", "deviceidx", "zone"]
+
+
 @dataclass(frozen=True)
 class NodeFigures:
     """What one refresh derived for one node (reused until its inputs change)."""
@@ -48,7 +87,6 @@ class NodeFigures:
     key: tuple
     fragmentation: float  # GPU units
     free: float  # GPU units
-    devices: tuple  # (uuid, index, type, memory_mib, mem_used, cores_used, shares)
 
 
 class PlacementMetrics:
@@ -66,7 +104,9 @@ class PlacementMetrics:
             "tessera_placement_claim_latency_seconds",
             "from the claim's request (its requested event's ts) to its allocation being recorded")
         self.nodes: dict[str, NodeFigures] = {}
+        self.text = Exposition(FRAGMENTATION + HAMI_DEVICE + (HAMI_LEGACY if legacy else ()))
         metrics.add(self)
+        metrics.text(self.text)
         metrics.every(self.refresh)
 
     # --- the refresh: fragmentation and per-GPU figures, off the decision path --------------------
@@ -76,8 +116,12 @@ class PlacementMetrics:
         mix = self.svc.placer.mix
         kinds = None
         figures: dict[str, NodeFigures] = {}
+        rebuilt = 0
         for node, inventory in list(view.inventories.items()):
-            ledger, revision = view.ledger_of(node)
+            if rebuilt == YIELD_EVERY:  # let decisions run between slices of a big rebuild
+                rebuilt = 0
+                await asyncio.sleep(0)
+            ledger, revision = view.node_ledgers.get(node, (None, None))
             key = (mix.version, id(inventory), id(ledger), revision)
             known = self.nodes.get(node)
             if known is not None and known.key == key:
@@ -85,18 +129,63 @@ class PlacementMetrics:
                 continue
             if kinds is None:
                 kinds = [(d.kind, p) for d, p in mix.kinds()]
+            rebuilt += 1
             states = fragmentation.gpu_states(inventory, ledger)
             cpu_free, mem_free = fragmentation.host_free(inventory, ledger)
-            devices = tuple(
-                (d.uuid, d.index, f"NVIDIA-{d.model}", d.memory_mib, states[d.uuid].mem_used,
-                 states[d.uuid].cores_used, states[d.uuid].shares)
-                for d in sorted(inventory.devices, key=lambda d: d.index))
-            figures[node] = NodeFigures(
+            f = figures[node] = NodeFigures(
                 key=key,
                 fragmentation=fragmentation.node_fragmentation(list(states.values()), cpu_free, mem_free, kinds),
-                free=sum(s.free for s in states.values()),
-                devices=devices)
+                free=sum(s.free for s in states.values()))
+            self.text.set(node, self._lines(node, inventory, ledger, states, f))
         self.nodes = figures
+        self.text.keep_only(figures)
+
+    def _lines(self, node, inventory, ledger, states, f: NodeFigures) -> dict[str, list[str]]:
+        lines: dict[str, list[str]] = {name: [] for name in self.text.families}
+        n = labelset(["node"], [node])
+        lines["tessera_fragmentation_gpu_units"].append(line("tessera_fragmentation_gpu_units", n, f.fragmentation))
+        lines["tessera_free_gpu_units"].append(line("tessera_free_gpu_units", n, f.free))
+        lines["tessera_fragmentation_ratio"].append(line("tessera_fragmentation_ratio", n,
+                                                          f.fragmentation / f.free if f.free else 0.0))
+        legacy = self.legacy
+        for d in sorted(inventory.devices, key=lambda d: d.index):
+            st = states[d.uuid]
+            index, dtype = str(d.index), f"NVIDIA-{d.model}"
+            device = [node, d.uuid, index, dtype, ZONE]
+            with_cores = [node, d.uuid, index, "100", dtype, ZONE]
+            ratio = [node, d.uuid, index, ZONE]
+            sets = {  # label set -> (current, legacy) text, escaped once per GPU
+                "device": (labelset(DEVICE, device), labelset(LEGACY_DEVICE, device)),
+                "cores": (labelset(WITH_CORES, with_cores), labelset(LEGACY_WITH_CORES, with_cores)),
+                "ratio": (labelset(RATIO, ratio), labelset(LEGACY_RATIO, ratio)),
+            }
+            for name, old, which, value in (
+                ("hami_gpu_memory_limit_bytes", "GPUDeviceMemoryLimit", "device", d.memory_mib * MIB),
+                ("hami_gpu_core_limit_ratio", "GPUDeviceCoreLimit", "device", 100),
+                ("hami_gpu_memory_allocated_bytes", "GPUDeviceMemoryAllocated", "cores", st.mem_used * MIB),
+                ("hami_gpu_shared_count", "GPUDeviceSharedNum", "device", st.shares),
+                ("hami_gpu_core_allocated_ratio", "GPUDeviceCoreAllocated", "device", st.cores_used),
+                ("hami_node_gpu_memory_allocated_ratio", "nodeGPUMemoryPercentage", "ratio",
+                 st.mem_used / d.memory_mib),
+            ):
+                current, before = sets[which]
+                lines[name].append(line(name, current, value))
+                if legacy:
+                    lines[old].append(line(old, before, value))
+        # Per claim and GPU (HAMi: per container and device): what the ledger gives it.
+        for entry in (ledger.entries.values() if ledger is not None else ()):
+            for share in entry.shares:
+                vals = [entry.tenant, node, entry.claim, "0", share.uuid, ZONE]
+                current = labelset(CONTAINER, vals)
+                lines["hami_vgpu_memory_allocated_bytes"].append(
+                    line("hami_vgpu_memory_allocated_bytes", current, share.memory_mib * MIB))
+                lines["hami_vgpu_core_allocated_ratio"].append(
+                    line("hami_vgpu_core_allocated_ratio", current, share.cores))
+                if legacy:
+                    before = labelset(LEGACY_CONTAINER, vals)
+                    lines["vGPUMemoryAllocated"].append(line("vGPUMemoryAllocated", before, share.memory_mib * MIB))
+                    lines["vGPUCoreAllocated"].append(line("vGPUCoreAllocated", before, share.cores))
+        return lines
 
     # --- the scrape ---------------------------------------------------------------------------
 
@@ -126,24 +215,8 @@ class PlacementMetrics:
                                    "claims holding a ledger entry (allocated, prepared or running)")
         placed.add_metric([], len(svc.claim_nodes))
         yield placed
-        yield from self._fragmentation()
-        yield from self._hami()
-
-    def _fragmentation(self):
-        per_node = GaugeMetricFamily("tessera_fragmentation_gpu_units",
-                                     "expected free GPU capacity a claim drawn from the workload mix could not "
-                                     "use on the node (FGD; tessera.shared.fragmentation)", labels=["node"])
-        free = GaugeMetricFamily("tessera_free_gpu_units", "free GPU capacity of the node (GPU units)",
-                                 labels=["node"])
-        ratio = GaugeMetricFamily("tessera_fragmentation_ratio",
-                                  "fragmentation over free capacity (0: all usable, 1: none)", labels=["node"])
-        total_frag = total_free = 0.0
-        for node, f in sorted(self.nodes.items()):
-            per_node.add_metric([node], f.fragmentation)
-            free.add_metric([node], f.free)
-            ratio.add_metric([node], f.fragmentation / f.free if f.free else 0.0)
-            total_frag += f.fragmentation
-            total_free += f.free
+        total_frag = sum(f.fragmentation for f in self.nodes.values())
+        total_free = sum(f.free for f in self.nodes.values())
         fleet = GaugeMetricFamily("tessera_fleet_fragmentation_gpu_units",
                                   "the fleet's fragmentation: the sum over its nodes (GPU units)")
         fleet.add_metric([], total_frag)
@@ -152,82 +225,8 @@ class PlacementMetrics:
         fleet_ratio = GaugeMetricFamily("tessera_fleet_fragmentation_ratio",
                                         "the fleet's fragmentation over its free capacity")
         fleet_ratio.add_metric([], total_frag / total_free if total_free else 0.0)
-        yield from (per_node, free, ratio, fleet, fleet_free, fleet_ratio)
-
-    def _hami(self):
-        legacy = self.legacy
-        mem_limit = GaugeMetricFamily("hami_gpu_memory_limit_bytes", "Device memory limit for a certain GPU",
-                                      labels=DEVICE)
-        core_limit = GaugeMetricFamily("hami_gpu_core_limit_ratio", "Device core limit for a certain GPU",
-                                       labels=DEVICE)
-        mem_alloc = GaugeMetricFamily("hami_gpu_memory_allocated_bytes", "Device memory allocated for a certain GPU",
-                                      labels=["node", "device_uuid", "device_index", "device_cores", "device_type",
-                                              "zone"])
-        shared = GaugeMetricFamily("hami_gpu_shared_count", "Number of containers sharing this GPU", labels=DEVICE)
-        core_alloc = GaugeMetricFamily("hami_gpu_core_allocated_ratio", "Device core allocated for a certain GPU",
-                                       labels=DEVICE)
-        mem_ratio = GaugeMetricFamily("hami_node_gpu_memory_allocated_ratio",
-                                      "GPU Memory Allocated Percentage on a certain GPU",
-                                      labels=["node", "device_uuid", "device_index", "zone"])
-        families = [mem_limit, core_limit, mem_alloc, shared, core_alloc, mem_ratio]
-        if legacy:
-            l_mem_limit = GaugeMetricFamily("GPUDeviceMemoryLimit", "Device memory limit for a certain GPU",
-                                            labels=LEGACY_DEVICE)
-            l_core_limit = GaugeMetricFamily("GPUDeviceCoreLimit", "Device memory core limit for a certain GPU",
-                                             labels=LEGACY_DEVICE)
-            l_mem_alloc = GaugeMetricFamily("GPUDeviceMemoryAllocated", "Device memory allocated for a certain GPU",
-                                            labels=["nodeid", "deviceuuid", "deviceidx", "devicecores", "devicetype",
-                                                    "zone"])
-            l_shared = GaugeMetricFamily("GPUDeviceSharedNum", "Number of containers sharing this GPU",
-                                         labels=LEGACY_DEVICE)
-            l_core_alloc = GaugeMetricFamily("GPUDeviceCoreAllocated", "Device core allocated for a certain GPU",
-                                             labels=LEGACY_DEVICE)
-            l_mem_ratio = GaugeMetricFamily("nodeGPUMemoryPercentage", "GPU Memory Allocated Percentage on a certain GPU",
-                                            labels=["nodeid", "deviceuuid", "deviceidx", "zone"])
-            families += [l_mem_limit, l_core_limit, l_mem_alloc, l_shared, l_core_alloc, l_mem_ratio]
-        for node, f in sorted(self.nodes.items()):
-            for uuid, index, dtype, memory, mem_used, cores_used, shares in f.devices:
-                labels = [node, uuid, str(index), dtype, ZONE]
-                mem_limit.add_metric(labels, memory * MIB)
-                core_limit.add_metric(labels, 100)
-                mem_alloc.add_metric([node, uuid, str(index), "100", dtype, ZONE], mem_used * MIB)
-                shared.add_metric(labels, shares)
-                core_alloc.add_metric(labels, cores_used)
-                mem_ratio.add_metric([node, uuid, str(index), ZONE], mem_used / memory)
-                if legacy:
-                    l_mem_limit.add_metric(labels, memory * MIB)
-                    l_core_limit.add_metric(labels, 100)
-                    l_mem_alloc.add_metric([node, uuid, str(index), "100", dtype, ZONE], mem_used * MIB)
-                    l_shared.add_metric(labels, shares)
-                    l_core_alloc.add_metric(labels, cores_used)
-                    l_mem_ratio.add_metric([node, uuid, str(index), ZONE], mem_used / memory)
-        yield from families
-        yield from self._hami_claims()
+        yield from (fleet, fleet_free, fleet_ratio)
         yield from self._hami_quota()
-
-    def _hami_claims(self):
-        """Per claim and GPU (HAMi: per container and device): what the ledger gives it."""
-        mem = GaugeMetricFamily("hami_vgpu_memory_allocated_bytes", "vGPU memory allocated from a container",
-                                labels=CONTAINER)
-        cores = GaugeMetricFamily("hami_vgpu_core_allocated_ratio", "vGPU core allocated from a container",
-                                  labels=CONTAINER)
-        families = [mem, cores]
-        if self.legacy:
-            l_mem = GaugeMetricFamily("vGPUMemoryAllocated", "vGPU memory allocated from a container",
-                                      labels=LEGACY_CONTAINER)
-            l_cores = GaugeMetricFamily("vGPUCoreAllocated", "vGPU core allocated from a container",
-                                        labels=LEGACY_CONTAINER)
-            families += [l_mem, l_cores]
-        for node, (ledger, _) in sorted(self.svc.view.node_ledgers.items()):
-            for entry in ledger.entries.values():
-                for share in entry.shares:
-                    labels = [entry.tenant, node, entry.claim, "0", share.uuid, ZONE]
-                    mem.add_metric(labels, share.memory_mib * MIB)
-                    cores.add_metric(labels, share.cores)
-                    if self.legacy:
-                        l_mem.add_metric(labels, share.memory_mib * MIB)
-                        l_cores.add_metric(labels, share.cores)
-        yield from families
 
     def _hami_quota(self):
         """HAMi's quota series per tenant (namespace) and resource, from the quotas placement enforces
