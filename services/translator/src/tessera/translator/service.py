@@ -129,6 +129,12 @@ class TranslatorService:
             ["source", "outcome"])
         self.counted = {(source, outcome): claims.labels(source, outcome)
                         for source in ("api", "kubernetes") for outcome in ("translated", "rejected", "unavailable")}
+        admissions = ctx.metrics.counter(
+            "tessera_translator_admissions",
+            "GPU pods the admission webhook saw, by outcome: translated (given their claim templates), rejected "
+            "(a bad request or tenant: denied with the reason), unavailable (Kubernetes or NATS failed: denied, "
+            "the client retries)", ["outcome"])
+        self.admitted = {outcome: admissions.labels(outcome) for outcome in ("translated", "rejected", "unavailable")}
 
     async def open(self) -> None:
         """The buckets every root task uses (tests open without tasks)."""
@@ -189,7 +195,8 @@ class TranslatorService:
                 return problem
 
         ssl_context = certificate.context if certificate is not None else None
-        runner = web.AppRunner(make_app(hook, tenant_check), handle_signals=False, access_log=None)
+        app = make_app(hook, tenant_check, on_outcome=lambda outcome: self.admitted[outcome].inc())
+        runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await runner.setup()
         try:
             site = web.TCPSite(runner, self.settings.webhook_host, self.settings.webhook_port, ssl_context=ssl_context)
