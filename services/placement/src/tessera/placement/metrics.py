@@ -46,6 +46,13 @@ LEGACY_CONTAINER = ["podnamespace", "nodename", "podname", "containeridx", "devi
 
 # Nodes rebuilt between two yields to the event loop (about 30 ms at eight GPUs a node).
 YIELD_EVERY = 50
+# Distinct node states whose fragmentation is remembered (for one workload mix).
+MEMO_LIMIT = 100_000
+
+
+def _order(gpu) -> tuple:
+    # (GPU order does not change a node's fragmentation: states that differ only in it share a value)
+    return (gpu.memory_mib, gpu.mem_used, gpu.cores_used, gpu.shares, gpu.exclusive, gpu.healthy, gpu.max_shares)
 
 # The per-node families, in the order they are served: (name, help).
 FRAGMENTATION = (
@@ -104,6 +111,8 @@ class PlacementMetrics:
             "tessera_placement_claim_latency_seconds",
             "from the claim's request (its requested event's ts) to its allocation being recorded")
         self.nodes: dict[str, NodeFigures] = {}
+        self._memo: dict[tuple, float] = {}  # node state -> fragmentation, for one mix version
+        self._memo_version = -1
         self.text = Exposition(FRAGMENTATION + HAMI_DEVICE + (HAMI_LEGACY if legacy else ()))
         metrics.add(self)
         metrics.text(self.text)
@@ -132,13 +141,25 @@ class PlacementMetrics:
             rebuilt += 1
             states = fragmentation.gpu_states(inventory, ledger)
             cpu_free, mem_free = fragmentation.host_free(inventory, ledger)
-            f = figures[node] = NodeFigures(
-                key=key,
-                fragmentation=fragmentation.node_fragmentation(list(states.values()), cpu_free, mem_free, kinds),
-                free=sum(s.free for s in states.values()))
+            f = figures[node] = NodeFigures(key=key, fragmentation=self._fragmentation(mix.version, kinds, states,
+                                                                                       cpu_free, mem_free),
+                                            free=sum(s.free for s in states.values()))
             self.text.set(node, self._lines(node, inventory, ledger, states, f))
         self.nodes = figures
         self.text.keep_only(figures)
+
+    def _fragmentation(self, version: int, kinds: list, states: dict, cpu_free: int, mem_free: int) -> float:
+        """The shared arithmetic, once per distinct node state: nodes of one type holding the same
+        shares are many (the engine groups them into classes for the same reason), and a node's
+        state comes back as claims come and go."""
+        if version != self._memo_version or len(self._memo) > MEMO_LIMIT:
+            self._memo, self._memo_version = {}, version
+        key = (tuple(sorted(states.values(), key=_order)), cpu_free, mem_free)
+        value = self._memo.get(key)
+        if value is None:
+            value = self._memo[key] = fragmentation.node_fragmentation(list(states.values()), cpu_free, mem_free,
+                                                                       kinds)
+        return value
 
     def _lines(self, node, inventory, ledger, states, f: NodeFigures) -> dict[str, list[str]]:
         lines: dict[str, list[str]] = {name: [] for name in self.text.families}
