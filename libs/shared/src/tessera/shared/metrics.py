@@ -68,10 +68,10 @@ class Exposition:
 
     def __init__(self, families: Iterable[tuple[str, str]]) -> None:
         self.families = dict(families)  # name -> help
-        self.parts: dict[str, dict[str, str]] = {}  # part -> family -> its lines
+        self.parts: dict[str, dict[str, bytes]] = {}  # part -> family -> its lines, encoded
 
     def set(self, part: str, lines: dict[str, list[str]]) -> None:
-        self.parts[part] = {name: "".join(ls) for name, ls in lines.items()}
+        self.parts[part] = {name: "".join(ls).encode() for name, ls in lines.items() if ls}
 
     def keep_only(self, parts: Iterable[str]) -> None:
         keep = set(parts)
@@ -82,9 +82,9 @@ class Exposition:
         out = []
         ordered = sorted(self.parts.items())
         for name, doc in self.families.items():
-            out.append(f"# HELP {name} {doc.replace(chr(92), chr(92) * 2)}\n# TYPE {name} gauge\n")
+            out.append(f"# HELP {name} {doc.replace(chr(92), chr(92) * 2)}\n# TYPE {name} gauge\n".encode())
             out.extend(lines[name] for _, lines in ordered if name in lines)
-        return "".join(out).encode()
+        return b"".join(out)
 
 
 class BusLag:

@@ -113,6 +113,8 @@ class PlacementMetrics:
         self.nodes: dict[str, NodeFigures] = {}
         self._memo: dict[tuple, float] = {}  # node state -> fragmentation, for one mix version
         self._memo_version = -1
+        # node -> (uuid -> (GPU state, its lines), claim -> (ledger entry, its lines)): `_lines`' cache
+        self._pieces: dict[str, tuple[dict, dict]] = {}
         self.text = Exposition(FRAGMENTATION + HAMI_DEVICE + (HAMI_LEGACY if legacy else ()))
         metrics.add(self)
         metrics.text(self.text)
@@ -147,6 +149,8 @@ class PlacementMetrics:
             self.text.set(node, self._lines(node, inventory, ledger, states, f))
         self.nodes = figures
         self.text.keep_only(figures)
+        for gone in [n for n in self._pieces if n not in figures]:
+            del self._pieces[gone]
 
     def _fragmentation(self, version: int, kinds: list, states: dict, cpu_free: int, mem_free: int) -> float:
         """The shared arithmetic, once per distinct node state: nodes of one type holding the same
@@ -162,51 +166,74 @@ class PlacementMetrics:
         return value
 
     def _lines(self, node, inventory, ledger, states, f: NodeFigures) -> dict[str, list[str]]:
+        """The node's text: its fragmentation, and each GPU's and each claim's HAMi lines, these
+        two kept from the last rebuild where that GPU's state or that claim did not change (a
+        claim's arrival changes one GPU of the node, not eight)."""
         lines: dict[str, list[str]] = {name: [] for name in self.text.families}
         n = labelset(["node"], [node])
         lines["tessera_fragmentation_gpu_units"].append(line("tessera_fragmentation_gpu_units", n, f.fragmentation))
         lines["tessera_free_gpu_units"].append(line("tessera_free_gpu_units", n, f.free))
         lines["tessera_fragmentation_ratio"].append(line("tessera_fragmentation_ratio", n,
                                                           f.fragmentation / f.free if f.free else 0.0))
-        legacy = self.legacy
+        cached_gpus, cached_claims = self._pieces.get(node, ({}, {}))
+        gpus: dict[str, tuple] = {}
         for d in sorted(inventory.devices, key=lambda d: d.index):
             st = states[d.uuid]
-            index, dtype = str(d.index), f"NVIDIA-{d.model}"
-            device = [node, d.uuid, index, dtype, ZONE]
-            with_cores = [node, d.uuid, index, "100", dtype, ZONE]
-            ratio = [node, d.uuid, index, ZONE]
-            sets = {  # label set -> (current, legacy) text, escaped once per GPU
-                "device": (labelset(DEVICE, device), labelset(LEGACY_DEVICE, device)),
-                "cores": (labelset(WITH_CORES, with_cores), labelset(LEGACY_WITH_CORES, with_cores)),
-                "ratio": (labelset(RATIO, ratio), labelset(LEGACY_RATIO, ratio)),
-            }
-            for name, old, which, value in (
-                ("hami_gpu_memory_limit_bytes", "GPUDeviceMemoryLimit", "device", d.memory_mib * MIB),
-                ("hami_gpu_core_limit_ratio", "GPUDeviceCoreLimit", "device", 100),
-                ("hami_gpu_memory_allocated_bytes", "GPUDeviceMemoryAllocated", "cores", st.mem_used * MIB),
-                ("hami_gpu_shared_count", "GPUDeviceSharedNum", "device", st.shares),
-                ("hami_gpu_core_allocated_ratio", "GPUDeviceCoreAllocated", "device", st.cores_used),
-                ("hami_node_gpu_memory_allocated_ratio", "nodeGPUMemoryPercentage", "ratio",
-                 st.mem_used / d.memory_mib),
-            ):
-                current, before = sets[which]
-                lines[name].append(line(name, current, value))
-                if legacy:
-                    lines[old].append(line(old, before, value))
-        # Per claim and GPU (HAMi: per container and device): what the ledger gives it.
+            key = (d.index, d.model, d.memory_mib, st.mem_used, st.cores_used, st.shares)
+            known = cached_gpus.get(d.uuid)
+            piece = known[1] if known is not None and known[0] == key else self._gpu_lines(node, d, st)
+            gpus[d.uuid] = (key, piece)
+            for name, text in piece:
+                lines[name].append(text)
+        claims: dict[str, tuple] = {}
         for entry in (ledger.entries.values() if ledger is not None else ()):
-            for share in entry.shares:
-                vals = [entry.tenant, node, entry.claim, "0", share.uuid, ZONE]
-                current = labelset(CONTAINER, vals)
-                lines["hami_vgpu_memory_allocated_bytes"].append(
-                    line("hami_vgpu_memory_allocated_bytes", current, share.memory_mib * MIB))
-                lines["hami_vgpu_core_allocated_ratio"].append(
-                    line("hami_vgpu_core_allocated_ratio", current, share.cores))
-                if legacy:
-                    before = labelset(LEGACY_CONTAINER, vals)
-                    lines["vGPUMemoryAllocated"].append(line("vGPUMemoryAllocated", before, share.memory_mib * MIB))
-                    lines["vGPUCoreAllocated"].append(line("vGPUCoreAllocated", before, share.cores))
+            known = cached_claims.get(entry.claim)
+            piece = known[1] if known is not None and known[0] == entry else self._claim_lines(node, entry)
+            claims[entry.claim] = (entry, piece)
+            for name, text in piece:
+                lines[name].append(text)
+        self._pieces[node] = (gpus, claims)
         return lines
+
+    def _gpu_lines(self, node: str, d, st) -> list[tuple[str, str]]:
+        index, dtype = str(d.index), f"NVIDIA-{d.model}"
+        device = [node, d.uuid, index, dtype, ZONE]
+        with_cores = [node, d.uuid, index, "100", dtype, ZONE]
+        ratio = [node, d.uuid, index, ZONE]
+        sets = {  # label set -> (current, legacy) text, escaped once per GPU
+            "device": (labelset(DEVICE, device), labelset(LEGACY_DEVICE, device)),
+            "cores": (labelset(WITH_CORES, with_cores), labelset(LEGACY_WITH_CORES, with_cores)),
+            "ratio": (labelset(RATIO, ratio), labelset(LEGACY_RATIO, ratio)),
+        }
+        out = []
+        for name, old, which, value in (
+            ("hami_gpu_memory_limit_bytes", "GPUDeviceMemoryLimit", "device", d.memory_mib * MIB),
+            ("hami_gpu_core_limit_ratio", "GPUDeviceCoreLimit", "device", 100),
+            ("hami_gpu_memory_allocated_bytes", "GPUDeviceMemoryAllocated", "cores", st.mem_used * MIB),
+            ("hami_gpu_shared_count", "GPUDeviceSharedNum", "device", st.shares),
+            ("hami_gpu_core_allocated_ratio", "GPUDeviceCoreAllocated", "device", st.cores_used),
+            ("hami_node_gpu_memory_allocated_ratio", "nodeGPUMemoryPercentage", "ratio", st.mem_used / d.memory_mib),
+        ):
+            current, before = sets[which]
+            out.append((name, line(name, current, value)))
+            if self.legacy:
+                out.append((old, line(old, before, value)))
+        return out
+
+    def _claim_lines(self, node: str, entry) -> list[tuple[str, str]]:
+        """Per claim and GPU (HAMi: per container and device): what the ledger gives it."""
+        out = []
+        for share in entry.shares:
+            vals = [entry.tenant, node, entry.claim, "0", share.uuid, ZONE]
+            current = labelset(CONTAINER, vals)
+            out.append(("hami_vgpu_memory_allocated_bytes",
+                        line("hami_vgpu_memory_allocated_bytes", current, share.memory_mib * MIB)))
+            out.append(("hami_vgpu_core_allocated_ratio", line("hami_vgpu_core_allocated_ratio", current, share.cores)))
+            if self.legacy:
+                before = labelset(LEGACY_CONTAINER, vals)
+                out.append(("vGPUMemoryAllocated", line("vGPUMemoryAllocated", before, share.memory_mib * MIB)))
+                out.append(("vGPUCoreAllocated", line("vGPUCoreAllocated", before, share.cores)))
+        return out
 
     # --- the scrape ---------------------------------------------------------------------------
 
