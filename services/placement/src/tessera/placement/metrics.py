@@ -5,7 +5,8 @@ The decision path pays one histogram observation per claim (`decided`) and one p
 (`allocated`); counts it keeps anyway (`PlacementService.counts`) and the sizes of its tables are
 read when scraped. Fragmentation and HAMi's per-GPU and per-claim series are derived from the fleet
 view once per metrics refresh (TESSERA_METRICS_INTERVAL), off the decision path, each node only when
-its inventory, its ledger or the workload mix changed since, and kept as ready Prometheus text
+its inventory, its ledger or the workload mix (taken up at most once a minute) changed since, and
+kept as ready Prometheus text
 (`tessera.shared.metrics.Exposition`): at a thousand nodes they are over a hundred thousand samples,
 which a scrape must not rebuild in the loop that decides claims.
 
@@ -25,6 +26,7 @@ namespace = tenant, pod = claim, container index 0.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -46,6 +48,8 @@ LEGACY_CONTAINER = ["podnamespace", "nodename", "podname", "containeridx", "devi
 
 # Nodes rebuilt between two yields to the event loop (about 30 ms at eight GPUs a node).
 YIELD_EVERY = 50
+# The figures take up a republished workload mix at most this often (seconds).
+MIX_SECONDS = 60.0
 # Distinct node states whose fragmentation is remembered (for one workload mix).
 MEMO_LIMIT = 100_000
 
@@ -113,6 +117,7 @@ class PlacementMetrics:
         self.nodes: dict[str, NodeFigures] = {}
         self._memo: dict[tuple, float] = {}  # node state -> fragmentation, for one mix version
         self._memo_version = -1
+        self._mix_version, self._mix_adopted, self._kinds = -1, float("-inf"), []  # the mix the figures use
         # node -> (uuid -> (GPU state, its lines), claim -> (ledger entry, its lines)): `_lines`' cache
         self._pieces: dict[str, tuple[dict, dict]] = {}
         self.text = Exposition(FRAGMENTATION + HAMI_DEVICE + (HAMI_LEGACY if legacy else ()))
@@ -125,7 +130,13 @@ class PlacementMetrics:
     async def refresh(self) -> None:
         view = self.svc.view
         mix = self.svc.placer.mix
-        kinds = None
+        now = time.monotonic()
+        if mix.version != self._mix_version and now - self._mix_adopted >= MIX_SECONDS:
+            # A new mix changes every node's figure: adopted at most every MIX_SECONDS, since while
+            # the engine learns it republishes often, and each adoption recomputes the whole fleet.
+            self._mix_version, self._mix_adopted = mix.version, now
+            self._kinds = [(d.kind, p) for d, p in mix.kinds()]
+        kinds = self._kinds
         figures: dict[str, NodeFigures] = {}
         rebuilt = 0
         for node, inventory in list(view.inventories.items()):
@@ -133,17 +144,15 @@ class PlacementMetrics:
                 rebuilt = 0
                 await asyncio.sleep(0)
             ledger, revision = view.node_ledgers.get(node, (None, None))
-            key = (mix.version, id(inventory), id(ledger), revision)
+            key = (self._mix_version, id(inventory), id(ledger), revision)
             known = self.nodes.get(node)
             if known is not None and known.key == key:
                 figures[node] = known
                 continue
-            if kinds is None:
-                kinds = [(d.kind, p) for d, p in mix.kinds()]
             rebuilt += 1
             states = fragmentation.gpu_states(inventory, ledger)
             cpu_free, mem_free = fragmentation.host_free(inventory, ledger)
-            f = figures[node] = NodeFigures(key=key, fragmentation=self._fragmentation(mix.version, kinds, states,
+            f = figures[node] = NodeFigures(key=key, fragmentation=self._fragmentation(self._mix_version, kinds, states,
                                                                                        cpu_free, mem_free),
                                             free=sum(s.free for s in states.values()))
             self.text.set(node, self._lines(node, inventory, ledger, states, f))
