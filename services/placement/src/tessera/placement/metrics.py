@@ -6,13 +6,12 @@ The decision path pays one histogram observation per claim (`decided`) and one p
 read when scraped. Fragmentation and HAMi's per-GPU and per-claim series are derived from the fleet
 view once per metrics refresh (TESSERA_METRICS_INTERVAL), off the decision path, each node only when
 its inventory, its ledger or the workload mix (taken up at most once a minute) changed since, and
-kept as ready Prometheus text
-(`tessera.shared.metrics.Exposition`): at a thousand nodes they are over a hundred thousand samples,
-which a scrape must not rebuild in the loop that decides claims.
+kept as ready Prometheus text (`tessera.shared.metrics.Exposition`): at a thousand nodes they are
+over a hundred thousand samples, which a scrape must not rebuild in the loop that decides claims.
 
 Fragmentation is `tessera.shared.fragmentation` over the node's inventory and ledger with the mix the
-engine learned, i.e. the number the fragmentation-aware policy minimises (in GPU units: the expected
-free capacity a claim drawn from the mix could not use). Every replica reports the fleet as it sees
+engine learned (up to a minute old), i.e. the number the fragmentation-aware policy minimises (in
+GPU units: the expected free capacity a claim drawn from the mix could not use). Every replica reports the fleet as it sees
 it: aggregate with ``max by (node)``, not ``sum``.
 
 HAMi's names and labels follow its scheduler's metrics (v2.x ``cmd/scheduler/metrics.go``): current
