@@ -36,9 +36,10 @@ from tessera.shared.events import LedgerEntry
 from .engine import Placement, Placer
 from .fleet import Fleet
 from .mix import POLICIES, WorkloadMix
+from .paperfgd import POLICY as PAPER_FGD, TypicalPods
 from .trace import TraceError, TraceNode, TracePod, load_nodes, load_pods, node_inventory, pod_demand
 
-BASELINES = ("random", "dot-product", "spread", "binpack", "best-fit", "fragmentation-aware")
+BASELINES = ("random", "dot-product", "spread", "binpack", "best-fit", PAPER_FGD, "fragmentation-aware")
 
 _nodes: list[TraceNode] = []
 _pods: list[TracePod] = []
@@ -89,7 +90,10 @@ def simulate(policy: str, seed: int, learn: str = "history", fluid_memory: bool 
         demands[p] = pod_demand(p)
     if learn == "history":
         mix.observe_all(demands[p] for p in pods)
-    placer = Placer(fleet, policy, mix=mix, learn=False, seed=seed, fluid_memory=fluid_memory)
+    # The paper's FGD measures against the pod list's task types (its target workload).
+    typical = TypicalPods(demands[p] for p in pods) if policy == PAPER_FGD else None
+    placer = Placer(fleet, policy, mix=mix, learn=False, seed=seed, fluid_memory=fluid_memory,
+                    typical=typical)
     arrived = allocated = 0.0
     curve = []
     next_pct = 1
