@@ -33,6 +33,7 @@ from pathlib import Path
 
 from tessera.shared.events import LedgerEntry
 
+from . import families
 from .engine import Placement, Placer
 from .fleet import Fleet
 from .mix import POLICIES, WorkloadMix
@@ -78,9 +79,11 @@ def cluster_fragmentation(placer: Placer) -> float:
     return total
 
 
-def simulate(policy: str, seed: int, learn: str = "history", fluid_memory: bool = False) -> dict:
-    """One run of the paper's method; returns the curve and timings."""
-    nodes, pods = _nodes, _pods
+def simulate(policy: str, seed: int, learn: str = "history", fluid_memory: bool = False,
+             pods: list[TracePod] | None = None) -> dict:
+    """One run of the paper's method (on `pods`, by default the loaded list); the curve and timings."""
+    nodes = _nodes
+    pods = _pods if pods is None else pods
     capacity = sum(n.gpus for n in nodes)
     tasks = sample_tasks(pods, capacity, seed)
     fleet = build_fleet(nodes)
@@ -130,8 +133,120 @@ def simulate(policy: str, seed: int, learn: str = "history", fluid_memory: bool 
 
 
 def _job(args: tuple) -> dict:
-    policy, seed, learn, fluid = args
-    return simulate(policy, seed, learn, fluid)
+    policy, seed, learn, fluid = args[:4]
+    if len(args) == 4:
+        return simulate(policy, seed, learn, fluid)
+    family, level = args[4:]
+    r = simulate(policy, seed, learn, fluid, pods=_variant(family, level))
+    r["family"], r["level"] = family, level
+    return r
+
+
+_variants: dict[tuple, list[TracePod]] = {}
+
+
+def _variant(family: str, level: int) -> list[TracePod]:
+    """A family's pod list, made once per worker process."""
+    key = (family, level)
+    v = _variants.get(key)
+    if v is None:
+        v = _variants[key] = _pods if family == "default" else families.variant(_pods, _nodes, family, level)
+    return v
+
+
+def _pool_map(jobs: list[tuple], n_jobs: int):
+    if n_jobs == 1:
+        yield from map(_job, jobs)
+        return
+    pool = mp.get_context("fork").Pool(n_jobs)
+    try:
+        yield from pool.imap_unordered(_job, jobs)
+    finally:
+        pool.close()
+        pool.join()
+
+
+def run_families(args: argparse.Namespace) -> int:
+    """Ours and the paper's FGD side by side on each workload family and level (`families`)."""
+    policies = [p.strip() for p in args.policy.split(",")]
+    for p in policies:
+        if p not in POLICIES:
+            print(f"unknown policy {p!r} (one of: {', '.join(POLICIES)})", file=sys.stderr)
+            return 2
+    seeds = parse_seeds(args.seeds)
+    rows: list[tuple[str, int]] = [("default", 0)]
+    for fam in families.FAMILIES:
+        rows += [(fam, lv) for lv in families.parse_levels(getattr(args, fam.replace("-", "_")), fam)]
+    _load(args.nodes, args.pods)
+    for fam, lv in rows:
+        _variant(fam, lv)  # (made here once: the forked workers inherit them, and bad levels fail early)
+    jobs = [(p, s, args.learn, args.fluid_memory, fam, lv) for fam, lv in rows for p in policies for s in seeds]
+    jobs.sort(key=lambda j: j[0] != PAPER_FGD)  # the slowest first, so the pool drains evenly
+    t0 = time.perf_counter()
+    got: dict[tuple, list[float]] = {}
+    n_jobs = max(1, min(args.jobs or os.cpu_count() or 1, len(jobs)))
+    for k, r in enumerate(_pool_map(jobs, n_jobs), 1):
+        got.setdefault((r["family"], r["level"], r["policy"]), []).append(r["unallocated_pct_at_100"])
+        _seed_of.setdefault((r["family"], r["level"], r["policy"]), {})[r["seed"]] = r["unallocated_pct_at_100"]
+        print(f"[{k}/{len(jobs)} {time.perf_counter() - t0:6.1f}s] {r['family']} {r['level']} {r['policy']} "
+              f"seed {r['seed']}: {r['unallocated_pct_at_100']:.2f}%", file=sys.stderr, flush=True)
+    capacity = sum(n.gpus for n in _nodes)
+    ours, base = policies[0], policies[-1]
+    lines = [f"Workload families (FGD paper's method): {len(_nodes):,} nodes, {capacity:,} GPUs, seeds "
+             f"{args.seeds}; unallocated GPU % at 100% arrival, mean ± std over seeds "
+             f"({time.perf_counter() - t0:.0f}s)", "",
+             "| family | level | pods | " + " | ".join(policies) + f" | {ours} − {base} | ahead on seeds |",
+             "|---|---|---|" + "---|" * len(policies) + "---|---|"]
+    out: dict = {"seeds": seeds, "policies": policies, "rows": []}
+    for fam, lv in rows:
+        cells = []
+        per = {}
+        for p in policies:
+            xs = got[(fam, lv, p)]
+            per[p] = xs
+            cells.append(f"{statistics.mean(xs):.2f} ± {statistics.pstdev(xs) if len(xs) > 1 else 0.0:.2f}")
+        # (results arrive out of order: compare seed by seed on sorted keys)
+        diff = statistics.mean(per[ours]) - statistics.mean(per[base])
+        by_seed = _per_seed(got, fam, lv, ours, base)
+        level = "trace as given" if fam == "default" else families.describe(fam, lv)
+        lines.append(f"| {fam} | {level} | {len(_variant(fam, lv)):,} | " + " | ".join(cells)
+                     + f" | {diff:+.2f} | {by_seed} |")
+        out["rows"].append({"family": fam, "level": lv, "pods": len(_variant(fam, lv)),
+                            **{p: {"mean": round(statistics.mean(per[p]), 4),
+                                   "std": round(statistics.pstdev(per[p]) if len(per[p]) > 1 else 0.0, 4)}
+                               for p in policies}})
+    text = "\n".join(lines)
+    print(text)
+    if args.md:
+        Path(args.md).write_text(_families_doc(args, text))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+_seed_of: dict[tuple, list[int]] = {}
+
+
+def _per_seed(got: dict, fam: str, lv: int, ours: str, base: str) -> str:
+    a = _seed_of.get((fam, lv, ours))
+    b = _seed_of.get((fam, lv, base))
+    if a is None or b is None:
+        return "–"
+    wins = sum(1 for s in a if s in b and a[s] < b[s])
+    return f"{wins}/{len(a)}"
+
+
+def _families_doc(args: argparse.Namespace, table: str) -> str:
+    return (
+        "# Placement on workload families: ours against the FGD paper's algorithm\n\n"
+        "Generated by `tessera bench placement --families` (module `tessera.placement.families` makes\n"
+        "the variants; `tessera.placement.paperfgd` is the paper's algorithm as published). Command:\n\n"
+        f"    python -m tessera.placement.bench placement --families --seeds {args.seeds} "
+        f"--policy {args.policy} \\\n"
+        f"        --cpu-only {args.cpu_only} --gpu-share {args.gpu_share} --gpu-spec {args.gpu_spec} "
+        f"--multi-gpu {args.multi_gpu}\n\n"
+        f"{table}\n"
+    )
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -313,11 +428,19 @@ def main(argv: list[str] | None = None) -> int:
     pl = sub.add_parser("placement", help="packing quality, the FGD paper's method")
     pl.add_argument("--nodes", required=True)
     pl.add_argument("--pods", required=True)
-    pl.add_argument("--policy", default="all", help="a policy, a comma list, or all")
+    pl.add_argument("--policy", default=None, help="a policy, a comma list, or all (default all; with "
+                    "--families: fragmentation-aware,fgd-paper, ours first)")
     pl.add_argument("--seeds", default="42-51")
     pl.add_argument("--json")
     pl.add_argument("--jobs", type=int, default=0, help="worker processes (default: CPU count)")
     pl.add_argument("--learn", choices=("history", "online"), default="history")
+    pl.add_argument("--families", action="store_true",
+                    help="ours and the FGD paper's algorithm side by side on workload families made from "
+                         "the pod list (default --policy fragmentation-aware,fgd-paper)")
+    for fam in families.FAMILIES:
+        pl.add_argument(f"--{fam}", default=",".join(map(str, families.DEFAULT_LEVELS[fam])),
+                        help=f"--families: levels of the {fam} family (default %(default)s)")
+    pl.add_argument("--md", help="--families: write the table as markdown here")
     pl.add_argument("--fluid-memory", action=argparse.BooleanOptionalAction, default=True,
                     help="fragmentation-aware: count host memory's gradual stranding of GPUs, as the "
                          "placement service does by default (--no-fluid-memory: the faster model)")
@@ -332,7 +455,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="as for placement (the service's default is on)")
     args = ap.parse_args(argv)
     try:
-        return run_placement(args) if args.cmd == "placement" else run_speed(args)
+        if args.cmd == "placement" and args.families:
+            args.policy = args.policy or f"fragmentation-aware,{PAPER_FGD}"
+            return run_families(args)
+        if args.cmd == "placement":
+            args.policy = args.policy or "all"
+            return run_placement(args)
+        return run_speed(args)
     except (TraceError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
