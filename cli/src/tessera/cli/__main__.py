@@ -338,13 +338,14 @@ def cmd_bench(args) -> int:
         "placement": [sys.executable, "-m", "tessera.placement.bench", "placement"],
         "placement-speed": [sys.executable, "-m", "tessera.placement.bench", "speed"],
         "placement-families": [sys.executable, "-m", "tessera.placement.bench", "placement", "--families"],
+        "placement-dynamic": [sys.executable, "-m", "tessera.placement.bench", "dynamic"],
         "placement-nats": [sys.executable, "-m", "tessera.placement.natsbench"],
         "tenants": [sys.executable, "-m", "tessera.controlplane.bench"],
     }
     openb = Path(os.environ.get("TESSERA_OPENB_DIR") or REPO_ROOT.parent / "shared" / "data" / "openb")
 
     def command(name: str, rest: list[str]) -> list[str]:
-        if name in ("placement", "placement-speed", "placement-families") and "--nodes" not in rest:
+        if name in ("placement", "placement-speed", "placement-families", "placement-dynamic") and "--nodes" not in rest:
             if not openb.exists():
                 raise CliError(f"the openb trace is not at {openb}: pass --nodes/--pods or set TESSERA_OPENB_DIR")
             rest = ["--nodes", str(openb / "openb_node_list_gpu_node.csv"),
@@ -454,7 +455,7 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--check", action="store_true", help="fail if the document is out of date")
     a.set_defaults(func=cmd_asyncapi)
 
-    b = sub.add_parser("bench", help="run a benchmark: all, placement, placement-families, placement-speed, placement-nats, tenants")
+    b = sub.add_parser("bench", help="run a benchmark: all, placement, placement-families, placement-dynamic, placement-speed, placement-nats, tenants")
     b.add_argument("what")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments passed to the benchmark")
     b.set_defaults(func=cmd_bench)

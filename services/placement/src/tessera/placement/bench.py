@@ -79,6 +79,9 @@ def cluster_fragmentation(placer: Placer) -> float:
     return total
 
 
+PAPER_TIES = "name"  # fgd-paper's tie rule (--fgd-paper-ties; set before the workers fork)
+
+
 def simulate(policy: str, seed: int, learn: str = "history", fluid_memory: bool = False,
              pods: list[TracePod] | None = None) -> dict:
     """One run of the paper's method (on `pods`, by default the loaded list); the curve and timings."""
@@ -96,7 +99,7 @@ def simulate(policy: str, seed: int, learn: str = "history", fluid_memory: bool 
     # The paper's FGD measures against the pod list's task types (its target workload).
     typical = TypicalPods(demands[p] for p in pods) if policy == PAPER_FGD else None
     placer = Placer(fleet, policy, mix=mix, learn=False, seed=seed, fluid_memory=fluid_memory,
-                    typical=typical)
+                    typical=typical, paper_ties=PAPER_TIES)
     arrived = allocated = 0.0
     curve = []
     next_pct = 1
@@ -503,6 +506,9 @@ def main(argv: list[str] | None = None) -> int:
         pl.add_argument(f"--{fam}", default=",".join(map(str, families.DEFAULT_LEVELS[fam])),
                         help=f"--families: levels of the {fam} family (default %(default)s)")
     pl.add_argument("--md", help="--families: write the table as markdown here")
+    pl.add_argument("--fgd-paper-ties", choices=("name", "random"), default="name",
+                    help="fgd-paper among equal scores: the first node by name (default: reproduces the "
+                         "published figures) or a random one (the Kubernetes scheduler's rule)")
     pl.add_argument("--fluid-memory", action=argparse.BooleanOptionalAction, default=True,
                     help="fragmentation-aware: count host memory's gradual stranding of GPUs, as the "
                          "placement service does by default (--no-fluid-memory: the faster model)")
@@ -525,6 +531,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="as for placement (the service's default is on)")
     args = ap.parse_args(argv)
     try:
+        global PAPER_TIES
+        PAPER_TIES = getattr(args, "fgd_paper_ties", "name")
         if args.cmd == "placement" and args.families:
             args.policy = args.policy or f"fragmentation-aware,{PAPER_FGD}"
             return run_families(args)

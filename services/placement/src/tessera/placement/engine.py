@@ -145,7 +145,7 @@ class Placer:
         self, fleet: Fleet, default_node_policy: str = "fragmentation-aware",
         default_gpu_policy: str | None = None, mix: WorkloadMix | None = None, *,
         learn: bool = True, seed: int = 0, fluid_memory: bool = False, compiled: bool | None = None,
-        typical: TypicalPods | None = None,
+        typical: TypicalPods | None = None, paper_ties: str = "name",
     ) -> None:
         for p in (default_node_policy, default_gpu_policy):
             if p is not None and p not in POLICIES:
@@ -167,6 +167,9 @@ class Placer:
             self._gvec = partial(self._core.gvec, self)  # (what _fragb and _fluid call, compiled)
         self.rng = _random.Random(seed)
         self.typical = typical
+        if paper_ties not in ("name", "random"):
+            raise ValueError(f"paper_ties is {paper_ties!r}: 'name' (first node by name) or 'random'")
+        self.paper_ties = paper_ties
         self._paper: PaperFGD | None = None
         self._token = next(_tokens)
         self._epoch = -1
@@ -825,6 +828,17 @@ class Placer:
             if d.node is None and not d.use_uuids and not d.nouse_uuids and not exclude:
                 return self._reject(d, None, {}, None)
             return self._place_each(d, "fragmentation-aware", "fragmentation-aware", exclude)
+        if self.paper_ties == "random":  # (the Kubernetes scheduler's rule: see `paperfgd`)
+            sizes = [len(w.members) if isinstance(w, NodeClass) else 1 for w, _ in cands]
+            pick = self.rng.randrange(sum(sizes))
+            for (where, positions), size in zip(cands, sizes):
+                if pick < size:
+                    node = list(where.members.values())[pick] if isinstance(where, NodeClass) else where
+                    break
+                pick -= size
+            order = node.order
+            positions = tuple(sorted(positions, key=lambda p: order[p])[: d.gpus])
+            return self._placement(node, d, float(best), positions, PAPER_FGD)
         # Among equal scores, the node first by name (see `paperfgd` on why not a random one).
         node = min((min(where.members.values(), key=_node_name) if isinstance(where, NodeClass) else where
                     for where, _ in cands), key=_node_name)
