@@ -211,7 +211,7 @@ def run_families(args: argparse.Namespace) -> int:
         # (results arrive out of order: compare seed by seed on sorted keys)
         diff = statistics.mean(per[ours]) - statistics.mean(per[base])
         by_seed = _per_seed(got, fam, lv, ours, base)
-        level = "trace as given (FGD published 4.77)" if fam == "default" else families.describe(fam, lv)
+        level = "trace as given" if fam == "default" else families.describe(fam, lv)
         lines.append(f"| {fam} | {level} | {len(_variant(fam, lv)):,} | " + " | ".join(cells)
                      + f" | {diff:+.2f} | {by_seed} |")
         out["rows"].append({"family": fam, "level": lv, "pods": len(_variant(fam, lv)),
