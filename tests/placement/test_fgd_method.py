@@ -66,3 +66,30 @@ def test_cli_reports_bad_trace(tmp_path):
         [sys.executable, "-m", "tessera.placement.bench", "placement", "--nodes", str(tmp_path / "n.csv"),
          "--pods", str(tmp_path / "p.csv")], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "p.csv:2:" in proc.stderr
+
+
+def test_families_table_puts_ours_and_the_papers_fgd_side_by_side(tmp_path):
+    (tmp_path / "n.csv").write_text(NODES)
+    (tmp_path / "p.csv").write_text(PODS)
+    md = tmp_path / "families.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tessera.placement.bench", "placement", "--families", "--nodes",
+         str(tmp_path / "n.csv"), "--pods", str(tmp_path / "p.csv"), "--seeds", "1-2", "--jobs", "1",
+         "--cpu-only", "3", "--gpu-share", "50", "--gpu-spec", "50", "--multi-gpu", "2,3", "--md", str(md)],
+        capture_output=True, text=True, timeout=300, check=True)
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert "fragmentation-aware" in rows[0] and "fgd-paper" in rows[0]
+    assert [r.split("|")[1].strip() for r in rows[1:]] == ["default", "cpu-only", "gpu-share", "gpu-spec",
+                                                          "multi-gpu", "multi-gpu"]
+    assert "3 CPU-only pods" in proc.stdout and "50% of GPU pods typed" in proc.stdout
+    assert "--multi-gpu 2,3" in md.read_text() and rows[-1] in md.read_text()
+
+
+def test_families_refuse_a_bad_level(tmp_path):
+    (tmp_path / "n.csv").write_text(NODES)
+    (tmp_path / "p.csv").write_text(PODS)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tessera.placement.bench", "placement", "--families", "--nodes",
+         str(tmp_path / "n.csv"), "--pods", str(tmp_path / "p.csv"), "--gpu-share", "150"],
+        capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "percentages" in proc.stderr

@@ -337,13 +337,15 @@ def cmd_bench(args) -> int:
     targets = {
         "placement": [sys.executable, "-m", "tessera.placement.bench", "placement"],
         "placement-speed": [sys.executable, "-m", "tessera.placement.bench", "speed"],
+        "placement-families": [sys.executable, "-m", "tessera.placement.bench", "placement", "--families"],
+        "placement-dynamic": [sys.executable, "-m", "tessera.placement.bench", "dynamic"],
         "placement-nats": [sys.executable, "-m", "tessera.placement.natsbench"],
         "tenants": [sys.executable, "-m", "tessera.controlplane.bench"],
     }
     openb = Path(os.environ.get("TESSERA_OPENB_DIR") or REPO_ROOT.parent / "shared" / "data" / "openb")
 
     def command(name: str, rest: list[str]) -> list[str]:
-        if name in ("placement", "placement-speed") and "--nodes" not in rest:
+        if name in ("placement", "placement-speed", "placement-families", "placement-dynamic") and "--nodes" not in rest:
             if not openb.exists():
                 raise CliError(f"the openb trace is not at {openb}: pass --nodes/--pods or set TESSERA_OPENB_DIR")
             rest = ["--nodes", str(openb / "openb_node_list_gpu_node.csv"),
@@ -352,10 +354,12 @@ def cmd_bench(args) -> int:
 
     if args.what == "all":
         code = 0
-        for name in ("placement", "placement-speed", "placement-nats", "tenants"):
+        for name in ("placement", "placement-families", "placement-speed", "placement-nats", "tenants"):
             err.print(f"[bold]== bench {name}[/]")
             # (the service with its compiled core against the Python engine, side by side)
             rest = ["--models", "default,python-core"] if name == "placement-nats" else []
+            if name == "placement-families":  # (the families table is kept in the repository)
+                rest = ["--md", str(REPO_ROOT / "bench" / "placement_families.md")]
             code |= subprocess.call(command(name, rest))
         return code
     if args.what not in targets:
@@ -451,7 +455,7 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--check", action="store_true", help="fail if the document is out of date")
     a.set_defaults(func=cmd_asyncapi)
 
-    b = sub.add_parser("bench", help="run a benchmark: all, placement, placement-speed, placement-nats, tenants")
+    b = sub.add_parser("bench", help="run a benchmark: all, placement, placement-families, placement-dynamic, placement-speed, placement-nats, tenants")
     b.add_argument("what")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments passed to the benchmark")
     b.set_defaults(func=cmd_bench)

@@ -33,12 +33,14 @@ from pathlib import Path
 
 from tessera.shared.events import LedgerEntry
 
+from . import dynamic, families
 from .engine import Placement, Placer
 from .fleet import Fleet
 from .mix import POLICIES, WorkloadMix
+from .paperfgd import POLICY as PAPER_FGD, TypicalPods
 from .trace import TraceError, TraceNode, TracePod, load_nodes, load_pods, node_inventory, pod_demand
 
-BASELINES = ("random", "dot-product", "spread", "binpack", "best-fit", "fragmentation-aware")
+BASELINES = ("random", "dot-product", "spread", "binpack", "best-fit", PAPER_FGD, "fragmentation-aware")
 
 _nodes: list[TraceNode] = []
 _pods: list[TracePod] = []
@@ -77,9 +79,14 @@ def cluster_fragmentation(placer: Placer) -> float:
     return total
 
 
-def simulate(policy: str, seed: int, learn: str = "history", fluid_memory: bool = False) -> dict:
-    """One run of the paper's method; returns the curve and timings."""
-    nodes, pods = _nodes, _pods
+PAPER_TIES = "name"  # fgd-paper's tie rule (--fgd-paper-ties; set before the workers fork)
+
+
+def simulate(policy: str, seed: int, learn: str = "history", fluid_memory: bool = False,
+             pods: list[TracePod] | None = None) -> dict:
+    """One run of the paper's method (on `pods`, by default the loaded list); the curve and timings."""
+    nodes = _nodes
+    pods = _pods if pods is None else pods
     capacity = sum(n.gpus for n in nodes)
     tasks = sample_tasks(pods, capacity, seed)
     fleet = build_fleet(nodes)
@@ -89,7 +96,10 @@ def simulate(policy: str, seed: int, learn: str = "history", fluid_memory: bool 
         demands[p] = pod_demand(p)
     if learn == "history":
         mix.observe_all(demands[p] for p in pods)
-    placer = Placer(fleet, policy, mix=mix, learn=False, seed=seed, fluid_memory=fluid_memory)
+    # The paper's FGD measures against the pod list's task types (its target workload).
+    typical = TypicalPods(demands[p] for p in pods) if policy == PAPER_FGD else None
+    placer = Placer(fleet, policy, mix=mix, learn=False, seed=seed, fluid_memory=fluid_memory,
+                    typical=typical, paper_ties=PAPER_TIES)
     arrived = allocated = 0.0
     curve = []
     next_pct = 1
@@ -126,8 +136,137 @@ def simulate(policy: str, seed: int, learn: str = "history", fluid_memory: bool 
 
 
 def _job(args: tuple) -> dict:
-    policy, seed, learn, fluid = args
-    return simulate(policy, seed, learn, fluid)
+    policy, seed, learn, fluid = args[:4]
+    if len(args) == 4:
+        return simulate(policy, seed, learn, fluid)
+    family, level = args[4:]
+    r = simulate(policy, seed, learn, fluid, pods=_variant(family, level))
+    r["family"], r["level"] = family, level
+    return r
+
+
+_variants: dict[tuple, list[TracePod]] = {}
+
+
+def _variant(family: str, level: int) -> list[TracePod]:
+    """A family's pod list, made once per worker process."""
+    key = (family, level)
+    v = _variants.get(key)
+    if v is None:
+        v = _variants[key] = _pods if family == "default" else families.variant(_pods, _nodes, family, level)
+    return v
+
+
+def _pool_map(jobs: list[tuple], n_jobs: int):
+    if n_jobs == 1:
+        yield from map(_job, jobs)
+        return
+    pool = mp.get_context("fork").Pool(n_jobs)
+    try:
+        yield from pool.imap_unordered(_job, jobs)
+    finally:
+        pool.close()
+        pool.join()
+
+
+def run_families(args: argparse.Namespace) -> int:
+    """Ours and the paper's FGD side by side on each workload family and level (`families`)."""
+    policies = [p.strip() for p in args.policy.split(",")]
+    for p in policies:
+        if p not in POLICIES:
+            print(f"unknown policy {p!r} (one of: {', '.join(POLICIES)})", file=sys.stderr)
+            return 2
+    seeds = parse_seeds(args.seeds)
+    rows: list[tuple[str, int]] = [("default", 0)]
+    for fam in families.FAMILIES:
+        rows += [(fam, lv) for lv in families.parse_levels(getattr(args, fam.replace("-", "_")), fam)]
+    _load(args.nodes, args.pods)
+    for fam, lv in rows:
+        _variant(fam, lv)  # (made here once: the forked workers inherit them, and bad levels fail early)
+    jobs = [(p, s, args.learn, args.fluid_memory, fam, lv) for fam, lv in rows for p in policies for s in seeds]
+    jobs.sort(key=lambda j: j[0] != PAPER_FGD)  # the slowest first, so the pool drains evenly
+    t0 = time.perf_counter()
+    got: dict[tuple, list[float]] = {}
+    n_jobs = max(1, min(args.jobs or os.cpu_count() or 1, len(jobs)))
+    for k, r in enumerate(_pool_map(jobs, n_jobs), 1):
+        got.setdefault((r["family"], r["level"], r["policy"]), []).append(r["unallocated_pct_at_100"])
+        _seed_of.setdefault((r["family"], r["level"], r["policy"]), {})[r["seed"]] = r["unallocated_pct_at_100"]
+        print(f"[{k}/{len(jobs)} {time.perf_counter() - t0:6.1f}s] {r['family']} {r['level']} {r['policy']} "
+              f"seed {r['seed']}: {r['unallocated_pct_at_100']:.2f}%", file=sys.stderr, flush=True)
+    capacity = sum(n.gpus for n in _nodes)
+    ours, base = policies[0], policies[-1]
+    lines = [f"Workload families (FGD paper's method): {len(_nodes):,} nodes, {capacity:,} GPUs, seeds "
+             f"{args.seeds}; unallocated GPU % at 100% arrival, mean ± std over seeds "
+             f"({time.perf_counter() - t0:.0f}s)", "",
+             "| family | level | pods | " + " | ".join(policies) + f" | {ours} − {base} | ahead on seeds |",
+             "|---|---|---|" + "---|" * len(policies) + "---|---|"]
+    out: dict = {"seeds": seeds, "policies": policies, "rows": []}
+    for fam, lv in rows:
+        cells = []
+        per = {}
+        for p in policies:
+            xs = got[(fam, lv, p)]
+            per[p] = xs
+            cells.append(f"{statistics.mean(xs):.2f} ± {statistics.pstdev(xs) if len(xs) > 1 else 0.0:.2f}")
+        # (results arrive out of order: compare seed by seed on sorted keys)
+        diff = statistics.mean(per[ours]) - statistics.mean(per[base])
+        by_seed = _per_seed(got, fam, lv, ours, base)
+        level = "trace as given" if fam == "default" else families.describe(fam, lv)
+        lines.append(f"| {fam} | {level} | {len(_variant(fam, lv)):,} | " + " | ".join(cells)
+                     + f" | {diff:+.2f} | {by_seed} |")
+        out["rows"].append({"family": fam, "level": lv, "pods": len(_variant(fam, lv)),
+                            **{p: {"mean": round(statistics.mean(per[p]), 4),
+                                   "std": round(statistics.pstdev(per[p]) if len(per[p]) > 1 else 0.0, 4)}
+                               for p in policies}})
+    text = "\n".join(lines)
+    print(text)
+    if args.md:
+        Path(args.md).write_text(_families_doc(args, text))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+_seed_of: dict[tuple, list[int]] = {}
+
+
+def _per_seed(got: dict, fam: str, lv: int, ours: str, base: str) -> str:
+    a = _seed_of.get((fam, lv, ours))
+    b = _seed_of.get((fam, lv, base))
+    if a is None or b is None:
+        return "–"
+    wins = sum(1 for s in a if s in b and a[s] < b[s])
+    return f"{wins}/{len(a)}"
+
+
+def _families_doc(args: argparse.Namespace, table: str) -> str:
+    return f"""# Placement on workload families: ours against the FGD paper's algorithm
+
+Generated by `tessera bench placement --families` (`make bench` rewrites this file). Command:
+
+    python -m tessera.placement.bench placement --families --seeds {args.seeds} --policy {args.policy} \\
+        --cpu-only {args.cpu_only} --gpu-share {args.gpu_share} --gpu-spec {args.gpu_spec} --multi-gpu {args.multi_gpu}
+
+Method: the FGD paper's (bench/placement_sim.md): per seed, tasks sampled from the family's pod list
+to 130% of the fleet's GPUs, placed one at a time, never released; the figure is the unallocated GPU
+share at 100% arrival (lower is better). Both policies measure against the family's own task mix.
+
+- `fragmentation-aware` is ours (`tessera.placement.engine`, the service's default).
+- `fgd-paper` is the paper's algorithm as published (`tessera.placement.paperfgd`): typical task
+  types to 95% popularity (CPU-only included, host memory not a dimension), the node's fragmentation
+  as the popularity-weighted unusable GPU capacity, score = int(100 x sigmoid(decrease in GPUs)),
+  the best GPU for a share, the lowest-indexed free GPUs otherwise; the same filters as ours. On the
+  default trace it should land within ±0.3 of the published 4.77 (the first row).
+- Families (`tessera.placement.families`, generator seed 233), made from the default list the way
+  the paper made its variants: `cpu-only` adds CPU-only pods sampled from the list's own to the
+  given count (the list has 1,088); `gpu-share` turns whole-GPU pods into sharing pods sampled from
+  the list's own until the given share of GPU pods shares a GPU (the list: 44%); `gpu-spec`
+  constrains the given share of GPU pods to one GPU model, drawn by the fleet's GPUs per model;
+  `multi-gpu` adds 2/4/8-GPU pods sampled from the list's own to the given count (the list has 75).
+- "ahead on seeds": the seeds on which ours left less unallocated than fgd-paper.
+
+{table}
+"""
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -205,6 +344,70 @@ def run_placement(args: argparse.Namespace) -> int:
           "BestFit 7.14, FGD 4.77")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+# --- dynamic ------------------------------------------------------------------------------------
+
+
+def _dyn_job(args: tuple):
+    policy, load, seed = args
+    return dynamic.replay(_nodes, _pods, policy, load, seed, fleet_of=build_fleet)
+
+
+def run_dynamic(args: argparse.Namespace) -> int:
+    """Every policy on the trace replayed with arrivals and departures (`dynamic`)."""
+    policies = list(BASELINES) if args.policy == "all" else [p.strip() for p in args.policy.split(",")]
+    for p in policies:
+        if p not in POLICIES:
+            print(f"unknown policy {p!r} (one of: {', '.join(POLICIES)}, all)", file=sys.stderr)
+            return 2
+    try:
+        loads = [float(x) for x in args.load.split(",") if x.strip()]
+    except ValueError:
+        print(f"--load takes numbers separated by commas (offered load x the fleet's GPUs), got {args.load!r}",
+              file=sys.stderr)
+        return 2
+    _load(args.nodes, args.pods)
+    jobs = [(p, lv, args.seed) for lv in loads for p in sorted(policies, key=lambda p: p != PAPER_FGD)]
+    t0 = time.perf_counter()
+    n_jobs = max(1, min(args.jobs or os.cpu_count() or 1, len(jobs)))
+    got = {}
+    if n_jobs == 1:
+        it = map(_dyn_job, jobs)
+        pool = None
+    else:
+        pool = mp.get_context("fork").Pool(n_jobs)
+        it = pool.imap_unordered(_dyn_job, jobs)
+    try:
+        for r in it:
+            got[(r.policy, r.load)] = r
+            print(f"[{len(got)}/{len(jobs)} {time.perf_counter() - t0:6.1f}s] {r.policy} load {r.load:g}: "
+                  f"served {r.served_pct:.2f}%", file=sys.stderr, flush=True)
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
+    capacity = sum(n.gpus for n in _nodes)
+    arrivals = next(iter(got.values())).pods
+    lines = [f"Dynamic replay: {len(_nodes):,} nodes, {capacity:,} GPUs, {arrivals:,} pod arrivals ({dynamic.PASSES} "
+             f"passes over the list's window), at their creation times compressed to the offered load, leaving "
+             f"after their lifetimes; waiting pods retried on every departure; the first pass not measured "
+             f"({time.perf_counter() - t0:.0f}s)", "",
+             "| load | policy | GPU allocated % (time mean) | at 10%, 20% … 100% of the measured time | demand served % "
+             "| wait p50 | wait p99 | waited | never ran |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for lv in loads:
+        for p in policies:
+            r = got[(p, lv)]
+            lines.append(f"| {lv:g} | {p} | {r.alloc_mean:.2f} | {' '.join(f'{x:.0f}' for x in r.alloc_series)} "
+                         f"| {r.served_pct:.2f} | {r.wait_p50:.3f} | {r.wait_p99:.3f} | {r.waited:,} "
+                         f"| {r.never_ran:,} |")
+    lines.append("")
+    lines.append("(waits in median pod lifetimes; waited = pods that ran after waiting)")
+    print("\n".join(lines))
+    if args.json:
+        Path(args.json).write_text(json.dumps([vars(r) for r in got.values()], indent=1))
     return 0
 
 
@@ -309,14 +512,33 @@ def main(argv: list[str] | None = None) -> int:
     pl = sub.add_parser("placement", help="packing quality, the FGD paper's method")
     pl.add_argument("--nodes", required=True)
     pl.add_argument("--pods", required=True)
-    pl.add_argument("--policy", default="all", help="a policy, a comma list, or all")
+    pl.add_argument("--policy", default=None, help="a policy, a comma list, or all (default all; with "
+                    "--families: fragmentation-aware,fgd-paper, ours first)")
     pl.add_argument("--seeds", default="42-51")
     pl.add_argument("--json")
     pl.add_argument("--jobs", type=int, default=0, help="worker processes (default: CPU count)")
     pl.add_argument("--learn", choices=("history", "online"), default="history")
+    pl.add_argument("--families", action="store_true",
+                    help="ours and the FGD paper's algorithm side by side on workload families made from "
+                         "the pod list (default --policy fragmentation-aware,fgd-paper)")
+    for fam in families.FAMILIES:
+        pl.add_argument(f"--{fam}", default=",".join(map(str, families.DEFAULT_LEVELS[fam])),
+                        help=f"--families: levels of the {fam} family (default %(default)s)")
+    pl.add_argument("--md", help="--families: write the table as markdown here")
+    pl.add_argument("--fgd-paper-ties", choices=("name", "random"), default="name",
+                    help="fgd-paper among equal scores: the first node by name (default: reproduces the "
+                         "published figures) or a random one (the Kubernetes scheduler's rule)")
     pl.add_argument("--fluid-memory", action=argparse.BooleanOptionalAction, default=True,
                     help="fragmentation-aware: count host memory's gradual stranding of GPUs, as the "
                          "placement service does by default (--no-fluid-memory: the faster model)")
+    dy = sub.add_parser("dynamic", help="the trace replayed with arrivals, departures and retries")
+    dy.add_argument("--nodes", required=True)
+    dy.add_argument("--pods", required=True)
+    dy.add_argument("--policy", default="all", help="a policy, a comma list, or all")
+    dy.add_argument("--load", default="0.8,1.1", help="offered loads, x the fleet's GPUs (default %(default)s)")
+    dy.add_argument("--seed", type=int, default=42)
+    dy.add_argument("--jobs", type=int, default=0, help="worker processes (default: CPU count)")
+    dy.add_argument("--json")
     sp = sub.add_parser("speed", help="place() decisions/s and RSS at fleet sizes")
     sp.add_argument("--nodes", required=True)
     sp.add_argument("--pods", required=True)
@@ -328,7 +550,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="as for placement (the service's default is on)")
     args = ap.parse_args(argv)
     try:
-        return run_placement(args) if args.cmd == "placement" else run_speed(args)
+        global PAPER_TIES
+        PAPER_TIES = getattr(args, "fgd_paper_ties", "name")
+        if args.cmd == "placement" and args.families:
+            args.policy = args.policy or f"fragmentation-aware,{PAPER_FGD}"
+            return run_families(args)
+        if args.cmd == "placement":
+            args.policy = args.policy or "all"
+            return run_placement(args)
+        if args.cmd == "dynamic":
+            return run_dynamic(args)
+        return run_speed(args)
     except (TraceError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

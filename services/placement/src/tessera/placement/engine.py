@@ -28,6 +28,8 @@ Policies:
   the node's fragmentation is the expectation over the workload mix. We choose the node and GPUs
   that minimise the increase, then prefer the tighter fit.
 - ``random``: a uniformly random feasible node (benchmark baseline).
+- ``fgd-paper``: the FGD paper's algorithm as published (`paperfgd`), the baseline the
+  fragmentation-aware policy is measured against; same filters, its own scores and tie-breaks.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ from typing import Any
 from tessera.shared.events import ClaimSpec, DeviceShare, LedgerEntry
 
 from .fleet import Fleet, Node, NodeClass
-from .mix import POLICIES, Demand, WorkloadMix, demand_of
+from .mix import POLICIES, Demand, WorkloadMix, _kind_demand, demand_of
+from .paperfgd import POLICY as PAPER_FGD, PaperFGD, TypicalPods
 
 __all__ = ["Placement", "Rejection", "Placer", "CONSTRAINTS", "ledger_entry", "COMPILED_CORE"]
 
@@ -61,6 +64,7 @@ _tokens = count()
 _CACHE_CAP = 64  # cached claim shapes per node class
 _FCACHE_CAP = 120_000
 _class_id = attrgetter("id")
+_node_name = attrgetter("name")
 _HEAPS_CAP = 256  # claim shapes with a live index
 _WHYS_CAP = 256  # claim shapes with live rejection counts
 _SWEEP = 2048  # retired memo entries freed per decision
@@ -133,13 +137,15 @@ class Placer:
     """Chooses node and GPUs for claims against one `Fleet`.
 
     `mix` is the workload mix the fragmentation-aware policy measures against; with `learn` (the
-    default) every new claim id seen by `place` is fed to it.
+    default) every new claim id seen by `place` is fed to it. `typical` is the paper FGD's target
+    workload (`fgd-paper`); without it, one is built from the mix's counts when first needed.
     """
 
     def __init__(
         self, fleet: Fleet, default_node_policy: str = "fragmentation-aware",
         default_gpu_policy: str | None = None, mix: WorkloadMix | None = None, *,
         learn: bool = True, seed: int = 0, fluid_memory: bool = False, compiled: bool | None = None,
+        typical: TypicalPods | None = None, paper_ties: str = "name",
     ) -> None:
         for p in (default_node_policy, default_gpu_policy):
             if p is not None and p not in POLICIES:
@@ -160,6 +166,11 @@ class Placer:
         if self._core is not None:
             self._gvec = partial(self._core.gvec, self)  # (what _fragb and _fluid call, compiled)
         self.rng = _random.Random(seed)
+        self.typical = typical
+        if paper_ties not in ("name", "random"):
+            raise ValueError(f"paper_ties is {paper_ties!r}: 'name' (first node by name) or 'random'")
+        self.paper_ties = paper_ties
+        self._paper: PaperFGD | None = None
         self._token = next(_tokens)
         self._epoch = -1
         self._demands: dict[tuple, Demand] = {}
@@ -222,6 +233,8 @@ class Placer:
             self._sweep()
         node_policy = d.node_policy or self.default_node_policy
         gpu_policy = d.gpu_policy or self.default_gpu_policy
+        if node_policy == PAPER_FGD:
+            return self._place_paper(d, frozenset(exclude_nodes), explain)
         if d.node is not None or d.use_uuids or d.nouse_uuids or exclude_nodes:
             return self._place_each(d, node_policy, gpu_policy, frozenset(exclude_nodes))
         ck = d._ckey
@@ -775,6 +788,64 @@ class Placer:
                 return self._placement(node, d, e[0], e[-1], gpu_policy)
             pick -= len(cls.members)
         raise AssertionError("unreachable")
+
+    def _place_paper(self, d: Demand, exclude: frozenset, explain: bool) -> Placement | Rejection:
+        """The paper's FGD: the highest integer score, the first node by name among equal ones;
+        GPUs by lowest index among the best (`paperfgd`)."""
+        paper = self._paper
+        if paper is None:
+            typical = self.typical
+            if typical is None:
+                typical = TypicalPods([(_kind_demand(k), n) for k, n in self.mix.counts().items()])
+            paper = self._paper = PaperFGD(typical, self.fleet.states)
+        best = -1
+        cands: list[tuple[Any, tuple]] = []  # (class or node, positions)
+        if d.node is None and not d.use_uuids and not d.nouse_uuids and not exclude:
+            for cls in self.fleet.classes.values():
+                r = paper.score(cls.devs, cls.cpu_free, cls.mem_free, d)
+                if r is None or r[0] < best:
+                    continue
+                if r[0] > best:
+                    best = r[0]
+                    cands = []
+                cands.append((cls, r[1]))
+        else:
+            for n in self.fleet.nodes.values():
+                if n.lost or n.name in exclude or (d.node is not None and n.name != d.node):
+                    continue
+                cls = n.cls
+                assert cls is not None  # live nodes are classified
+                r = paper.score(cls.devs, cls.cpu_free, cls.mem_free, d, self._mask(n, d))
+                if r is None or r[0] < best:
+                    continue
+                if r[0] > best:
+                    best = r[0]
+                    cands = []
+                cands.append((n, r[1]))
+        if not cands:
+            if not explain:
+                return _UNEXPLAINED
+            if d.node is None and not d.use_uuids and not d.nouse_uuids and not exclude:
+                return self._reject(d, None, {}, None)
+            return self._place_each(d, "fragmentation-aware", "fragmentation-aware", exclude)
+        if self.paper_ties == "random":  # (the Kubernetes scheduler's rule: see `paperfgd`)
+            sizes = [len(w.members) if isinstance(w, NodeClass) else 1 for w, _ in cands]
+            pick = self.rng.randrange(sum(sizes))
+            for (where, positions), size in zip(cands, sizes):
+                if pick < size:
+                    node = list(where.members.values())[pick] if isinstance(where, NodeClass) else where
+                    break
+                pick -= size
+            order = node.order
+            positions = tuple(sorted(positions, key=lambda p: order[p])[: d.gpus])
+            return self._placement(node, d, float(best), positions, PAPER_FGD)
+        # Among equal scores, the node first by name (see `paperfgd` on why not a random one).
+        node = min((min(where.members.values(), key=_node_name) if isinstance(where, NodeClass) else where
+                    for where, _ in cands), key=_node_name)
+        positions = next(p for where, p in cands if where is node or where is node.cls)
+        order = node.order
+        positions = tuple(sorted(positions, key=lambda p: order[p])[: d.gpus])
+        return self._placement(node, d, float(best), positions, PAPER_FGD)
 
     # --- the per-node path: pins, uuid selectors, excluded nodes --------------------------------
 

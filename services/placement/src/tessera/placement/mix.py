@@ -19,7 +19,7 @@ from tessera.shared.events import ClaimSpec
 
 __all__ = ["Demand", "WorkloadMix", "demand_of", "DEFAULT_MIX"]
 
-POLICIES = ("binpack", "spread", "fragmentation-aware", "best-fit", "dot-product", "random")
+POLICIES = ("binpack", "spread", "fragmentation-aware", "best-fit", "dot-product", "random", "fgd-paper")
 
 
 class Demand:
@@ -221,6 +221,10 @@ class WorkloadMix:
 
     def kinds(self) -> list[tuple[Demand, float]]:
         return self._kinds
+
+    def counts(self) -> dict[tuple, int]:
+        """Claims seen per kind (what the paper's FGD builds its target workload from)."""
+        return dict(self._counts)
 
     def _build(self, counts: Counter) -> list[tuple[Demand, float]]:
         # (weights are counts of claims seen, or the default mix's fractions)

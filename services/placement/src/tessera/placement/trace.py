@@ -75,6 +75,9 @@ class TracePod:
     num_gpu: int
     gpu_milli: int
     gpu_spec: tuple[str, ...] = ()
+    # Seconds from the trace's start, where the list has them (the dynamic replay uses them).
+    creation_time: int | None = None
+    deletion_time: int | None = None
 
     @property
     def gpu_units(self) -> float:
@@ -178,8 +181,13 @@ def load_pods(path: str | Path) -> list[TracePod]:
         spec = tuple(m.strip() for m in spec_raw.split("|") if m.strip())
         if num_gpu == 0 and spec:
             spec = ()  # a GPU model constraint on a CPU-only task constrains nothing
+        times = []
+        for col in ("creation_time", "deletion_time"):
+            raw = (r.get(col) or "").strip()
+            times.append(_int(path, line, col, raw) if raw else None)
         pods.append(TracePod(r["name"], _int(path, line, "cpu_milli", r["cpu_milli"]),
-                             _int(path, line, "memory_mib", r["memory_mib"]), num_gpu, gpu_milli, spec))
+                             _int(path, line, "memory_mib", r["memory_mib"]), num_gpu, gpu_milli, spec,
+                             times[0], times[1]))
     if not pods:
         raise TraceError(f"{path}: no pods")
     return pods

@@ -1,0 +1,215 @@
+"""The dynamic placement benchmark: the trace replayed with pods that arrive and leave.
+
+The FGD paper's method (bench.py) only ever adds tasks. Here each pod of the list arrives at its own
+creation time and, once placed, runs for its own lifetime (deletion - creation) and leaves. A pod
+that does not fit waits; whenever pods leave, every waiting pod is retried in arrival order, as the
+placement service retries its unschedulable claims on every change (a shape that failed in a pass
+is not tried again in that pass: capacity only shrinks within it, so it would fail again).
+
+The openb list is a sample of a larger cluster's pods over ~150 days: replayed as it is, its peak
+demand is about 1% of the fleet, and 95% of its pods arrive in the last fifth of the span. So the
+replay takes the window from the 5% quantile of arrivals on, compresses its arrival times by the
+factor that offers `load` times the fleet's GPUs (`compression`: the GPUs all pods would hold if
+each ran on arrival, time mean over the measured passes), keeps the lifetimes, and runs the window `PASSES` times back to back (one pass
+of the list asks for about the fleet's GPUs in all: without repeating it, nothing would need to
+wait). The first pass fills the fleet and is not measured. Pods still waiting at the end never ran.
+
+Reported per policy: the GPU allocation ratio over time (at tenths of the measured time, and its
+time mean), the share of time-weighted GPU demand served (integral of allocated GPUs over the integral
+of allocated + waiting GPUs), waiting time p50/p99 of the pods that ran (in units of the median pod
+lifetime, as the absolute times depend on the compression), and how many pods never ran.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from tessera.shared.events import LedgerEntry
+
+from .engine import Placement, Placer
+from .fleet import Fleet
+from .mix import WorkloadMix
+from .paperfgd import POLICY as PAPER_FGD, TypicalPods
+from .trace import TraceNode, TracePod, pod_demand
+
+__all__ = ["replay", "compression", "window", "ReplayResult"]
+
+WINDOW_SKIP = 0.05  # the sparse start of the trace: its first 79% of time holds 5% of the pods
+PASSES = 3  # passes over the window; the first fills the fleet and is not measured
+
+
+@dataclass
+class ReplayResult:
+    policy: str
+    load: float
+    alloc_series: list[float]  # allocated % of GPUs at 10%, 20%, ... 100% of the horizon
+    alloc_mean: float  # time-mean allocated % of GPUs
+    served_pct: float  # time-weighted GPU demand served, %
+    wait_p50: float  # in median lifetimes
+    wait_p99: float
+    waited: int  # pods that ran after waiting
+    never_ran: int
+    pods: int
+    retries: int
+
+
+def _timed(pods: list[TracePod]) -> list[TracePod]:
+    timed = [p for p in pods if p.creation_time is not None and p.deletion_time is not None]
+    if not timed:
+        raise ValueError("the pod list has no creation_time/deletion_time columns: the dynamic replay "
+                         "needs them (the openb lists have them)")
+    return timed
+
+
+def window(pods: list[TracePod], skip: float = WINDOW_SKIP) -> tuple[list[TracePod], int, int]:
+    """The pods of the replayed window (arrival order), its start and its length in trace seconds."""
+    timed = sorted(_timed(pods), key=lambda p: (p.creation_time, p.name))
+    start = timed[int(skip * len(timed))].creation_time
+    kept = [p for p in timed if p.creation_time >= start]
+    length = kept[-1].creation_time - start
+    if length <= 0:
+        raise ValueError("the pod list's arrivals all fall at one instant: nothing to replay")
+    return kept, start, length
+
+
+def compression(pods: list[TracePod], capacity: int, load: float) -> float:
+    """The factor dividing arrival times that makes the offered demand `load` x `capacity`: the
+    time mean, over the measured passes, of the GPUs every pod would hold if it ran on arrival for
+    its lifetime. Found by bisection (more compression, more pods alive at once)."""
+    kept, t0, length = window(pods)
+    work = [(p.gpu_units, p.creation_time - t0, max(1, p.deletion_time - p.creation_time)) for p in kept]
+
+    def offered(k: float) -> float:
+        period = length / k
+        lo, hi = period, PASSES * period
+        total = 0.0
+        for r in range(PASSES):
+            for g, a, life in work:
+                t = a / k + r * period
+                total += g * max(0.0, min(hi, t + life) - max(lo, t))
+        return total / (hi - lo)
+
+    target = load * capacity
+    lo, hi = 1e-3, 1e9
+    if offered(hi) < target:
+        raise ValueError(f"--load {load:g} cannot be offered: with every pod alive at once the replay "
+                         f"asks for {offered(hi) / capacity:.2f} x the fleet's GPUs")
+    for _ in range(200):
+        mid = (lo * hi) ** 0.5
+        if offered(mid) < target:
+            lo = mid
+        else:
+            hi = mid
+        if hi / lo < 1.001:
+            break
+    return hi
+
+
+def replay(nodes: list[TraceNode], pods: list[TracePod], policy: str, load: float, seed: int = 42,
+           fleet_of=None) -> ReplayResult:
+    timed, t0, length = window(pods)
+    capacity = sum(n.gpus for n in nodes)
+    k = compression(timed, capacity, load)
+    fleet: Fleet = fleet_of(nodes)
+    demands = {p: pod_demand(p) for p in timed}
+    mix = WorkloadMix()
+    mix.observe_all(demands[p] for p in timed)
+    typical = TypicalPods(demands[p] for p in timed) if policy == PAPER_FGD else None
+    placer = Placer(fleet, policy, mix=mix, learn=False, seed=seed, fluid_memory=True, typical=typical)
+    lives = sorted(max(1, p.deletion_time - p.creation_time) for p in timed)
+    unit = float(lives[len(lives) // 2])
+    n = len(timed)
+    period = length / k
+    arrivals = [((p.creation_time - t0) / k + r * period, r * n + i, p)
+                for r in range(PASSES) for i, p in enumerate(timed)]
+    arrivals.sort(key=lambda a: a[:2])
+    horizon = PASSES * period
+    warm = period  # metrics from the second pass on
+    departures: list[tuple[float, int, str]] = []  # (time, pod index, node)
+    waiting: dict[int, tuple[float, TracePod]] = {}  # pod index -> (arrival, pod), arrival order
+    allocated = waiting_gpu = 0.0
+    area_alloc = area_demand = 0.0
+    last = 0.0
+    marks = [warm + (horizon - warm) * j / 10 for j in range(1, 10)] + [horizon]
+    series: list[float] = []
+    waits: list[float] = []
+    retries = 0
+
+    def advance(t: float) -> None:
+        nonlocal last, area_alloc, area_demand
+        t = min(t, horizon)
+        if t <= warm:
+            last = t
+            return
+        last = max(last, warm)
+        while marks and marks[0] <= t:
+            m = marks.pop(0)
+            area_alloc += allocated * (m - last)
+            area_demand += (allocated + waiting_gpu) * (m - last)
+            last = m
+            series.append(100 * allocated / capacity)
+        if t > last:
+            area_alloc += allocated * (t - last)
+            area_demand += (allocated + waiting_gpu) * (t - last)
+            last = t
+
+    def start(i: int, p: TracePod, now: float) -> bool:
+        nonlocal allocated
+        d = demands[p]
+        r = placer.place_demand(d, explain=False)
+        if type(r) is not Placement:
+            return False
+        fleet.commit(r.node, LedgerEntry(claim=f"p{i}", tenant="bench", shares=r.shares, cpu_millis=d.cpu,
+                                         host_memory_mib=d.hostmem, ts=0.0))
+        allocated += p.gpu_units
+        heapq.heappush(departures, (now + max(1, p.deletion_time - p.creation_time), i, r.node))
+        return True
+
+    ai = 0
+    while ai < len(arrivals) or departures:
+        next_arr = arrivals[ai][0] if ai < len(arrivals) else float("inf")
+        next_dep = departures[0][0] if departures else float("inf")
+        now = min(next_arr, next_dep)
+        if now > horizon:
+            break
+        advance(now)
+        if next_dep <= next_arr:
+            while departures and departures[0][0] == now:
+                _, i, node = heapq.heappop(departures)
+                fleet.release(node, f"p{i}")
+                allocated -= timed[i % n].gpu_units
+            failed: set = set()
+            for i, (t_arr, p) in list(waiting.items()):
+                shape = demands[p].shape
+                if shape in failed:
+                    continue
+                retries += 1
+                if start(i, p, now):
+                    del waiting[i]
+                    waiting_gpu -= p.gpu_units
+                    if t_arr >= warm:
+                        waits.append((now - t_arr) / unit)
+                else:
+                    failed.add(shape)
+        else:
+            _, i, p = arrivals[ai]
+            ai += 1
+            if start(i, p, now):
+                if now >= warm:
+                    waits.append(0.0)
+            else:
+                waiting[i] = (now, p)
+                waiting_gpu += p.gpu_units
+    advance(horizon)
+    waits.sort()
+
+    def q(x: float) -> float:
+        return waits[min(len(waits) - 1, int(x * len(waits)))] if waits else 0.0
+
+    return ReplayResult(policy=policy, load=load, alloc_series=[round(x, 2) for x in series],
+                        alloc_mean=round(100 * area_alloc / (capacity * (horizon - warm)), 2),
+                        served_pct=round(100 * area_alloc / area_demand, 2) if area_demand else 100.0,
+                        wait_p50=round(q(0.5), 3), wait_p99=round(q(0.99), 3),
+                        waited=sum(1 for w in waits if w > 0), never_ran=len(waiting), pods=PASSES * n,
+                        retries=retries)
