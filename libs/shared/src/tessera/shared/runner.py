@@ -4,7 +4,8 @@ A service is a small tree of named root tasks (consumer loops, heartbeats, the p
 root task ends, the others are cancelled with a short grace period and the error is re-raised: a
 service never limps on with half its loops dead. SIGTERM or SIGINT cancels the tree, drains the NATS
 connection and flushes the traces. /healthz answers while the process lives; /readyz answers 200
-once every readiness gate the service declared has opened.
+once every readiness gate the service declared has opened. Every log line names the trace and span
+it was written in (`log_format`), so a line leads to its trace and a span to its lines.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from aiohttp import web
 from tessera.shared.bus import Bus
 from tessera.shared.errors import ConfigError, TemporaryError
 from tessera.shared.settings import ServiceSettings
-from tessera.shared.telemetry import Telemetry
+from tessera.shared.telemetry import Telemetry, TraceIdsFilter
 
 log = logging.getLogger("tessera.runner")
 
@@ -171,12 +172,23 @@ def _dump_tasks() -> None:
     sys.stderr.flush()
 
 
+def log_format(service: str) -> str:
+    """Every service's log line: time, service, level, logger, the trace and span it was written
+    in (``-`` outside any), message."""
+    return f"%(asctime)s {service} %(levelname)s %(name)s trace=%(trace_id)s span=%(span_id)s: %(message)s"
+
+
+def log_handler(service: str, stream=None) -> logging.Handler:
+    """The handler every service logs through (to stderr unless ``stream``): `log_format`, with the
+    filter that gives each record its trace and span ids."""
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(logging.Formatter(log_format(service)))
+    handler.addFilter(TraceIdsFilter())
+    return handler
+
+
 def setup_logging(level: str, service: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level, logging.INFO),
-        format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logging.basicConfig(level=getattr(logging, level, logging.INFO), handlers=[log_handler(service)])
 
 
 def main(
