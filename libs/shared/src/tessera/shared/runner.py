@@ -21,6 +21,7 @@ from typing import Awaitable, Callable, Coroutine, Mapping
 from aiohttp import web
 
 from tessera.shared.bus import Bus
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.errors import ConfigError, TemporaryError
 from tessera.shared.settings import ServiceSettings
 from tessera.shared.telemetry import Telemetry, TraceIdsFilter
@@ -125,13 +126,9 @@ async def run_tasks(tasks: Mapping[str, Coroutine], stop: asyncio.Event) -> None
             break
     finally:
         stopper.cancel()
-        for task in running:
-            task.cancel()
-        pending = [t for t in running if not t.done()]
-        if pending:
-            _, still = await asyncio.wait(pending, timeout=GRACE_SECONDS)
-            for task in still:
-                log.error("root task %r ignored cancellation for %.0fs", running[task], GRACE_SECONDS)
+        # Cancelled again while they run on: one cancel can be lost (`tessera.shared.cancelling`).
+        await cancel_and_wait(running, grace=GRACE_SECONDS, on_slow=lambda task: log.error(
+            "root task %r ignored cancellation for %.0fs; cancelling it again", running[task], GRACE_SECONDS))
         await asyncio.gather(*running, return_exceptions=True)
     if failure is not None:
         raise failure

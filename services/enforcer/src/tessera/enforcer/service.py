@@ -252,7 +252,6 @@ class EnforcerService:
             log.info("restored the directory of %s (%s)", record.claim, record.state)
             return
         await self.announce_prepared(record, prepared)
-        decided(record, "prepared")
 
     async def _ledger_problem(self, record: ClaimRecord) -> str | None:
         """Why this node's ledger does not back the record's devices, or None if it does."""
@@ -271,8 +270,10 @@ class EnforcerService:
         publishes it then."""
         done = await self.claims.transition(record.claim, "prepared")
         if done is None:
+            decided(record, "unchanged", "released while it was being prepared")
             return  # released meanwhile: the observe loop cleans up
         await self._publish_prepared(record, prepared)
+        decided(record, "prepared")
 
     async def _publish_prepared(self, record: ClaimRecord, prepared: Prepared) -> None:
         await self.bus.publish(
