@@ -11,7 +11,7 @@ PROJECTS := libs/shared services/controlplane services/capacity services/transla
             services/placement services/enforcer cli
 PYPROJECTS := pyproject.toml $(addsuffix /pyproject.toml,$(PROJECTS))
 
-.PHONY: up test bench lint native clean demo help gpu-wheels container-tools browser-tools
+.PHONY: up test bench lint native clean demo help gpu-wheels container-tools browser-tools metrics-tools
 
 help:
 	@echo "make up     install what is missing, run Tessera on a simulated fleet with a live table and the"
@@ -50,7 +50,11 @@ container-tools:
 browser-tools:
 	@tests/ui/install.sh
 
-test: $(STAMP) $(CORE) native lint container-tools browser-tools protos
+# Prometheus for tests/metrics (a real server scraping a running Tessera), from Debian's packages when missing.
+metrics-tools:
+	@tests/metrics/install.sh
+
+test: $(STAMP) $(CORE) native lint container-tools browser-tools metrics-tools protos
 	$(MAKE) -C native/vgpu test
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -102,11 +102,13 @@ def test_prometheus_scrapes_every_tessera_service_of_the_compose_set():
     assert tessera and tessera <= scraped, f"not scraped: {sorted(tessera - scraped)}"
     for job in _jobs().values():
         for host in _scraped_hosts(job) - {"localhost"}:
-            port = services[host]["environment"]["TESSERA_HTTP_PORT"]
+            env = services[host]["environment"]
+            port = env["TESSERA_METRICS_PORT"]  # the metrics listener, never the probe port
+            assert port != env["TESSERA_HTTP_PORT"] and env["TESSERA_METRICS_HOST"] == "0.0.0.0", host
             targets = [t for c in job.get("static_configs", []) for t in c["targets"]]
             ports = {t.split(":")[1] for t in targets if t.startswith(host + ":")}
             ports |= {str(c["port"]) for c in job.get("dns_sd_configs", []) if host in c["names"]}
-            assert ports == {port}, f"{job['job_name']} scrapes {host} on {ports}, it serves on {port}"
+            assert ports == {port}, f"{job['job_name']} scrapes {host} on {ports}, its metrics are on {port}"
     assert services["prometheus"]["volumes"][0].startswith("./prometheus/prometheus.yml:")
 
 

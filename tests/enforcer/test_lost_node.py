@@ -10,7 +10,7 @@ from tessera.shared import api
 
 from tessera.cli.client import Client
 
-from runkit import live_entries
+from runkit import live_entries, wait_until
 
 
 async def test_claims_of_a_lost_node_are_released_by_a_peer(fresh_cluster):
@@ -29,9 +29,14 @@ async def test_claims_of_a_lost_node_are_released_by_a_peer(fresh_cluster):
 
         record = await client.wait_for(doomed, {"released"}, timeout=60)
         assert record.reason == "node gpu-1 lost"
+        # The ledger entry goes last (it marks an unfinished release), a moment after the record.
+        await wait_until(lambda: _gone(client, doomed), what=f"{doomed} leaving gpu-1's ledger")
         entries = await live_entries(client)
-        assert doomed not in entries
         assert entries.get(kept) == "gpu-0"  # a reservation on a healthy node is never touched
         assert (await client.claim(kept)).state == "prepared"
     finally:
         await client.close()
+
+
+async def _gone(client: Client, claim: str) -> bool:
+    return claim not in await live_entries(client)

@@ -98,19 +98,26 @@ def assert_probe_port_serves_no_claim(cluster, claim: str) -> None:
 
 
 @pytest.mark.parametrize("port", ["65536", "-1", "x"])
-def test_a_metrics_port_that_is_no_port_stops_the_enforcer_naming_it(port):
-    from tessera.enforcer.settings import EnforcerSettings
+def test_a_metrics_port_that_is_no_port_stops_the_service_naming_it(port):
     from tessera.shared.errors import ConfigError
+    from tessera.shared.settings import ServiceSettings
 
     with pytest.raises(ConfigError, match="TESSERA_METRICS_PORT"):
-        EnforcerSettings.from_env({"TESSERA_NODE": "gpu-0", "TESSERA_METRICS_PORT": port})
+        ServiceSettings.from_env("enforcer", {"TESSERA_METRICS_PORT": port})
+
+
+def test_the_metrics_port_is_never_the_probe_port():
+    from tessera.shared.errors import ConfigError
+    from tessera.shared.settings import ServiceSettings
+
+    with pytest.raises(ConfigError, match="TESSERA_METRICS_PORT=9394 is the probe port"):
+        ServiceSettings.from_env("enforcer", {"TESSERA_METRICS_PORT": "9394", "TESSERA_HTTP_PORT": "9394"})
 
 
 def test_metrics_listen_where_configured_and_not_by_default():
-    from tessera.enforcer.settings import EnforcerSettings
+    from tessera.shared.settings import ServiceSettings
 
-    default = EnforcerSettings.from_env({"TESSERA_NODE": "gpu-0"})
+    default = ServiceSettings.from_env("enforcer", {})
     assert (default.metrics_host, default.metrics_port) == ("127.0.0.1", 0)
-    chosen = EnforcerSettings.from_env({"TESSERA_NODE": "gpu-0", "TESSERA_METRICS_HOST": "10.0.0.7",
-                                        "TESSERA_METRICS_PORT": "9394"})
+    chosen = ServiceSettings.from_env("enforcer", {"TESSERA_METRICS_HOST": "10.0.0.7", "TESSERA_METRICS_PORT": "9394"})
     assert (chosen.metrics_host, chosen.metrics_port) == ("10.0.0.7", 9394)

@@ -45,7 +45,7 @@ async def replicas(nats_url: str, count: int = 1, *, watch: bool = True, nodes=(
                 inv = await bus.kv(subjects.KV_INVENTORY)
                 for name in nodes:
                     await inv.put(name, encode(inventory(name, gpus=2)))
-            ctx = ServiceContext(settings=SimpleNamespace(instance=f"r{i}", service="placement"), bus=bus,
+            ctx = ServiceContext(settings=SimpleNamespace(instance=f"r{i}", service="placement", metrics_legacy=True), bus=bus,
                                  telemetry=Telemetry("placement", None))
             svc = PlacementService(ctx, PlacementSettings())
             roots = await svc.start()

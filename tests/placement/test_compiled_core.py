@@ -13,6 +13,7 @@ import random
 import pytest
 
 from fleetkit import inventory
+from tessera.shared.metrics import ServiceMetrics
 from tessera.placement import engine
 from tessera.placement.engine import Placement, Placer, ledger_entry
 from tessera.placement.fleet import Fleet
@@ -112,7 +113,8 @@ def test_the_service_setting_chooses_the_core():
 
     def core_of(value):
         settings = PlacementSettings.from_env({"TESSERA_PLACEMENT_CORE": value})
-        return PlacementService(SimpleNamespace(bus=None, settings=SimpleNamespace(instance="")), settings).placer._core
+        return PlacementService(SimpleNamespace(bus=None, settings=SimpleNamespace(instance="", metrics_legacy=True),
+                                               metrics=ServiceMetrics("placement")), settings).placer._core
 
     assert core_of("auto") is engine._core and core_of("compiled") is engine._core
     assert core_of("python") is None

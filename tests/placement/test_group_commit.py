@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+from tessera.shared.metrics import ServiceMetrics
 from tessera.placement.commit import Booking, Queued
 from tessera.placement.service import PlacementService, PlacementSettings
 from tessera.shared.errors import ConflictError
@@ -47,7 +48,8 @@ class FlakyLedger:
 
 
 def service(script: dict[str, list[str]]) -> PlacementService:
-    svc = PlacementService(SimpleNamespace(bus=None, settings=SimpleNamespace(instance="")), PlacementSettings())
+    svc = PlacementService(SimpleNamespace(bus=None, settings=SimpleNamespace(instance="", metrics_legacy=True),
+                                           metrics=ServiceMetrics("placement")), PlacementSettings())
     svc.ledger = FlakyLedger(script)
     for name in ("n1", "n2"):
         inv = inventory(name, gpus=2)

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [ROOT / "libs", ROOT / "services", ROOT / "cli"]
 # How the code reads a variable: the settings helpers, env.get / os.environ.get, os.environ[...]
 READ = re.compile(
-    r"""(?:env_str|env_int|env_float|env_choice|env_bool|_positive)\(\s*env,\s*"((?:TESSERA|OTEL)_[A-Z0-9_]+)"
+    r"""(?:env_str|env_int|env_float|env_choice|env_bool|_positive|_port)\(\s*env,\s*"((?:TESSERA|OTEL)_[A-Z0-9_]+)"
       | (?:env|os\.environ)\.get\(\s*"((?:TESSERA|OTEL)_[A-Z0-9_]+)"
       | os\.environ\[\s*"((?:TESSERA|OTEL)_[A-Z0-9_]+)"\s*\](?!\s*=[^=])""",
     re.VERBOSE,

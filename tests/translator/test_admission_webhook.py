@@ -322,3 +322,21 @@ async def test_malformed_review_is_a_400_with_a_reason(body, fragment):
     assert status == 400
     assert text.startswith("malformed AdmissionReview")
     assert fragment in text
+
+
+async def test_each_gpu_pod_outcome_is_heard_once_and_other_pods_are_not():
+    heard: list[str] = []
+
+    async def failing_hook(namespace, claims):
+        raise RuntimeError("API server away")
+
+    async def ask(obj, hook=None):
+        async with TestClient(TestServer(make_app(hook, on_outcome=heard.append))) as client:
+            resp = await client.post("/mutate", data=json.dumps(review(obj)), headers={"Content-Type": "application/json"})
+            return (await resp.json())["response"]["allowed"]
+
+    assert await ask(pod([container("train", GPU_LIMITS)])) is True
+    assert await ask(pod([container("train", dict(GPU_LIMITS, **{"nvidia.com/gpucores": "150"}))])) is False
+    assert await ask(pod([container("train", GPU_LIMITS)]), failing_hook) is False
+    assert await ask(pod([container("web", {"cpu": "1"})])) is True  # no GPU: nothing to count
+    assert heard == ["translated", "rejected", "unavailable"]

@@ -36,7 +36,7 @@ class ServiceProcess:
     proc: subprocess.Popen
     log_path: Path
     http_port: int
-    metrics_port: int = 0  # an enforcer's /metrics listener (0: none)
+    metrics_port: int = 0  # its /metrics listener (tessera.shared.metrics; 0: none)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -148,7 +148,7 @@ class LocalCluster:
     def spawn(self, name: str, *, instance: str, env: dict[str, str] | None = None) -> ServiceProcess:
         port = free_port()
         full_env = self.service_env(name, instance, port, (env or {}).get("TESSERA_NODE"))
-        if name == "enforcer" and "TESSERA_METRICS_PORT" not in self.extra_env:  # apart from the probes
+        if "TESSERA_METRICS_PORT" not in self.extra_env:  # every service's, apart from the probes
             full_env["TESSERA_METRICS_PORT"] = str(free_port())
         full_env.update(env or {})
         logs = self.workdir / "logs"

@@ -140,6 +140,7 @@ class Bus:
         self.service = service
         self.telemetry = telemetry
         self._kv: dict[str, KeyValue] = {}
+        self.consumers: dict[tuple[str, str], None] = {}  # (stream, durable) this process consumes
         self.declared = topology.declare(settings.topology())  # the streams and buckets, with their limits
 
     # --- connection ------------------------------------------------------------------------
@@ -400,6 +401,7 @@ class Bus:
             max_ack_pending=max(1000, batch * 4),
         )
         sub = await self._bind(stream, config)
+        self.consumers[(stream, durable)] = None
         watch = asyncio.create_task(self.watch_exhausted(stream, durable))
         try:
             await self._consume_loop(sub, stream, config, decoder, handler, batch, concurrency, max_deliver,
@@ -581,6 +583,28 @@ class Bus:
         with contextlib.suppress(Exception):
             await msg.term()
         return reason
+
+    # --- what the metrics read (tessera.shared.metrics) ------------------------------------
+
+    async def consumer_lag(self, timeout: float = 2.0) -> list[tuple[tuple[str, str], tuple[int, int, int]]]:
+        """((stream, durable), (pending, ack pending, redelivered)) of each durable consumer this
+        process runs; one that cannot be read now is left out."""
+        out = []
+        for stream, durable in list(self.consumers):
+            try:
+                info = await self.js.consumer_info(stream, durable, timeout=timeout)
+            except (nats.errors.TimeoutError, NotFoundError, nats.errors.ConnectionClosedError) as exc:
+                log.debug("no consumer info for %s/%s: %r", stream, durable, exc)
+                continue
+            out.append(((stream, durable), (info.num_pending or 0, info.num_ack_pending or 0,
+                                            info.num_redelivered or 0)))
+        return out
+
+    async def dead_letters(self, service: str) -> int:
+        """How many dead letters of ``service`` the DLQ stream holds."""
+        subject = subjects.dlq(service)
+        info = await self.js.stream_info(subjects.STREAM_DLQ, subjects_filter=subject)
+        return sum((info.state.subjects or {}).values()) if info.state.messages else 0
 
     # --- request / reply -------------------------------------------------------------------
 

@@ -4,8 +4,10 @@ A service is a small tree of named root tasks (consumer loops, heartbeats, the p
 root task ends, the others are cancelled with a short grace period and the error is re-raised: a
 service never limps on with half its loops dead. SIGTERM or SIGINT cancels the tree, drains the NATS
 connection and flushes the traces. /healthz answers while the process lives; /readyz answers 200
-once every readiness gate the service declared has opened. Every log line names the trace and span
-it was written in (`log_format`), so a line leads to its trace and a span to its lines.
+once every readiness gate the service declared has opened. Where ``TESSERA_METRICS_PORT`` is set,
+/metrics is served on a listener of its own and its refreshes run as one more root task
+(`tessera.shared.metrics`). Every log line names the trace and span it was written in
+(`log_format`), so a line leads to its trace and a span to its lines.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from aiohttp import web
 from tessera.shared.bus import Bus
 from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.errors import ConfigError, TemporaryError
+from tessera.shared.metrics import ServiceMetrics
 from tessera.shared.settings import ServiceSettings
 from tessera.shared.telemetry import Telemetry, TraceIdsFilter
 
@@ -42,6 +45,11 @@ class ServiceContext:
     telemetry: Telemetry
     gates: dict[str, bool] = field(default_factory=dict)
     extra_routes: list[web.RouteDef] = field(default_factory=list)
+    metrics: ServiceMetrics | None = None  # made from the settings when not given
+
+    def __post_init__(self) -> None:
+        if self.metrics is None:
+            self.metrics = ServiceMetrics(self.settings.service, getattr(self.settings, "instance", ""))
 
     def gate(self, name: str) -> Callable[[], None]:
         """Declare a readiness gate; call the returned function when it opens."""
@@ -154,6 +162,9 @@ async def serve(settings: ServiceSettings, build: Build, *, stop: asyncio.Event 
         tasks = dict(await build(ctx))
         if settings.http_port:
             tasks["probes"] = _probe_server(ctx)
+        if settings.metrics_port:
+            tasks["metrics"] = ctx.metrics.serve(settings.metrics_host, settings.metrics_port)
+            tasks["metrics-refresh"] = ctx.metrics.poll(bus, settings.metrics_interval)
         log.info("%s started: %s", settings.service, ", ".join(tasks))
         await run_tasks(tasks, stop)
     finally:

@@ -91,6 +91,13 @@ def _password(env: Mapping[str, str]) -> str | None:
     return env.get("TESSERA_NATS_PASSWORD") or None
 
 
+def _port(env: Mapping[str, str], name: str) -> int:
+    port = env_int(env, name, 0, minimum=0)
+    if port > 65535:
+        raise ConfigError(f"{name}={port} is not a TCP port; use 1 to 65535 (0: none)")
+    return port
+
+
 MIB = 1024 * 1024
 
 
@@ -174,12 +181,19 @@ class BusSettings:
 
 @dataclass(frozen=True)
 class ServiceSettings:
-    """What every service needs: its name, the bus, the probe server and tracing."""
+    """What every service needs: its name, the bus, the probe server, the metrics listener and tracing."""
 
     service: str
     bus: BusSettings = field(default_factory=BusSettings)
     http_host: str = "127.0.0.1"
     http_port: int = 0  # 0: no probe server
+    # /metrics names tenants and claims: a listener of its own, never the probe port, which the
+    # kubelet (and so anything on the pod network) reaches (tessera.shared.metrics). 0: none.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0
+    metrics_interval: float = 10.0  # seconds between refreshes of lag, dead letters, fragmentation
+    # Also emit HAMi's pre-2.9 metric names (GPUDeviceMemoryLimit, vGPU_device_memory_usage_in_bytes, ...).
+    metrics_legacy: bool = True
     otlp_endpoint: str | None = None
     log_level: str = "INFO"
     instance: str = ""
@@ -187,11 +201,21 @@ class ServiceSettings:
     @classmethod
     def from_env(cls, service: str, env: Mapping[str, str] | None = None) -> "ServiceSettings":
         env = os.environ if env is None else env
+        http_port = _port(env, "TESSERA_HTTP_PORT")
+        metrics_port = _port(env, "TESSERA_METRICS_PORT")
+        if metrics_port and metrics_port == http_port:
+            raise ConfigError(f"TESSERA_METRICS_PORT={metrics_port} is the probe port (TESSERA_HTTP_PORT): the "
+                              "metrics name tenants and claims and need a listener of their own; pick another "
+                              "port (deploy/ uses 9394)")
         return cls(
             service=service,
             bus=BusSettings.from_env(env),
             http_host=env_str(env, "TESSERA_HTTP_HOST", "127.0.0.1"),
-            http_port=env_int(env, "TESSERA_HTTP_PORT", 0, minimum=0),
+            http_port=http_port,
+            metrics_host=env_str(env, "TESSERA_METRICS_HOST", "127.0.0.1"),
+            metrics_port=metrics_port,
+            metrics_interval=_positive(env, "TESSERA_METRICS_INTERVAL", 10.0),
+            metrics_legacy=env_bool(env, "TESSERA_METRICS_LEGACY", True),
             otlp_endpoint=env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None,
             log_level=env_choice(env, "TESSERA_LOG_LEVEL", "info", ("debug", "info", "warning", "error")).upper(),
             instance=env_str(env, "TESSERA_INSTANCE", ""),

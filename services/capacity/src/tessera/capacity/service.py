@@ -28,6 +28,7 @@ from typing import Mapping
 
 import msgspec
 
+from tessera.capacity.metrics import CapacityMetrics
 from tessera.shared import subjects
 from tessera.shared.events import (
     NodeHeartbeat,
@@ -124,6 +125,7 @@ class CapacityService:
 
     async def start(self) -> dict:
         self.kv = await self.bus.kv(subjects.KV_INVENTORY)
+        self.ctx.metrics.add(CapacityMetrics(self))
         announced = self.ctx.gate("announced")
         tasks = {
             "announce-and-heartbeat": self._heartbeats(announced),

@@ -2,7 +2,8 @@
 
 Root tasks: one request/reply server per API verb (tessera.api.tenants.<verb>) and the resync loop
 that reconciles every stored tenant on start-up and then periodically, which is how a restarted
-manager converges and how certificates get rotated before they expire.
+manager converges and how certificates get rotated before they expire; with a metrics listener, the
+watches behind its tenant books (`tessera.controlplane.metrics`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 from typing import Coroutine, Mapping
 
 from tessera.controlplane.app import Manager
+from tessera.controlplane.metrics import TenantBooks
 from tessera.controlplane.settings import ControlPlaneSettings
 from tessera.shared import runner, subjects
 from tessera.shared.errors import ConfigError
@@ -31,6 +33,10 @@ def make_build(settings: ControlPlaneSettings):
             for verb, handler in manager.api.handlers().items()
         }
         tasks.update(manager.root_tasks(on_first=converged))
+        if ctx.settings.metrics_port:  # the books are kept only for a listener to serve
+            books = TenantBooks(ctx.bus)
+            ctx.metrics.add(books)
+            tasks.update(books.tasks())
         return tasks
 
     return build

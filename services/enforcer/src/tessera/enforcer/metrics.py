@@ -8,10 +8,11 @@ With legacy metrics on, the pre-2.9 names (``vGPU_device_memory_usage_in_bytes``
 ``podnamespace, podname, ctrname, vdeviceid, deviceuuid``, ...) are emitted too, as HAMi-DRA does by
 default. Scrapes render the last observation; they never touch files or the bus.
 
-Who may read it: these series name every claim of the node and its tenant, so they are served on a
-listener of their own (``TESSERA_METRICS_HOST``/``TESSERA_METRICS_PORT``), never on the probe port
-that the kubelet (and so anything on the pod network) reaches; deploy/k8s admits only the monitoring
-namespace to that port (NetworkPolicy ``enforcer-metrics``). No tenant reads another's claim ids here.
+Who may read it: these series name every claim of the node and its tenant, so they are served, like
+every service's, on the metrics listener of `tessera.shared.metrics` (``TESSERA_METRICS_HOST``/
+``TESSERA_METRICS_PORT``), never on the probe port that the kubelet (and so anything on the pod
+network) reaches; deploy/k8s admits only the monitoring namespace to that port (NetworkPolicy
+``enforcer-metrics``). No tenant reads another's claim ids here.
 
 Fragmentation: the share of a node's free GPU memory that sits on GPUs already partly allocated,
 i.e. memory a whole-GPU request cannot use (0 = every free byte is on an untouched GPU or nothing is
@@ -20,12 +21,9 @@ free; 1 = every free byte is stranded next to someone's slice).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import Counter
 
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from tessera.shared.events import ClaimUsage
@@ -60,7 +58,8 @@ def fragmentation(view: NodeView) -> float:
 
 
 class EnforcerMetrics:
-    """A prometheus_client collector over the enforcer's last observation."""
+    """A prometheus_client collector over the enforcer's last observation (the service adds it to its
+    `ServiceMetrics`)."""
 
     def __init__(self, node: str, legacy: bool) -> None:
         self.node = node
@@ -69,8 +68,6 @@ class EnforcerMetrics:
         self.usage: list[ClaimUsage] = []
         self.gpu: dict[str, DeviceStats] = {}
         self.reclaimed: Counter[str] = Counter()
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self)
 
     def update(self, view: NodeView, usage: list[ClaimUsage], gpu: dict[str, DeviceStats]) -> None:
         self.view, self.usage, self.gpu = view, usage, gpu
@@ -158,23 +155,3 @@ class EnforcerMetrics:
         if self.legacy:
             yield from (l_used, l_limit, l_util, l_host_mem, l_host_util)
         yield from (t_total, t_alloc, t_used, t_cores, t_shares, frag, claims, procs, reclaimed, fresh)
-
-    def route(self) -> web.RouteDef:
-        async def metrics(_: web.Request) -> web.Response:
-            body = generate_latest(self.registry)
-            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-        return web.get("/metrics", metrics)
-
-    async def serve(self, host: str, port: int) -> None:
-        """Forever: ``/metrics`` (and nothing else) on its own listener."""
-        app = web.Application()
-        app.add_routes([self.route()])
-        runner = web.AppRunner(app, handle_signals=False, access_log=None)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, host, port).start()
-            log.info("metrics on http://%s:%d/metrics", host, port)
-            await asyncio.Event().wait()
-        finally:
-            await runner.cleanup()

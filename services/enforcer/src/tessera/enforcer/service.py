@@ -68,10 +68,8 @@ class EnforcerService:
         self.reclaimer = Reclaimer(grace=settings.reclaim_seconds)
         self.lost = lostmod.LostNodes(me=settings.node, delay=settings.lost_reclaim_seconds)
         self.gate = UsageGate(heartbeat=settings.usage_heartbeat_seconds)
-        self.metrics = EnforcerMetrics(settings.node, settings.legacy_metrics)
-        if settings.metrics_port and settings.metrics_port == ctx.settings.http_port:
-            raise ConfigError(f"TESSERA_METRICS_PORT={settings.metrics_port} is the probe port (TESSERA_HTTP_PORT):"
-                              " the metrics need a listener of their own")
+        self.metrics = EnforcerMetrics(settings.node, ctx.settings.metrics_legacy)
+        ctx.metrics.add(self.metrics)  # served by the runner's metrics listener (tessera.shared.metrics)
 
     async def start(self) -> dict:
         await self.open()
@@ -79,8 +77,6 @@ class EnforcerService:
                  "reconcile": self._reconcile_loop()}
         if self.settings.kubernetes:
             tasks["kubelet-plugin"] = self._kubelet_plugin()
-        if self.settings.metrics_port:
-            tasks["metrics"] = self.metrics.serve(self.settings.metrics_host, self.settings.metrics_port)
         return tasks
 
     async def open(self) -> None:

@@ -62,13 +62,6 @@ def _positive(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
-def _port(env: Mapping[str, str], name: str, default: int) -> int:
-    value = env_int(env, name, default, minimum=0)
-    if value > 65535:
-        raise ConfigError(f"{name}={value} is not a TCP port: use 1-65535, or 0 for none")
-    return value
-
-
 def _absolute(name: str, raw: str) -> Path:
     """A directory the kubelet shares: an absolute path, since the kubelet resolves it, not us."""
     path = Path(raw)
@@ -98,13 +91,6 @@ class EnforcerSettings:
     # The reconcile pass of start-up (prepared records whose event is missing, allocated claims not
     # prepared, releases left half done) runs again this often.
     reconcile_seconds: float = 30.0
-    # Also emit HAMi's pre-2.9 metric names (vGPU_device_memory_usage_in_bytes, ...).
-    legacy_metrics: bool = True
-    # /metrics names every claim of the node with its tenant: it has a listener of its own (not the
-    # probe port every kubelet, and so every pod network path, may reach), for the monitoring system
-    # only. Port 0: no metrics listener.
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int = 0
     # Kubernetes mode: the enforcer is the kubelet's DRA plugin of driver gpu.tessera.dev; claims
     # that stand for a ResourceClaim are prepared when the kubelet asks, not on ``allocated``.
     kubernetes: bool = False
@@ -135,9 +121,6 @@ class EnforcerSettings:
         if not node:
             raise ConfigError("TESSERA_NODE is not set: name the node this enforcer runs on")
         state = Path(env_str(env, "TESSERA_STATE_DIR", f"var/enforcer/{node}")).resolve()
-        legacy = env_str(env, "TESSERA_METRICS_LEGACY", "1").strip().lower()
-        if legacy not in ("0", "1", "true", "false", "yes", "no"):
-            raise ConfigError(f"TESSERA_METRICS_LEGACY={legacy!r}: use 1 or 0")
         kubernetes = env_bool(env, "TESSERA_KUBERNETES", cls.kubernetes)
         # A container runtime reads CDI specs from /var/run/cdi; a local fleet keeps its own.
         cdi_default = "/var/run/cdi" if kubernetes else str(state / "cdi")
@@ -152,9 +135,6 @@ class EnforcerSettings:
             reclaim_seconds=_positive(env, "TESSERA_RECLAIM_SECONDS", cls.reclaim_seconds),
             lost_reclaim_seconds=_positive(env, "TESSERA_LOST_RECLAIM_SECONDS", cls.lost_reclaim_seconds),
             reconcile_seconds=_positive(env, "TESSERA_ENFORCER_RECONCILE_SECONDS", cls.reconcile_seconds),
-            legacy_metrics=legacy in ("1", "true", "yes"),
-            metrics_host=env_str(env, "TESSERA_METRICS_HOST", cls.metrics_host),
-            metrics_port=_port(env, "TESSERA_METRICS_PORT", cls.metrics_port),
             kubernetes=kubernetes,
             kubelet_registry_dir=_absolute("TESSERA_KUBELET_REGISTRY_DIR", env_str(
                 env, "TESSERA_KUBELET_REGISTRY_DIR", str(cls.kubelet_registry_dir))),

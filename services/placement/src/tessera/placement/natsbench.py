@@ -26,7 +26,9 @@ import random
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from pathlib import Path
 from statistics import median
 
@@ -94,22 +96,59 @@ MODELS: dict[str, dict[str, str]] = {
     "python-core": {"TESSERA_PLACEMENT_CORE": "python"},
     "no-fluid": {"TESSERA_PLACEMENT_FLUID_MEMORY": "false"},
     "binpack": {"TESSERA_PLACEMENT_POLICY": "binpack"},
+    # The default with its metrics listener on, refreshed and scraped every second (a Prometheus at
+    # scrape_interval 1s): what observing placement costs it.
+    "metrics": {"TESSERA_METRICS_PORT": "auto", "TESSERA_METRICS_INTERVAL": "1"},
 }
+SCRAPE_SECONDS = 1.0
+
+
+class Scraper:
+    """GETs every placer's /metrics each SCRAPE_SECONDS in a thread, as Prometheus would."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.ports = ports
+        self.stop = threading.Event()
+        self.scrapes = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(SCRAPE_SECONDS):
+            for port in self.ports:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+                        reply.read()
+                        self.scrapes += 1
+                except OSError:
+                    pass
+
+    def start(self) -> "Scraper":
+        if self.ports:
+            self.thread.start()
+        return self
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(15)
 
 
 def start_placers(url: str, replicas: int, workdir: Path,
-                  model_env: dict[str, str] | None = None) -> list[tuple[subprocess.Popen, int]]:
+                  model_env: dict[str, str] | None = None) -> list[tuple[subprocess.Popen, int, int]]:
+    """(process, probe port, metrics port or 0) per replica."""
     out = []
     for i in range(replicas):
         port = free_port()
         env = dict(os.environ, TESSERA_NATS_URL=url, TESSERA_HTTP_PORT=str(port), TESSERA_INSTANCE=f"bench-{i}",
                    TESSERA_LOG_LEVEL="WARNING", **(model_env or {}))
+        if env.get("TESSERA_METRICS_PORT") == "auto":
+            env["TESSERA_METRICS_PORT"] = str(free_port())
         env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
         with open(workdir / f"placement-{i}.log", "wb") as log:  # (the child keeps its own copy)
             proc = subprocess.Popen([str(Path(sys.executable).parent / "tessera-placement")], env=env,
                                     stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-        out.append((proc, port))
-    for proc, port in out:
+        out.append((proc, port, int(env.get("TESSERA_METRICS_PORT") or 0)))
+    for proc, port, _ in out:
         deadline = time.monotonic() + 120
         while True:
             if proc.poll() is not None:
@@ -184,20 +223,21 @@ async def run_fleet(kind: str, args, progress, model: str = "default") -> dict:
         decisions = Decisions()
         subs = [await bus.nc.subscribe(subjects.claims_of_kind(k), cb=decisions.on_msg)
                 for k in ("allocated", "unschedulable")]
+        scraper = Scraper([m for *_, m in placers if m]).start()
         try:
             # Throughput: publish everything as fast as the client can, then wait for the last decision.
             store = ClaimStore(await bus.kv(subjects.KV_CLAIMS))
             events = await translated(store, "t", specs[: args.claims])
             progress(f"{kind}: throughput, {len(events)} claims")
             start = time.perf_counter()
-            cpu0 = sum(cpu_seconds(p.pid) for p, _ in placers)
+            cpu0 = sum(cpu_seconds(p.pid) for p, *_ in placers)
             for chunk in range(0, len(events), 500):
                 await bus.publish_many((subjects.claim("bench", e.claim, "requested"), e, f"{e.claim}:requested")
                                        for e in events[chunk: chunk + 500])
             await wait_for(decisions, [e.claim for e in events], timeout=600)
             elapsed = max(decisions.at[e.claim] for e in events) - start
             # CPU the placement process(es) spent per claim: steadier than claims/s on a shared box
-            cpu_us = (sum(cpu_seconds(p.pid) for p, _ in placers) - cpu0) / len(events) * 1e6
+            cpu_us = (sum(cpu_seconds(p.pid) for p, *_ in placers) - cpu0) / len(events) * 1e6
             throughput = len(events) / elapsed
             allocated = decisions.allocated
 
@@ -220,13 +260,14 @@ async def run_fleet(kind: str, args, progress, model: str = "default") -> dict:
             lat = sorted((decisions.at[c] - t) * 1000 for c, t in sent.items())
             p50 = lat[len(lat) // 2]
             p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
-            rss = [rss_mib(p.pid) for p, _ in placers]
+            rss = [rss_mib(p.pid) for p, *_ in placers]
         finally:
+            scraper.close()
             for s in subs:
                 await s.unsubscribe()
-            for proc, _ in placers:
+            for proc, *_ in placers:
                 proc.terminate()
-            for proc, _ in placers:
+            for proc, *_ in placers:
                 try:
                     proc.wait(20)
                 except subprocess.TimeoutExpired:
@@ -237,7 +278,7 @@ async def run_fleet(kind: str, args, progress, model: str = "default") -> dict:
         "claims": args.claims, "claims_per_s": round(throughput, 1), "allocated": allocated,
         "placement_cpu_us_per_claim": round(cpu_us, 1),
         "latency_rate": round(achieved, 1), "p50_ms": round(p50, 2), "p99_ms": round(p99, 2),
-        "rss_mib": [round(r, 1) for r in rss],
+        "rss_mib": [round(r, 1) for r in rss], "scrapes": scraper.scrapes,
     }
 
 
@@ -257,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="default",
                    help="comma list of placement models measured side by side, runs interleaved: "
                         + ", ".join(MODELS) + " (python-core: the Python engine instead of the compiled "
-                        "core; no-fluid: without the host-memory term; binpack: HAMi's binpack)")
+                        "core; no-fluid: without the host-memory term; binpack: HAMi's binpack; metrics: the "
+                        "default with its metrics listener, refreshed and scraped every second)")
     p.add_argument("--json", type=Path, help="also write the results (every run) here")
     args = p.parse_args(argv)
     if args.repeat < 1:

@@ -68,6 +68,7 @@ class OutcomeWriter:
         revisions = await svc.claims.replace_many([(records[i], items[i].revision) for i in fast]) if fast else []
         written: dict[int, ClaimRecord | None] = {i: records[i] for i, rev in zip(fast, revisions) if rev is not None}
         out: list[BaseException | bool] = [True] * len(items)
+        now, latency = time.time(), svc.metrics.allocated.observe
         for i, a in enumerate(items):
             if i in written:
                 continue
@@ -86,6 +87,7 @@ class OutcomeWriter:
             event = a.event
             svc._forget(event.claim)
             svc.counts["allocated"] += 1
+            latency(now - event.ts)
             svc._kube_allocated(event.claim, event.tenant, a.node, a.entry.shares, event.kube or record.kube)
             announce.append(_announcement(
                 subjects.claim(event.tenant, event.claim, "allocated", a.node),

@@ -66,6 +66,7 @@ from tessera.placement.release import Releases
 from tessera.placement.view import FleetView
 from tessera.placement.quota import has_limits, over_quota
 from tessera.placement.kubesync import Allocated, ClaimStatusSync, Unschedulable
+from tessera.placement.metrics import PlacementMetrics
 from tessera.placement.reconcile import Reconciler
 
 log = logging.getLogger("tessera.placement")
@@ -162,12 +163,14 @@ class PlacementService:
         self.pending: dict[str, ClaimRequested] = {}  # unschedulable, waiting for a change
         self.traces: dict[str, str] = {}  # pending claim -> traceparent, so a retry continues its trace
         self._retry_wanted = asyncio.Event()
-        self.counts = {"allocated": 0, "unschedulable": 0, "conflicts": 0}
+        # What it decided, read by the log report and the metrics (plain ints: the hot path's cost).
+        self.counts = {"allocated": 0, "unschedulable": 0, "conflicts": 0, "lost_races": 0, "retried": 0}
         self.committer = GroupCommit(self.view, self.counts)
         self.outcomes = OutcomeWriter(self)
         self.releases = Releases(self)
         self.kube: ClaimStatusSync | None = None
         self.reconciler = Reconciler(self, settings.reconcile_seconds, settings.reconcile_grace_seconds)
+        self.metrics = PlacementMetrics(self, ctx.metrics, ctx.settings.metrics_legacy)
 
     @property
     def ledger(self) -> Ledger:
@@ -367,11 +370,14 @@ class PlacementService:
         lost_races: list[int] = []
         try:
             decided = []
+            observe = self.metrics.decided_batch.observe
             for i in fast:
                 event, delivery = items[i]
                 with self.ctx.telemetry.span("placement handle requested", parent_headers=delivery.headers,
                                              kind=SpanKind.CONSUMER) as span:
+                    started = time.perf_counter()
                     decision = self.placer.place(event.claim, event.tenant, event.spec)
+                    observe(time.perf_counter() - started)
                     spans.decided(self.placer, event, decision, span)
                     headers = inject({})
                 entry = None
@@ -439,6 +445,7 @@ class PlacementService:
             except Exception as exc:
                 outcomes[i] = exc
 
+        self.counts["lost_races"] += len(lost_races)
         for i in lost_races:
             # Retried here rather than by redelivery: losing races to a peer is normal and must
             # not use up the message's delivery budget (which ends in the dead-letter subject).
@@ -538,7 +545,9 @@ class PlacementService:
             await self._unschedulable(event, reason, {}, record, revision)
             return False
 
+        started = time.perf_counter()
         decision = self.placer.place(event.claim, event.tenant, event.spec)
+        self.metrics.decided_single.observe(time.perf_counter() - started)
         spans.decided(self.placer, event, decision)
         if isinstance(decision, Rejection):
             await self._unschedulable(event, decision.reason, decision.filtered, record, revision)
@@ -640,6 +649,7 @@ class PlacementService:
             for event in waiting:
                 if event.claim not in self.pending:
                     continue
+                self.counts["retried"] += 1
                 trace = self.traces.get(event.claim)
                 try:
                     with self.ctx.telemetry.span(

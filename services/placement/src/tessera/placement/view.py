@@ -33,6 +33,9 @@ class FleetView:
         self.quotas: dict[str, GpuQuota] = {}
         self.tenants_known: set[str] = set()
         self.tentative: dict[str, dict[str, LedgerEntry]] = {}  # node -> claim -> entry in flight
+        # tenant -> its ``tenant.<tenant>`` ledger value, undecoded: only the metrics read it
+        # (HAMi's quota series), so the watch pays a dict write, not a decode.
+        self.tenant_usage: dict[str, bytes] = {}
 
     # --- the watchers: each returns whether a waiting claim might fit now ---------------------
 
@@ -54,7 +57,13 @@ class FleetView:
 
     def on_ledger(self, key: str, value: bytes | None, revision: int, op) -> bool:
         if not key.startswith("node."):
-            return key.startswith("tenant.")  # quota returned: a claim waiting on it may fit
+            if not key.startswith("tenant."):
+                return False
+            if op in _GONE or not value:
+                self.tenant_usage.pop(key[7:], None)
+            else:
+                self.tenant_usage[key[7:]] = value
+            return True  # quota returned: a claim waiting on it may fit
         node = key[5:]
         known = self.node_ledgers.get(node)
         if known is not None and known[1] is not None and known[1] >= revision:

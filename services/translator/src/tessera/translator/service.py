@@ -121,6 +121,20 @@ class TranslatorService:
         # Kubernetes path: events whose record change is written but which are not on the stream
         # yet, by message id (see ``flush``).
         self.unpublished: dict[str, tuple[str, msgspec.Struct]] = {}
+        claims = ctx.metrics.counter(
+            "tessera_translator_claims",
+            "claim requests by where they came from (api: submit requests; kubernetes: ResourceClaims) and "
+            "outcome: translated (recorded and requested), rejected (a bad request, an unknown tenant, a "
+            "conflicting claim id: the reply says what is wrong), unavailable (NATS failed; the caller retries)",
+            ["source", "outcome"])
+        self.counted = {(source, outcome): claims.labels(source, outcome)
+                        for source in ("api", "kubernetes") for outcome in ("translated", "rejected", "unavailable")}
+        admissions = ctx.metrics.counter(
+            "tessera_translator_admissions",
+            "GPU pods the admission webhook saw, by outcome: translated (given their claim templates), rejected "
+            "(a bad request or tenant: denied with the reason), unavailable (Kubernetes or NATS failed: denied, "
+            "the client retries)", ["outcome"])
+        self.admitted = {outcome: admissions.labels(outcome) for outcome in ("translated", "rejected", "unavailable")}
 
     async def open(self) -> None:
         """The buckets every root task uses (tests open without tasks)."""
@@ -181,7 +195,8 @@ class TranslatorService:
                 return problem
 
         ssl_context = certificate.context if certificate is not None else None
-        runner = web.AppRunner(make_app(hook, tenant_check), handle_signals=False, access_log=None)
+        app = make_app(hook, tenant_check, on_outcome=lambda outcome: self.admitted[outcome].inc())
+        runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await runner.setup()
         try:
             site = web.TCPSite(runner, self.settings.webhook_host, self.settings.webhook_port, ssl_context=ssl_context)
@@ -243,7 +258,11 @@ class TranslatorService:
     async def request_kube(self, claim: str, tenant: str, spec: ClaimSpec, ref: KubeClaimRef) -> bool:
         """A ResourceClaim's claim: recorded and published once; False if it was recorded already."""
         event = ClaimRequested(claim=claim, tenant=tenant, spec=spec, source="kubernetes", kube=ref)
-        claim_decoder.decode(encode(event))  # the events' own constraints, before anything is stored
+        try:
+            claim_decoder.decode(encode(event))  # the events' own constraints, before anything is stored
+        except msgspec.ValidationError:
+            self.counted["kubernetes", "rejected"].inc()
+            raise
         with self.ctx.telemetry.span("translator resourceclaim", attributes=claim_attributes(event)):
             fresh, _ = await self._record(event)
             if fresh is None:
@@ -251,6 +270,7 @@ class TranslatorService:
                 return False
             await self._deliver(*self._requested_message(fresh))
             decided(event, "requested")
+        self.counted["kubernetes", "translated"].inc()
         return True
 
     async def release_kube(self, claim: str, reason: str) -> bool:
@@ -287,11 +307,18 @@ class TranslatorService:
         return spec
 
     async def submit(self, data: bytes, headers: Mapping[str, str]) -> bytes:
+        outcome, reply = await self._submit(data)
+        self.counted["api", outcome].inc()
+        return reply
+
+    async def _submit(self, data: bytes) -> tuple[str, bytes]:
+        """(outcome for the metrics, the reply)."""
+        rejected = "rejected"
         try:
             request = _submit_decoder.decode(data)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             message, path = api.describe_validation_error(exc)
-            return api.error(f"bad submit request: {message}", field=path)
+            return rejected, api.error(f"bad submit request: {message}", field=path)
         try:
             subjects.token(request.tenant)
             if request.claim is not None:
@@ -303,30 +330,30 @@ class TranslatorService:
             # The events' own constraints (name patterns, ranges) apply to what we are about to publish.
             claim_decoder.decode(encode(event))
         except TranslationError as exc:
-            return api.error(str(exc), field=exc.field)
+            return rejected, api.error(str(exc), field=exc.field)
         except msgspec.ValidationError as exc:
             message, path = api.describe_validation_error(exc)
-            return api.error(message, field=path)
+            return rejected, api.error(message, field=path)
         except ValueError as exc:
-            return api.error(str(exc), field="tenant" if "tenant" in str(exc) else "claim")
+            return rejected, api.error(str(exc), field="tenant" if "tenant" in str(exc) else "claim")
         try:
             exists = await self._tenant_exists(event.tenant)
         except Exception as exc:  # the tenants bucket unreadable: say so, not "no such tenant"
-            return api.error(f"cannot read the tenants bucket ({exc!r}); retry", code="unavailable")
+            return "unavailable", api.error(f"cannot read the tenants bucket ({exc!r}); retry", code="unavailable")
         if not exists:
             reason = f"tenant {event.tenant!r} does not exist: create it first with 'tessera tenant create {event.tenant}'"
             decided(event, "refused", reason)
-            return api.error(reason, field="tenant", code="not-found")
+            return rejected, api.error(reason, field="tenant", code="not-found")
         refused = await self._record_and_request(event)
         if refused is not None:
-            decided(event, "refused", api.decode_reply(refused).error.message)
+            decided(event, "refused", api.decode_reply(refused[1]).error.message)
             return refused
         decided(event, "requested")
         log.info("claim %s for tenant %s requested: %s", event.claim, event.tenant, spec)
-        return api.ok({"claim": event.claim, "tenant": event.tenant, "spec": msgspec.to_builtins(spec)})
+        return "translated", api.ok({"claim": event.claim, "tenant": event.tenant, "spec": msgspec.to_builtins(spec)})
 
-    async def _record_and_request(self, event: ClaimRequested) -> bytes | None:
-        """Record the claim and publish ``requested``; None when done, else the error reply.
+    async def _record_and_request(self, event: ClaimRequested) -> tuple[str, bytes] | None:
+        """Record the claim and publish ``requested``; None when done, else (outcome, the error reply).
 
         Safe to repeat with the same claim id, which is what a caller does with the id an
         ``unavailable`` reply gives it: a claim recorded before is requested again only while it is
@@ -337,10 +364,10 @@ class TranslatorService:
             fresh, existing = await self._record(event)
             if existing is not None:
                 if existing.tenant != event.tenant:
-                    return api.error(f"claim id {event.claim!r} belongs to another tenant; choose another id",
+                    return "rejected", api.error(f"claim id {event.claim!r} belongs to another tenant; choose another id",
                                      field="claim", code="conflict")
                 if existing.spec != event.spec:
-                    return api.error(f"claim id {event.claim!r} was already submitted with another request; "
+                    return "rejected", api.error(f"claim id {event.claim!r} was already submitted with another request; "
                                      "choose another id (or repeat the first request exactly)",
                                      field="claim", code="conflict")
                 if existing.state != "requested":
@@ -350,7 +377,7 @@ class TranslatorService:
                                        source="api", kube=existing.kube, record_revision=revision or 0)
             await self._publish_requested(fresh)
         except Exception as exc:  # a timeout or lost connection of the bucket or the stream: outcome unknown
-            return api.error(f"{exc!r}: the claim may or may not be recorded; submit again with claim id "
+            return "unavailable", api.error(f"{exc!r}: the claim may or may not be recorded; submit again with claim id "
                              f"{event.claim!r} (safe: it cannot make a second claim)",
                              code="unavailable", claim=event.claim)
         return None

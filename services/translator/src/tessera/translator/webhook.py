@@ -248,9 +248,11 @@ def _parse_review(body: bytes) -> dict:
 
 
 def make_app(
-    translate_hook: TranslateHook | None = None, tenant_check: TenantCheck | None = None
+    translate_hook: TranslateHook | None = None, tenant_check: TenantCheck | None = None,
+    on_outcome: Callable[[str], None] = lambda outcome: None,
 ) -> web.Application:
-    """The webhook as an aiohttp application: ``POST /mutate``."""
+    """The webhook as an aiohttp application: ``POST /mutate``. ``on_outcome`` hears what became of
+    each GPU pod: translated, rejected or unavailable (the metrics count them)."""
 
     async def mutate(http: web.Request) -> web.Response:
         try:
@@ -286,6 +288,7 @@ def make_app(
         except Malformed as exc:
             return web.Response(status=400, text=f"malformed AdmissionReview: {exc}\n")
         except hami.TranslationError as exc:
+            on_outcome("rejected")
             return _deny(uid, str(exc))
         if not claims:
             return _review(uid, {"allowed": True})
@@ -298,6 +301,7 @@ def make_app(
                 await translate_hook(namespace, claims)
         except Exception as exc:  # the hooks talk to Kubernetes and NATS; a failure denies, never 500s
             log.exception("admission of a GPU pod in %s failed (review %s)", namespace, uid)
+            on_outcome("unavailable")
             return _deny(
                 uid,
                 f"could not prepare the GPU claims ({exc.__class__.__name__}: {exc}); retry",
@@ -306,8 +310,10 @@ def make_app(
             )
         if problem is not None:
             log.info("GPU pod in %s denied: %s", namespace, problem)
+            on_outcome("rejected")
             return _deny(uid, problem, code=403, reason="Forbidden")
         patch = _patch_for(obj, claims, present)
+        on_outcome("translated")
         return _review(
             uid,
             {
