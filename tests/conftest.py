@@ -34,6 +34,16 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Status
+
+
+def _value(value: AnyValue):
+    """An OTLP attribute value as Python: str, bool, int, float, or a list of them."""
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(v) for v in value.array_value.values]
+    return getattr(value, kind) if kind else None
 
 
 class OtlpCollector:
@@ -84,7 +94,12 @@ class OtlpCollector:
                             "trace_id": span.trace_id.hex(),
                             "span_id": span.span_id.hex(),
                             "parent_span_id": span.parent_span_id.hex(),
-                            "attributes": {a.key: a.value.string_value for a in span.attributes},
+                            "attributes": {a.key: _value(a.value) for a in span.attributes},
+                            # "STATUS_CODE_UNSET" | "STATUS_CODE_OK" | "STATUS_CODE_ERROR"
+                            "status": Status.StatusCode.Name(span.status.code),
+                            "status_message": span.status.message,
+                            "events": [{"name": e.name, "attributes": {a.key: _value(a.value) for a in e.attributes}}
+                                       for e in span.events],
                         })
 
     def __enter__(self):

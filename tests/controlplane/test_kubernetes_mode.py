@@ -20,6 +20,7 @@ from tessera.controlplane.settings import ControlPlaneSettings
 from tessera.shared import subjects
 from tessera.shared.api import SubmitRequest
 from tessera.shared.ledger import Ledger
+from tessera.shared.cancelling import cancel_and_wait
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 
@@ -87,9 +88,8 @@ async def test_apply_watch_ready_and_delete(apiserver, bus):
         assert gone["ok"]
         assert await apiserver.wait_for(lambda: stored(apiserver) == {}), stored(apiserver)
     finally:
-        watcher.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await watcher
+        await cancel_and_wait([watcher])  # (one cancel may be lost: tessera.shared.cancelling)
+        assert watcher.cancelled()
         await mgr.close()
 
 
@@ -170,7 +170,5 @@ async def test_a_deleted_tenant_control_plane_keeps_its_finalizer_until_its_clai
         assert not any(t.done() for t in tasks), [t for t in tasks if t.done()]
     finally:
         await client.close()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)
         await mgr.close()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import re
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from tessera.controlplane.kube import KubeHost, UsersSecret
 from tessera.controlplane.resources import FINALIZER
 from tessera.controlplane.settings import ControlPlaneSettings
 from tessera.shared.bus import Bus
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.kubeapi import Invalid, KubeApi
 from tessera.shared.settings import BusSettings
 
@@ -90,11 +90,9 @@ async def manager(apiserver, nats_url):
     try:
         yield mgr, tasks
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # Not one cancel each: a task cancelled while a NATS reply arrives may live through it
+        # (Python 3.11's wait_for) and watch on forever (`tessera.shared.cancelling`).
+        await cancel_and_wait(tasks)
         await mgr.close()
         await bus.close()
 

@@ -31,7 +31,7 @@ from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
 from tessera.shared.events import DeadLetter, encode
 from tessera.shared.jspub import PubAck, publisher
 from tessera.shared.settings import BusSettings
-from tessera.shared.telemetry import Telemetry, inject
+from tessera.shared.telemetry import Telemetry, claim_attributes, failed, inject
 
 log = logging.getLogger("tessera.bus")
 
@@ -63,6 +63,15 @@ class _Exhausted(msgspec.Struct):
 
 
 _exhausted = msgspec.json.Decoder(_Exhausted)
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """What a claim event's subject says of it, for a span when its payload is not at hand."""
+
+    claim: str
+    tenant: str
+    node: str
 
 
 @dataclass(frozen=True)
@@ -304,14 +313,14 @@ class Bus:
                 advisory = _exhausted.decode(msg.data)
                 try:
                     stored = await self.js.get_msg(stream, advisory.stream_seq)
-                    subject, data = stored.subject or "", stored.data or b""
+                    subject, data, headers = stored.subject or "", stored.data or b"", dict(stored.headers or {})
                 except NotFoundError:  # aged out of the stream meanwhile: the letter says where it was
-                    subject, data = "", b""
-                await self.dead_letter(
-                    subject, data,
-                    f"gave up after {advisory.deliveries} deliveries: no delivery was settled (max_deliver spent)",
-                    advisory.deliveries, stream=stream, seq=advisory.stream_seq,
-                )
+                    subject, data, headers = "", b"", {}
+                reason = f"gave up after {advisory.deliveries} deliveries: no delivery was settled (max_deliver spent)"
+                await self.dead_letter(subject, data, reason, advisory.deliveries, stream=stream,
+                                       seq=advisory.stream_seq)
+                self._letter_span(Delivery(subject, headers, data, advisory.deliveries), None,
+                                  PermanentError(reason), reason)
             except Exception as exc:  # the next replica's watch, or the operator's log, has it
                 log.error("cannot dead-letter an exhausted message of %s/%s: %r", stream, durable, exc)
 
@@ -470,6 +479,8 @@ class Bus:
                     event = decoder.decode(msg.data)
                 except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                     raise PermanentError(f"invalid payload: {exc}") from exc
+                if span.is_recording():
+                    span.set_attributes(claim_attributes(event))
                 for attempt in range(CONFLICT_RETRIES):
                     try:
                         await handler(event, delivery)
@@ -483,9 +494,8 @@ class Bus:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                if isinstance(exc, PermanentError):
-                    span.set_attribute("tessera.dead_letter", str(exc))
-                await self._settle_failure(msg, exc, delivered, max_deliver)
+                letter = await self._settle_failure(msg, exc, delivered, max_deliver)
+                failed(span, exc, dead_letter=letter)
 
     async def _handle_batch(
         self, msgs: list[Msg], decoder: msgspec.json.Decoder, handler: BatchHandler, max_deliver: int
@@ -498,17 +508,38 @@ class Bus:
                 items.append((decoder.decode(msg.data), delivery))
                 kept.append(msg)
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                await self._give_up(msg, f"invalid payload: {exc}", delivery.num_delivered)
+                error = PermanentError(f"invalid payload: {exc}")
+                letter = await self._give_up(msg, str(error), delivery.num_delivered)
+                self._letter_span(delivery, None, error, letter)
         if not items:
             return
         outcomes = await handler(items)
-        for msg, (_, delivery), outcome in zip(kept, items, outcomes):
+        for msg, (event, delivery), outcome in zip(kept, items, outcomes):
             if outcome is None:
                 await msg.ack()
             elif isinstance(outcome, ConflictError):
                 await msg.nak(delay=0.01)  # re-read and retry at once, through a redelivery
             else:
-                await self._settle_failure(msg, outcome, delivery.num_delivered, max_deliver)
+                letter = await self._settle_failure(msg, outcome, delivery.num_delivered, max_deliver)
+                self._letter_span(delivery, event, outcome, letter)
+
+    def _letter_span(self, delivery: Delivery, event: Any, exc: BaseException, letter: str | None) -> None:
+        """A batch handler's spans end before the bus settles its messages, so a message it
+        dead-letters gets a span of its own in the message's trace, ERROR and naming the reason."""
+        if letter is None or not self.telemetry.exporting:
+            return
+        if event is None:  # undecodable, or known only from the stream: the subject names the claim
+            with contextlib.suppress(ValueError):
+                tenant, claim, _, node = subjects.claim_subject_parts(delivery.subject)
+                event = Delivered(claim=claim, tenant=tenant, node=node)
+        with self.telemetry.span(
+            f"{self.service} dead-letter {subjects.event_name(delivery.subject)}",
+            parent_headers=delivery.headers,
+            kind=SpanKind.CONSUMER,
+            attributes={"messaging.system": "nats", "messaging.destination": delivery.subject,
+                        **claim_attributes(event)},
+        ) as span:
+            failed(span, exc, dead_letter=letter)
 
     @staticmethod
     def _delivery(msg: Msg) -> Delivery:
@@ -518,24 +549,26 @@ class Bus:
             delivered = 1
         return Delivery(msg.subject, dict(msg.headers or {}), msg.data, delivered)
 
-    async def _settle_failure(self, msg: Msg, exc: BaseException, delivered: int, max_deliver: int) -> None:
+    async def _settle_failure(self, msg: Msg, exc: BaseException, delivered: int, max_deliver: int) -> str | None:
+        """Decide a failed message's fate from what its handler raised; the dead-letter reason when
+        it was dead-lettered (None: it comes back)."""
         if isinstance(exc, PermanentError):
-            await self._give_up(msg, str(exc), delivered)
-            return
+            return await self._give_up(msg, str(exc), delivered)
         reason = str(exc) if isinstance(exc, TemporaryError) else f"{type(exc).__name__}: {exc}"
         if delivered >= max_deliver:
-            await self._give_up(msg, f"gave up after {delivered} deliveries: {reason}", delivered)
-            return
+            return await self._give_up(msg, f"gave up after {delivered} deliveries: {reason}", delivered)
         delay = exc.delay if isinstance(exc, TemporaryError) else min(0.2 * 2**delivered, 10)
         log.warning("retrying %s in %.1fs (%s)", msg.subject, delay, reason)
         try:
             await msg.nak(delay=delay)
         except Exception:  # connection gone: the server redelivers after ack_wait
             pass
+        return None
 
-    async def _give_up(self, msg: Msg, reason: str, delivered: int) -> None:
+    async def _give_up(self, msg: Msg, reason: str, delivered: int) -> str | None:
         """Dead-letter, then terminate; a message whose letter was not stored is not terminated
-        (it comes back, and is dead-lettered then), so nothing is dropped without its letter."""
+        (it comes back, and is dead-lettered then), so nothing is dropped without its letter.
+        Returns ``reason`` once the letter is stored, None when it was not."""
         try:
             stream, seq = msg.metadata.stream, msg.metadata.sequence.stream
         except Exception:  # not a JetStream delivery (no metadata): no position to key the letter by
@@ -546,9 +579,10 @@ class Bus:
             log.warning("dead letter for %s not stored (%r); redelivering instead", msg.subject, exc)
             with contextlib.suppress(Exception):  # connection gone: the server redelivers after ack_wait
                 await msg.nak(delay=1.0)
-            return
+            return None
         with contextlib.suppress(Exception):
             await msg.term()
+        return reason
 
     # --- what the metrics read (tessera.shared.metrics) ------------------------------------
 

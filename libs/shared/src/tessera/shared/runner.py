@@ -6,7 +6,8 @@ service never limps on with half its loops dead. SIGTERM or SIGINT cancels the t
 connection and flushes the traces. /healthz answers while the process lives; /readyz answers 200
 once every readiness gate the service declared has opened. Where ``TESSERA_METRICS_PORT`` is set,
 /metrics is served on a listener of its own and its refreshes run as one more root task
-(`tessera.shared.metrics`).
+(`tessera.shared.metrics`). Every log line names the trace and span it was written in
+(`log_format`), so a line leads to its trace and a span to its lines.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from typing import Awaitable, Callable, Coroutine, Mapping
 from aiohttp import web
 
 from tessera.shared.bus import Bus
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.errors import ConfigError, TemporaryError
 from tessera.shared.metrics import ServiceMetrics
 from tessera.shared.settings import ServiceSettings
-from tessera.shared.telemetry import Telemetry
+from tessera.shared.telemetry import Telemetry, TraceIdsFilter
 
 log = logging.getLogger("tessera.runner")
 
@@ -132,13 +134,9 @@ async def run_tasks(tasks: Mapping[str, Coroutine], stop: asyncio.Event) -> None
             break
     finally:
         stopper.cancel()
-        for task in running:
-            task.cancel()
-        pending = [t for t in running if not t.done()]
-        if pending:
-            _, still = await asyncio.wait(pending, timeout=GRACE_SECONDS)
-            for task in still:
-                log.error("root task %r ignored cancellation for %.0fs", running[task], GRACE_SECONDS)
+        # Cancelled again while they run on: one cancel can be lost (`tessera.shared.cancelling`).
+        await cancel_and_wait(running, grace=GRACE_SECONDS, on_slow=lambda task: log.error(
+            "root task %r ignored cancellation for %.0fs; cancelling it again", running[task], GRACE_SECONDS))
         await asyncio.gather(*running, return_exceptions=True)
     if failure is not None:
         raise failure
@@ -182,12 +180,23 @@ def _dump_tasks() -> None:
     sys.stderr.flush()
 
 
+def log_format(service: str) -> str:
+    """Every service's log line: time, service, level, logger, the trace and span it was written
+    in (``-`` outside any), message."""
+    return f"%(asctime)s {service} %(levelname)s %(name)s trace=%(trace_id)s span=%(span_id)s: %(message)s"
+
+
+def log_handler(service: str, stream=None) -> logging.Handler:
+    """The handler every service logs through (to stderr unless ``stream``): `log_format`, with the
+    filter that gives each record its trace and span ids."""
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(logging.Formatter(log_format(service)))
+    handler.addFilter(TraceIdsFilter())
+    return handler
+
+
 def setup_logging(level: str, service: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level, logging.INFO),
-        format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logging.basicConfig(level=getattr(logging, level, logging.INFO), handlers=[log_handler(service)])
 
 
 def main(

@@ -6,11 +6,17 @@ exported over OTLP/HTTP when an endpoint is configured (``OTEL_EXPORTER_OTLP_END
 collector on :4318). Without one nothing is exported and no span is built: a message that already
 carries a trace context passes its ``traceparent`` on unchanged, so the trace stays whole, and one that
 carries none starts a trace with fresh ids (for the services downstream that do export).
+
+The span attributes every service sets on a claim's spans are named here, once (``CLAIM`` …
+``DEAD_LETTER``; `claim_attributes` reads them off an event or record), and so is the log filter
+that stamps each log line with the trace and span it was written in (`TraceIdsFilter`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from typing import Iterator, Mapping
 
 from opentelemetry import context as otel_context
@@ -22,8 +28,76 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from tessera.shared.errors import ConflictError
+from tessera.shared.events import DeviceShare
+
 _PROPAGATOR = TraceContextTextMapPropagator()
 _IDS = RandomIdGenerator()
+
+# --- the attributes of a claim's spans (documented in docs/observability.md) ---------------------
+
+CLAIM = "tessera.claim"  # the claim id
+TENANT = "tessera.tenant"  # the tenant that owns it
+NODE = "tessera.node"  # the node it is on (or placed on)
+DEVICES = "tessera.devices"  # its GPU shares: "<index>:<uuid>:<memory MiB>MiB:<cores>%" each
+POLICY = "tessera.policy"  # placement's policy for it: "<node policy>/<gpu policy>"
+DECISION = "tessera.decision"  # what the span's service decided: allocated, unschedulable, prepared, ...
+DECISION_REASON = "tessera.decision.reason"  # why (a refusal's reason; empty when there is none)
+DEAD_LETTER = "tessera.dead_letter"  # the reason the message was dead-lettered (only then)
+
+CLAIM_ATTRIBUTES = (CLAIM, TENANT, NODE, DEVICES, POLICY, DECISION, DECISION_REASON, DEAD_LETTER)
+
+
+def devices_attribute(devices) -> list[str]:
+    """``tessera.devices`` for a list of `DeviceShare` (anything else in it is left out)."""
+    return [f"{d.index}:{d.uuid}:{d.memory_mib}MiB:{d.cores}%" for d in devices if isinstance(d, DeviceShare)]
+
+
+def claim_attributes(item: object) -> dict[str, object]:
+    """The claim attributes an event or record carries (claim, tenant, node, devices), by field
+    name: any Struct with those fields, so a new claim event needs nothing here. A node of ``_``
+    (none yet) and empty lists are left out."""
+    attrs: dict[str, object] = {}
+    claim = getattr(item, "claim", None)
+    if not isinstance(claim, str) or not claim:
+        return attrs
+    attrs[CLAIM] = claim
+    tenant = getattr(item, "tenant", None)
+    if isinstance(tenant, str) and tenant:
+        attrs[TENANT] = tenant
+    node = getattr(item, "node", None)
+    if isinstance(node, str) and node and node != "_":
+        attrs[NODE] = node
+    devices = devices_attribute(getattr(item, "devices", None) or ())
+    if devices:
+        attrs[DEVICES] = devices
+    return attrs
+
+
+def decided(item: object, decision: str, reason: str = "", *, span: Span | None = None,
+            **extra: object) -> None:
+    """What the handling of ``item`` (an event or record) came to, on ``span`` (the current span
+    by default): its claim attributes, ``tessera.decision`` and ``tessera.decision.reason``, and
+    ``extra`` attributes (names above). Costs nothing on a span that records nothing."""
+    span = span or trace.get_current_span()
+    if not span.is_recording():
+        return
+    attrs = claim_attributes(item)
+    attrs[DECISION] = decision
+    attrs[DECISION_REASON] = reason
+    attrs.update((k, v) for k, v in extra.items() if v not in (None, "", [], ()))
+    span.set_attributes(attrs)
+
+
+def failed(span: Span, exc: BaseException, *, dead_letter: str | None = None) -> None:
+    """End-of-handling verdict on ``span``: ERROR with the exception recorded as an event, and
+    ``tessera.dead_letter`` when the message was dead-lettered. A no-op on a span that records nothing."""
+    if not span.is_recording():
+        return
+    span.record_exception(exc)
+    if dead_letter is not None:
+        span.set_attribute(DEAD_LETTER, dead_letter)
+    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
 
 
 class Telemetry:
@@ -80,12 +154,15 @@ class Telemetry:
                     otel_context.detach(token)
             return
         with self.tracer.start_as_current_span(
-            name, context=ctx, kind=kind, attributes=dict(attributes or {})
+            name, context=ctx, kind=kind, attributes=dict(attributes or {}),
+            record_exception=False, set_status_on_exception=False,
         ) as sp:
             try:
                 yield sp
+            except (ConflictError, asyncio.CancelledError):
+                raise  # a lost compare-and-set is retried, a cancelled task is stopping: neither failed
             except BaseException as exc:
-                sp.set_status(Status(StatusCode.ERROR, str(exc)))
+                failed(sp, exc)
                 raise
 
 
@@ -103,3 +180,21 @@ def extract(headers: Mapping[str, str] | None) -> otel_context.Context:
 def current_trace_id() -> str:
     ctx = trace.get_current_span().get_span_context()
     return format(ctx.trace_id, "032x") if ctx.is_valid else ""
+
+
+class TraceIdsFilter(logging.Filter):
+    """Adds ``trace_id`` and ``span_id`` (hex; ``-`` outside any span) to every record that passes
+    the handler it is attached to, so a log line can be found from its trace and back.
+
+    It only reads the current context (a contextvar) and never fails a record: a record that
+    already carries ids (made in another thread and handed over) keeps them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "trace_id"):
+            ctx = trace.get_current_span().get_span_context()
+            if ctx.is_valid:
+                record.trace_id = format(ctx.trace_id, "032x")
+                record.span_id = format(ctx.span_id, "016x")
+            else:
+                record.trace_id = record.span_id = "-"
+        return True

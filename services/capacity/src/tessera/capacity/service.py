@@ -43,6 +43,7 @@ from tessera.shared.errors import ConfigError
 from tessera.shared.kvkeys import live_keys
 from tessera.shared.runner import ServiceContext
 from tessera.shared.settings import env_bool, env_float, env_str
+from tessera.shared.telemetry import NODE, decided
 
 from tessera.shared import profile as profiles
 from tessera.shared.inventory import is_lost, with_lost
@@ -166,8 +167,11 @@ class CapacityService:
             await self._restore(node)
 
     async def announce(self, inv: NodeInventory) -> None:
-        await self.kv.put(inv.node, encode(inv))
-        await self.bus.publish(subjects.inventory(inv.node), inv, msg_id=f"{inv.node}:inventory:{inv.generation}")
+        # A capacity publisher handles no claim; its spans are the nodes' (each starts a trace).
+        with self.ctx.telemetry.span("capacity announce", attributes={NODE: inv.node}):
+            await self.kv.put(inv.node, encode(inv))
+            await self.bus.publish(subjects.inventory(inv.node), inv, msg_id=f"{inv.node}:inventory:{inv.generation}")
+            decided(inv, "announced", f"{len(inv.devices)} GPUs, generation {inv.generation}", **{NODE: inv.node})
 
     async def _heartbeats(self, announced) -> None:
         generation = int(time.time())
@@ -265,12 +269,14 @@ class CapacityService:
             await self.kv.update(node, encode(msgspec.structs.replace(inv, labels=labels)), last=entry.revision)
         except Exception:
             return  # another publisher marked it, or it came back; either way not ours to say
-        log.warning("node %s lost: %s", node, why)
-        await self.bus.publish(
-            subjects.inventory(node),
-            NodeLost(node=node, last_seen=seen, reason=why),
-            msg_id=f"{node}:lost:{int(time.time())}",
-        )
+        with self.ctx.telemetry.span("capacity node lost", attributes={NODE: node}):
+            log.warning("node %s lost: %s", node, why)
+            await self.bus.publish(
+                subjects.inventory(node),
+                NodeLost(node=node, last_seen=seen, reason=why),
+                msg_id=f"{node}:lost:{int(time.time())}",
+            )
+            decided(None, "lost", why, **{NODE: node})
 
     async def _restore(self, node: str) -> None:
         self.lost.discard(node)

@@ -65,7 +65,7 @@ class Manager:
             return await bus.publish(subject, event, msg_id=msg_id)
 
         drain = ClaimDrain(ClaimStore(await bus.kv(subjects.KV_CLAIMS)), Ledger(await bus.kv(subjects.KV_LEDGER)),
-                           publish)
+                           publish, span=bus.telemetry.span)
         reconciler = Reconciler(store, publish, drivers, pki, host, settings.platform_namespace, claims=drain,
                                 teardown_wait=settings.teardown_wait_seconds)
         capacity = HostCapacity(settings.host_cpu_millis, settings.host_memory_mib)

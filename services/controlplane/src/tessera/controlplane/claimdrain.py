@@ -18,6 +18,7 @@ release addressed to its new owner on the next poll.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
@@ -28,6 +29,7 @@ from tessera.shared.claimstore import ClaimStore
 from tessera.shared.events import ClaimRecord, ClaimReleaseRequested
 from tessera.shared.ledger import Ledger
 from tessera.shared.lifecycle import TERMINAL, release_route
+from tessera.shared.telemetry import claim_attributes, decided
 
 log = logging.getLogger("tessera.controlplane.claimdrain")
 
@@ -73,10 +75,12 @@ class Remaining:
 
 
 class ClaimDrain:
-    def __init__(self, claims: ClaimStore, ledger: Ledger, publish: Publish) -> None:
+    def __init__(self, claims: ClaimStore, ledger: Ledger, publish: Publish, span=None) -> None:
         self.claims = claims
         self.ledger = ledger
         self.publish = publish
+        # `Telemetry.span`: each release sent is a span in its claim's own trace.
+        self.span = span or (lambda *a, **k: contextlib.nullcontext())
 
     async def remaining(self, tenant: str) -> Remaining:
         """What the tenant holds now, read from the buckets (never from memory)."""
@@ -118,8 +122,11 @@ class ClaimDrain:
         msg_id = route.msg_id(record.claim)
         if msg_id in sent:
             return
-        await self.publish(route.subject(record.tenant, record.claim),
-                           ClaimReleaseRequested(claim=record.claim, tenant=record.tenant, reason=REASON), msg_id)
+        parent = {"traceparent": record.traceparent} if record.traceparent else None
+        with self.span("controlplane drain claim", parent_headers=parent, attributes=claim_attributes(record)):
+            await self.publish(route.subject(record.tenant, record.claim),
+                               ClaimReleaseRequested(claim=record.claim, tenant=record.tenant, reason=REASON), msg_id)
+            decided(record, "release", f"{REASON}: sent to {route.node or route.owner}")
         sent.add(msg_id)
         log.info("tenant %s deleted: release of %s (%s) sent to %s", record.tenant, record.claim, record.state,
                  route.node or route.owner)

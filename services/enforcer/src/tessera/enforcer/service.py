@@ -42,6 +42,7 @@ from tessera.shared.events import (
 from tessera.shared.ledger import Ledger
 from tessera.shared.lifecycle import ON_NODE, TERMINAL, ended_with_lost_node, ends, owner_of
 from tessera.shared.runner import ServiceContext
+from tessera.shared.telemetry import NODE, decided
 
 from tessera.enforcer import lost as lostmod
 from tessera.enforcer.claimdir import ClaimDirs
@@ -197,10 +198,13 @@ class EnforcerService:
                 if record is not None and record.node == self.node \
                         and owner_of(record.state, "prepared") == "enforcer" and not self.kubelet_prepares(record):
                     await self.prepare(record)
+                else:
+                    decided(record or event, "unchanged", self._why_not_mine(record, "prepare"))
             case ClaimRunning() if event.node == self.node:
                 record, _ = await self.claims.get(event.claim)
                 if record is not None and record.node == self.node and record.state == "prepared":
                     if await self.claims.transition(event.claim, "running") is not None:
+                        decided(record, "running", f"pids {' '.join(map(str, event.pids))}")
                         log.info("running %s (pids %s)", event.claim, event.pids)
             case ClaimReleaseRequested():
                 # Addressed to this node (by the translator, or passed on by placement); a claim
@@ -210,8 +214,20 @@ class EnforcerService:
                 if record is not None and record.tenant == event.tenant \
                         and ends("enforcer", record.state, record.node, self.node):
                     await self.release(record, event.reason)
+                else:
+                    decided(record or event, "unchanged", self._why_not_mine(record, "release"))
             case _:
                 return
+
+    def _why_not_mine(self, record: ClaimRecord | None, step: str) -> str:
+        """The ``tessera.decision.reason`` of an event this enforcer has nothing to do for."""
+        if record is None:
+            return "no such claim"
+        if record.node != self.node:
+            return f"the claim is on {record.node or 'no node'}, not {self.node}"
+        if step == "prepare" and self.kubelet_prepares(record):
+            return "the kubelet prepares a ResourceClaim's claim"
+        return f"the claim is {record.state}: nothing to {step}"
 
     # --- prepare and release --------------------------------------------------------------------
 
@@ -228,6 +244,7 @@ class EnforcerService:
         prepared = self.preparation.materialize(record.claim, record.devices, await self._devices(),
                                                 workload_uid=record.spec.workload_uid)
         if record.state != "allocated":
+            decided(record, "restored", f"the claim is {record.state}: its directory was made again")
             log.info("restored the directory of %s (%s)", record.claim, record.state)
             return
         await self.announce_prepared(record, prepared)
@@ -249,8 +266,10 @@ class EnforcerService:
         publishes it then."""
         done = await self.claims.transition(record.claim, "prepared")
         if done is None:
+            decided(record, "unchanged", "released while it was being prepared")
             return  # released meanwhile: the observe loop cleans up
         await self._publish_prepared(record, prepared)
+        decided(record, "prepared")
 
     async def _publish_prepared(self, record: ClaimRecord, prepared: Prepared) -> None:
         await self.bus.publish(
@@ -284,6 +303,7 @@ class EnforcerService:
             await self.ledger.release(node, record.claim)
             return False
         await self._finish_release(done, node=node, resumed=False)
+        decided(record, "released", reason, **{NODE: node})
         log.info("released %s on %s (%s)", record.claim, node, reason)
         return True
 

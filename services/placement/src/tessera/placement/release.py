@@ -15,6 +15,7 @@ from tessera.shared.errors import PermanentError
 from tessera.shared.events import ClaimReleased, ClaimReleaseRequested
 from tessera.shared.lifecycle import UNPLACED, ReleaseRoute, release_route
 
+from tessera.placement import spans
 from tessera.placement.kubesync import Allocated
 
 if TYPE_CHECKING:
@@ -36,12 +37,17 @@ class Releases:
             if route is not None and not addressed:
                 await svc.bus.publish(route.subject(record.tenant, record.claim), event,
                                       msg_id=route.msg_id(record.claim))
+                spans.settled(event, "forwarded", f"the claim is {record.state} on {record.node}", node=record.node)
+            else:
+                spans.settled(event, "unchanged", "the node's enforcer releases it" if record else "no such claim")
             return  # on a node: the enforcer releases it
         if record.state not in UNPLACED:
+            spans.settled(event, "unchanged", f"the claim is {record.state}: nothing of it is held")
             return  # failed before it was placed: nothing of it is held
         done = await svc.claims.transition(event.claim, "released", expect=lambda r: r.state in UNPLACED)
         if done is None:
             return
+        spans.settled(event, "released", event.reason)
         await svc.ledger.give_back(event.tenant, event.claim, svc.claim_nodes.get(event.claim))
         await svc.bus.publish(
             subjects.claim(event.tenant, event.claim, "released"),

@@ -53,10 +53,11 @@ from tessera.shared.events import (
 from tessera.shared.ledger import Ledger, claim_quota, tenant_totals
 from tessera.shared.lifecycle import ON_NODE, TERMINAL, owner_of
 from tessera.shared.runner import ServiceContext
-from tessera.shared.telemetry import inject
+from tessera.shared.telemetry import claim_attributes, inject
+from opentelemetry.trace import SpanKind
 from tessera.shared.settings import ConfigError, env_bool, env_choice, env_float, env_int
 
-from tessera.placement import lease
+from tessera.placement import lease, spans
 from tessera.placement.engine import COMPILED_CORE, Placement, Placer, Rejection, ledger_entry
 from tessera.placement.commit import Booking, GroupCommit
 from tessera.placement.fleet import Fleet
@@ -373,10 +374,11 @@ class PlacementService:
             for i in fast:
                 event, delivery = items[i]
                 with self.ctx.telemetry.span("placement handle requested", parent_headers=delivery.headers,
-                                             attributes={"tessera.claim": event.claim}):
+                                             kind=SpanKind.CONSUMER) as span:
                     started = time.perf_counter()
                     decision = self.placer.place(event.claim, event.tenant, event.spec)
                     observe(time.perf_counter() - started)
+                    spans.decided(self.placer, event, decision, span)
                     headers = inject({})
                 entry = None
                 if not isinstance(decision, Rejection):
@@ -433,8 +435,8 @@ class PlacementService:
             event, delivery = items[i]
             try:
                 with self.ctx.telemetry.span(f"placement handle {subjects.event_name(delivery.subject)}",
-                                             parent_headers=delivery.headers,
-                                             attributes={"tessera.claim": getattr(event, "claim", "")}):
+                                             parent_headers=delivery.headers, kind=SpanKind.CONSUMER,
+                                             attributes=claim_attributes(event)):
                     await self.handle(event, delivery)
             except ConflictError:
                 if raise_conflict:
@@ -518,6 +520,7 @@ class PlacementService:
         record, revision = await lease.take(self.claims, self.placer_id, record, revision)
         if owner_of(record.state, "allocated") != "placement" or record.release_requested:
             log.debug("%s is %s: nothing to place", event.claim, record.state)
+            spans.settled(event, "unchanged", f"the claim is {record.state}", placer=self.placer)
             self._forget(event.claim)
             self._kube_resume(record)  # a redelivery after a crash may find the cluster side unfinished
             return record.state not in TERMINAL
@@ -531,19 +534,21 @@ class PlacementService:
             self.view.remember(existing, ledger, at)
             entry = ledger.entries.get(event.claim)
             if entry is not None:
+                spans.settled(event, "allocated", "already in the ledger", placer=self.placer, node=existing,
+                              devices=entry.shares)
                 await self._charge(event.tenant, event.claim, entry)
                 return await self._finish(event, existing, entry, record, revision)
 
         if event.tenant not in self.tenants_known:
-            await self._unschedulable(
-                event, f"tenant {event.tenant!r} does not exist: create it with 'tessera tenant create'", {},
-                record, revision,
-            )
+            reason = f"tenant {event.tenant!r} does not exist: create it with 'tessera tenant create'"
+            spans.settled(event, "unschedulable", reason, placer=self.placer)
+            await self._unschedulable(event, reason, {}, record, revision)
             return False
 
         started = time.perf_counter()
         decision = self.placer.place(event.claim, event.tenant, event.spec)
         self.metrics.decided_single.observe(time.perf_counter() - started)
+        spans.decided(self.placer, event, decision)
         if isinstance(decision, Rejection):
             await self._unschedulable(event, decision.reason, decision.filtered, record, revision)
             return False
@@ -555,6 +560,7 @@ class PlacementService:
             if event.claim not in usage.claims:
                 reason = over_quota(quota, tenant_totals(usage), claim_quota(entry))
                 if reason:
+                    spans.settled(event, "unschedulable", reason, placer=self.placer)
                     await self._unschedulable(event, reason, {"quota": 1}, record, revision)
                     return False
                 await self.ledger.reserve_quota(event.tenant, event.claim, claim_quota(entry), usage, quota_revision)
@@ -648,7 +654,7 @@ class PlacementService:
                 try:
                     with self.ctx.telemetry.span(
                         "placement retry", parent_headers={"traceparent": trace} if trace else None,
-                        attributes={"tessera.claim": event.claim},
+                        attributes=claim_attributes(event),
                     ):
                         await self.place(event)
                 except ConflictError:

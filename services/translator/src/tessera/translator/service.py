@@ -44,7 +44,7 @@ from tessera.shared.kubeclaims import TENANT_LABEL, KubeClaimRef
 from tessera.shared.lifecycle import release_route
 from tessera.shared.runner import ServiceContext
 from tessera.shared.settings import env_bool, env_float, env_int, env_str
-from tessera.shared.telemetry import inject
+from tessera.shared.telemetry import claim_attributes, decided, inject
 
 from tessera.translator import claimflow
 from tessera.translator.certs import ServingCertificate
@@ -263,11 +263,13 @@ class TranslatorService:
         except msgspec.ValidationError:
             self.counted["kubernetes", "rejected"].inc()
             raise
-        with self.ctx.telemetry.span("translator resourceclaim", attributes={"tessera.claim": claim}):
+        with self.ctx.telemetry.span("translator resourceclaim", attributes=claim_attributes(event)):
             fresh, _ = await self._record(event)
             if fresh is None:
+                decided(event, "unchanged", "the claim was recorded already")
                 return False
             await self._deliver(*self._requested_message(fresh))
+            decided(event, "requested")
         self.counted["kubernetes", "translated"].inc()
         return True
 
@@ -339,15 +341,14 @@ class TranslatorService:
         except Exception as exc:  # the tenants bucket unreadable: say so, not "no such tenant"
             return "unavailable", api.error(f"cannot read the tenants bucket ({exc!r}); retry", code="unavailable")
         if not exists:
-            return rejected, api.error(
-                f"tenant {event.tenant!r} does not exist: create it first with"
-                f" 'tessera tenant create {event.tenant}'",
-                field="tenant",
-                code="not-found",
-            )
+            reason = f"tenant {event.tenant!r} does not exist: create it first with 'tessera tenant create {event.tenant}'"
+            decided(event, "refused", reason)
+            return rejected, api.error(reason, field="tenant", code="not-found")
         refused = await self._record_and_request(event)
         if refused is not None:
+            decided(event, "refused", api.decode_reply(refused[1]).error.message)
             return refused
+        decided(event, "requested")
         log.info("claim %s for tenant %s requested: %s", event.claim, event.tenant, spec)
         return "translated", api.ok({"claim": event.claim, "tenant": event.tenant, "spec": msgspec.to_builtins(spec)})
 
@@ -441,18 +442,20 @@ class TranslatorService:
         with self._release_span(record):
             subject, event, msg_id = message
             await self.bus.publish(subject, event, msg_id=msg_id)
+            decided(record, "release", reason)
 
     async def resend_release(self, record: ClaimRecord) -> None:
         message = self._release_message(record, record.reason)
         if message is not None:
             with self._release_span(record):
                 await self._deliver(*message)
+                decided(record, "release", f"sent again: {record.reason}")
 
     def _release_span(self, record: ClaimRecord):
         # The release continues the claim's own trace: one claim, one trace, request to release.
         parent = {"traceparent": record.traceparent} if record.traceparent else None
         return self.ctx.telemetry.span("translator release", parent_headers=parent,
-                                       attributes={"tessera.claim": record.claim})
+                                       attributes=claim_attributes(record))
 
     @staticmethod
     def _release_message(record: ClaimRecord, reason: str) -> tuple[str, ClaimReleaseRequested, str] | None:

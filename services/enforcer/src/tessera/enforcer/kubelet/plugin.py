@@ -33,6 +33,7 @@ from tessera.shared.errors import TemporaryError
 from tessera.shared.events import ClaimRecord, GpuDevice
 from tessera.shared.kubeclaims import claim_id, is_kube_claim
 from tessera.shared.ledger import Ledger
+from tessera.shared.telemetry import CLAIM, NODE, claim_attributes
 
 from tessera.enforcer.kubelet import allocation
 from tessera.enforcer.kubelet.checkpoint import (
@@ -248,7 +249,8 @@ class DraPlugin:
         record, _ = await self.claims.get(claim)
         trace = {"traceparent": record.traceparent} if record is not None and record.traceparent else None
         with self.span("enforcer kubelet prepare", parent_headers=trace,
-                       attributes={"tessera.claim": claim, "k8s.resourceclaim": str(ref)}):
+                       attributes={**claim_attributes(record), CLAIM: claim, NODE: self.node,
+                                   "k8s.resourceclaim": str(ref)}):
             return await self._make(body, ref, claim, devices, record)
 
     async def _make(self, body: Body, ref: ClaimRef, claim: str, devices: list[allocation.AllocatedDevice],
