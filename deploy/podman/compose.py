@@ -15,6 +15,7 @@ podman-compose never falls back to building or pulling one itself. The compose s
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,22 @@ PROJECT = "tessera"  # compose.yaml's `name`
 AUTH_DIR = COMPOSE_DIR / "nats-auth"
 SECRET_KEYS = COMPOSE_DIR / "controlplane-secret-keys"
 BIN = Path(sys.executable).parent  # the venv: tessera and podman-compose are installed there
+
+
+def published_ports() -> dict[str, int]:
+    """compose.yaml's host-port variables (``${TESSERA_COMPOSE_<WHAT>_PORT:-default}``) -> default."""
+    found = re.findall(r"\$\{(TESSERA_COMPOSE_\w+_PORT):-(\d+)\}", FILES[0].read_text())
+    return {name: int(default) for name, default in found}
+
+
+def host_port(environment: dict[str, str], variable: str) -> int:
+    """Where the set publishes that port on 127.0.0.1 under ``environment``."""
+    return int(environment.get(variable) or published_ports()[variable])
+
+
+def host_nats_url(environment: dict[str, str]) -> str:
+    """The three members' client ports as the host reaches them (TESSERA_NATS_URL for the CLI)."""
+    return ",".join(f"nats://127.0.0.1:{host_port(environment, f'TESSERA_COMPOSE_NATS_{n}_PORT')}" for n in (1, 2, 3))
 
 
 def env() -> dict[str, str]:
@@ -76,13 +93,13 @@ def podman_compose(*args: str, environment: dict[str, str] | None = None, check:
                           text=True, timeout=timeout)
 
 
-def up(environment: dict[str, str] | None = None) -> None:
+def up(environment: dict[str, str] | None = None, timeout: float | None = None) -> None:
     environment = environment or env()
     missing = missing_images(environment)
     if missing:
         raise podmanhost.PodmanMissing(f"images not built: {', '.join(missing)}: run 'make images' first")
     write_secrets()
-    podman_compose("up", "-d", environment=environment)
+    podman_compose("up", "-d", environment=environment, timeout=timeout)
 
 
 def main(argv: list[str]) -> int:

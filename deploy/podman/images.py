@@ -7,9 +7,12 @@ registry it is python-base.Containerfile built on Debian's minbase (podmanhost.d
 as ``--build-arg PYTHON_IMAGE=``. The images compose.local.yaml swaps in (nats, prometheus, the
 Jaeger stand-in) are built from deploy/compose/local/*.Containerfile, tagged as that file names them.
 
-Builds use the host network (apt and pip inside them), and see the host's CA bundle and a pip.conf
-naming it (mounted for the build only, never part of an image), so that a TLS-inspecting proxy in
-front of PyPI is trusted the way the host's pip trusts it. Each image's build log goes to
+Builds use the host network (apt and pip inside them), and see the host's CA bundle over the base
+image's own (/etc/ssl/certs/ca-certificates.crt, mounted for the build only, never part of an
+image), so that a TLS-inspecting proxy in front of PyPI is trusted as the host trusts it: Debian's
+pip (the venv's first) reads that file, and pip 25.3 (which the Dockerfiles install) the system
+store. A mount point that does not exist in the base would be left in the image as an empty file,
+which is why no pip.conf is mounted. Each image's build log goes to
 var/images/<image>.log; a summary (seconds, size) is printed at the end.
 """
 
@@ -55,8 +58,6 @@ class Builder:
         self.env = podmanhost.configure()
         self.built: list[Built] = []
         LOGS.mkdir(parents=True, exist_ok=True)
-        self.pip_conf = podmanhost.CACHE / "build-pip.conf"
-        self.pip_conf.write_text(f"[global]\ncert = {CA_BUNDLE}\n")
 
     def run(self, args, stdin=None, timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run([self.podman, *args], env=self.env, stdin=stdin, capture_output=True, text=True,
@@ -66,11 +67,12 @@ class Builder:
               trust_host_ca: bool = True) -> None:
         args = ["build", "--network", "host", "--pull=never", "-f", str(containerfile), "-t", tag]
         if trust_host_ca and CA_BUNDLE.exists():
-            args += ["-v", f"{CA_BUNDLE}:{CA_BUNDLE}:ro", "-v", f"{self.pip_conf}:/etc/pip.conf:ro"]
+            args += ["-v", f"{CA_BUNDLE}:{CA_BUNDLE}:ro"]
         for key, value in build_args.items():
             args += ["--build-arg", f"{key}={value}"]
         log = LOGS / f"{name}.log"
-        print(f"building {tag} ({containerfile.relative_to(ROOT)}) ... log: {log.relative_to(ROOT)}", flush=True)
+        shown = containerfile.relative_to(ROOT) if containerfile.is_relative_to(ROOT) else containerfile.name
+        print(f"building {tag} ({shown}) ... log: {log.relative_to(ROOT)}", flush=True)
         started = time.monotonic()
         with log.open("w") as out:
             done = subprocess.run(["nice", "-n", "10", self.podman, *args, str(context)], env=self.env,

@@ -35,7 +35,8 @@ CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tess
 # Bumped whenever the way the base image is made changes (part of its tag).
 RECIPE = "debootstrap --variant=minbase; apt caches dropped; tar | podman import; v2"
 NETWORK_TOOLS = ("/usr/lib/podman/netavark", "/usr/lib/podman/aardvark-dns")
-INSTALL_HINT = "'make container-tools' installs them from Debian's packages"
+INSTALL_HINT = ("'make container-tools' installs Podman, runc, debootstrap, netavark and aardvark-dns from "
+                "Debian's packages")
 
 CONTAINERS_CONF = """\
 # Written by deploy/podman/podmanhost.py; the machine's own config is untouched.

@@ -34,14 +34,13 @@ import podmanhost  # noqa: E402
 
 from tessera.enforcer import cdi  # noqa: E402
 from tessera.shared import profile  # noqa: E402
+from tessera.shared.natsserver import free_port  # noqa: E402
 
 pytestmark = pytest.mark.timeout(1200)
 
-HOST_URL = "nats://127.0.0.1:4222,nats://127.0.0.1:4232,nats://127.0.0.1:4242"  # compose.yaml's ports
 TESSERA = Path(sys.executable).parent / "tessera"
 NODES = sorted(n.node for n in profile.load(str(ROOT / "profiles" / "demo.yaml")))
 STARTUP_S = 420  # on 2 shared cores, a dozen Python services importing at once take minutes
-STANDIN_COUNTS = "http://127.0.0.1:16686/"  # compose.local.yaml's Jaeger stand-in
 
 
 def podman(environment, *args, check=True, timeout=120) -> subprocess.CompletedProcess:
@@ -63,16 +62,23 @@ def logs_of(environment, name: str, lines: int = 40) -> str:
 
 @pytest.fixture(scope="module")
 def compose_set():
+    missing = None
     try:
         environment = compose.env()
     except podmanhost.PodmanMissing as exc:
-        pytest.fail(f"the compose smoke test needs Podman: {exc}", pytrace=False)
+        missing = str(exc)
+    if missing:  # a failure, never a skip: this test exists to run the set
+        pytest.fail(f"the compose smoke test needs Podman: {missing}", pytrace=False)
+    # Free host ports: the defaults (4222, ...) may be taken by a NATS or a set already running here.
+    environment.update({variable: str(free_port()) for variable in compose.published_ports()})
     compose.podman_compose("down", "-v", environment=environment, check=False, capture=True)  # an earlier run's
     try:
         try:
-            compose.up(environment)
+            compose.up(environment, timeout=600)
         except podmanhost.PodmanMissing as exc:
-            pytest.fail(str(exc), pytrace=False)
+            missing = str(exc)  # an image is not built
+        if missing:
+            pytest.fail(missing, pytrace=False)
         yield environment
     finally:
         compose.podman_compose("down", "-v", "-t", "10", environment=environment, check=False, capture=True,
@@ -81,8 +87,8 @@ def compose_set():
         assert not left, f"podman-compose down left containers behind: {left}"
 
 
-def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = dict(os.environ, TESSERA_NATS_URL=HOST_URL, TESSERA_NATS_USER="operator",
+def cli(environment, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TESSERA_NATS_URL=compose.host_nats_url(environment), TESSERA_NATS_USER="operator",
                TESSERA_NATS_PASSWORD_FILE=str(compose.AUTH_DIR / "passwords" / "operator"))
     return subprocess.run([str(TESSERA), *args], env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -120,7 +126,7 @@ def submit_prepared(environment, label: str) -> dict:
     claim = f"smoke-{label}-{uuid.uuid4().hex[:8]}"
 
     def attempt():
-        done = cli("submit", "--tenant", "team-a", "--gpumem", "8000", "--claim", claim, "--wait",
+        done = cli(environment, "submit", "--tenant", "team-a", "--gpumem", "8000", "--claim", claim, "--wait",
                    "--timeout", "60", "-o", "json", timeout=120)
         return done, done.returncode not in (4, 5)  # unavailable, or the wait ran out: again
 
@@ -141,13 +147,13 @@ def test_a_claim_is_prepared_before_and_after_a_nats_member_stops(compose_set):
     wait_healthy(environment)
 
     def create_tenant():
-        done = cli("tenant", "create", "team-a", "--gpus", "8")
+        done = cli(environment, "tenant", "create", "team-a", "--gpus", "8")
         return done, done.returncode == 0
 
     until("creating tenant team-a", create_tenant, 120)
 
     def fleet_published():
-        done = cli("status", "-o", "json")
+        done = cli(environment, "status", "-o", "json")
         nodes = json.loads(done.stdout)["totals"]["nodes"] if done.returncode == 0 else None
         return (done.returncode, nodes, done.stderr[-500:]), nodes == len(NODES)
 
@@ -163,7 +169,8 @@ def test_a_claim_is_prepared_before_and_after_a_nats_member_stops(compose_set):
     submit_prepared(environment, "one-member-down")
 
     def traces_received():
-        with urllib.request.urlopen(STANDIN_COUNTS, timeout=5) as reply:
+        port = compose.host_port(environment, "TESSERA_COMPOSE_JAEGER_UI_PORT")  # the stand-in's counts
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as reply:
             counts = json.load(reply)
         return counts, counts["exports"] > 0
 

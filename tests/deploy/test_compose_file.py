@@ -8,6 +8,7 @@ the set itself is run only by `make compose-test` (tests/compose), which takes m
 
 from __future__ import annotations
 
+import re
 import sys
 import tomllib
 
@@ -89,10 +90,26 @@ def test_each_nats_member_runs_its_own_config_with_its_store_on_a_volume_and_is_
     assert nats["healthcheck"]["test"] and nats["deploy"]["resources"]["limits"]
 
 
+def _published(svc: dict) -> dict[int, tuple[str, int]]:
+    """container port -> (host-port variable, its default) of a service's ``ports``."""
+    out = {}
+    for port in svc.get("ports", []):
+        m = re.fullmatch(r"127\.0\.0\.1:\$\{(TESSERA_COMPOSE_\w+_PORT):-(\d+)\}:(\d+)", port)
+        assert m, f"{port}: publish on 127.0.0.1 at ${{TESSERA_COMPOSE_<WHAT>_PORT:-default}}"
+        out[int(m.group(3))] = (m.group(1), int(m.group(2)))
+    return out
+
+
+def test_every_published_port_is_loopback_and_movable_with_its_own_variable():
+    published = [p for svc in _services().values() for p in _published(svc).values()]
+    variables = [v for v, _ in published]
+    assert len(set(variables)) == len(variables), "one variable per published port"
+    assert len({d for _, d in published}) == len(published), "defaults do not collide"
+
+
 def test_traces_go_to_jaeger_over_otlp_http():
-    jaeger = _services()["jaeger"]
-    assert any(p.endswith("4318:4318") for p in jaeger["ports"])
-    assert any(p.endswith("4317:4317") for p in jaeger["ports"])
+    jaeger = _published(_services()["jaeger"])
+    assert jaeger[4318][1] == 4318 and jaeger[4317][1] == 4317
     for name, svc in _tessera_services().items():
         assert svc["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318", name
 
