@@ -61,7 +61,7 @@ def logs_of(environment, name: str, lines: int = 40) -> str:
 
 
 @pytest.fixture(scope="module")
-def compose_set():
+def compose_set(tmp_path_factory):
     missing = None
     try:
         environment = compose.env()
@@ -81,6 +81,11 @@ def compose_set():
             pytest.fail(missing, pytrace=False)
         yield environment
     finally:
+        # Every container's log, kept for a failure's post-mortem (the set itself goes away now).
+        logs = tmp_path_factory.mktemp("compose-logs")
+        for name in containers(environment):
+            (logs / f"{name}.log").write_text(logs_of(environment, name, lines=2000))
+        print(f"compose set's logs: {logs}")
         compose.podman_compose("down", "-v", "-t", "10", environment=environment, check=False, capture=True,
                                timeout=300)
         left = containers(environment)

@@ -189,3 +189,15 @@ def test_the_jaeger_stand_in_listens_where_the_services_export():
     assert "OTLP_PORT, STATS_PORT = 4318, 16686" in sink and '"/v1/traces"' in sink
     assert jaeger["command"][-1] == "/opt/otlp-sink/otlp_sink.py"
     assert "/opt/otlp-sink/otlp_sink.py" in (COMPOSE_DIR / "local" / "otlp-sink.Containerfile").read_text()
+
+
+def test_enforcer_volumes_are_mounted_where_no_link_is_in_the_way():
+    """A named volume takes its mount point's owner (the service user) only at a path without links;
+    the image's TESSERA_CDI_DIR (/var/run/cdi) reaches /run/cdi through Debian's /var/run -> /run."""
+    image = Dockerfile.read(ROOT / "services" / "enforcer" / "Dockerfile").env()
+    for svc in _tessera_services().values():
+        if _service_of(svc) != "enforcer":
+            continue
+        targets = {v.split(":")[1] for v in svc["volumes"]}
+        assert targets == {image["TESSERA_STATE_DIR"], image["TESSERA_CDI_DIR"].replace("/var/run/", "/run/", 1)}
+        assert not any(t.startswith("/var/run/") for t in targets)
