@@ -15,9 +15,12 @@ podman-compose never falls back to building or pulling one itself. The compose s
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -32,6 +35,9 @@ PROJECT = "tessera"  # compose.yaml's `name`
 AUTH_DIR = COMPOSE_DIR / "nats-auth"
 SECRET_KEYS = COMPOSE_DIR / "controlplane-secret-keys"
 BIN = Path(sys.executable).parent  # the venv: tessera and podman-compose are installed there
+# netavark's DNS server for rootful networks (a fixed path: not under podmanhost's cache).
+AARDVARK_DIR = Path("/run/containers/networks/aardvark-dns")
+NETWORK = f"{PROJECT}_default"
 
 
 def published_ports() -> dict[str, int]:
@@ -93,13 +99,50 @@ def podman_compose(*args: str, environment: dict[str, str] | None = None, check:
                           text=True, timeout=timeout)
 
 
+def stop_stale_dns(environment: dict[str, str]) -> None:
+    """Stops an aardvark-dns left from an earlier set, so the next `up` starts a fresh one.
+
+    Bookworm's aardvark-dns (1.4) can outlive the set whose names it serves, bound to the gateway
+    address of a bridge that `down` deleted; told about the next set's containers it still answers
+    nothing, and every service fails with "Name or service not known" for nats-1. It is stopped
+    (by its pid file) only when no container of ours runs and it serves no network but this set's."""
+    pid_file = AARDVARK_DIR / "aardvark.pid"
+    if not pid_file.exists():
+        return
+    running = subprocess.run(["podman", "ps", "-q"], env=environment, capture_output=True, text=True).stdout.split()
+    others = [p.name for p in AARDVARK_DIR.iterdir() if p.name not in ("aardvark.pid", NETWORK)]
+    if running or others:
+        return
+    try:
+        pid = int(pid_file.read_text().strip())
+        if b"aardvark-dns" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(50):
+                if not Path(f"/proc/{pid}").exists():
+                    break
+                time.sleep(0.1)
+    except (ValueError, OSError):
+        pass  # no such process: only the stale files are left
+    for name in ("aardvark.pid", NETWORK):
+        (AARDVARK_DIR / name).unlink(missing_ok=True)
+
+
 def up(environment: dict[str, str] | None = None, timeout: float | None = None) -> None:
     environment = environment or env()
     missing = missing_images(environment)
     if missing:
         raise podmanhost.PodmanMissing(f"images not built: {', '.join(missing)}: run 'make images' first")
     write_secrets()
+    stop_stale_dns(environment)
     podman_compose("up", "-d", environment=environment, timeout=timeout)
+
+
+def down(*args: str, environment: dict[str, str] | None = None, timeout: float | None = None,
+         capture: bool = False) -> subprocess.CompletedProcess:
+    environment = environment or env()
+    done = podman_compose("down", *args, environment=environment, check=False, capture=capture, timeout=timeout)
+    stop_stale_dns(environment)
+    return done
 
 
 def main(argv: list[str]) -> int:
@@ -110,6 +153,8 @@ def main(argv: list[str]) -> int:
         if argv == ["up"]:
             up()
             return 0
+        if argv[0] == "down":
+            return down(*argv[1:]).returncode
         return podman_compose(*argv, check=False).returncode
     except podmanhost.PodmanMissing as exc:
         print(f"compose: {exc}", file=sys.stderr)

@@ -71,7 +71,7 @@ def compose_set(tmp_path_factory):
         pytest.fail(f"the compose smoke test needs Podman: {missing}", pytrace=False)
     # Free host ports: the defaults (4222, ...) may be taken by a NATS or a set already running here.
     environment.update({variable: str(free_port()) for variable in compose.published_ports()})
-    compose.podman_compose("down", "-v", environment=environment, check=False, capture=True)  # an earlier run's
+    compose.down("-v", environment=environment, capture=True)  # an earlier run's
     try:
         try:
             compose.up(environment, timeout=600)
@@ -86,8 +86,7 @@ def compose_set(tmp_path_factory):
         for name in containers(environment):
             (logs / f"{name}.log").write_text(logs_of(environment, name, lines=2000))
         print(f"compose set's logs: {logs}")
-        compose.podman_compose("down", "-v", "-t", "10", environment=environment, check=False, capture=True,
-                               timeout=300)
+        compose.down("-v", "-t", "10", environment=environment, capture=True, timeout=300)
         left = containers(environment)
         assert not left, f"podman-compose down left containers behind: {left}"
 
