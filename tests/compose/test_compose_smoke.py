@@ -1,0 +1,181 @@
+"""The compose set runs for real: a claim submitted from the host is prepared by an enforcer, and
+still is with one of the three NATS members stopped.
+
+deploy/compose with compose.local.yaml, under podman-compose (deploy/podman/compose.py, the same
+code `make compose-up` runs), on the images `make images` built. From the host, as the NATS
+operator on the published client ports of all three members, the tessera CLI creates a tenant and
+submits a claim; the claim must reach ``prepared`` (the enforcer's transition) and the chosen
+node's enforcer must hold the claim's CDI spec. Then nats-1, the member the host's URL names first
+and the one that publishes 4222, is stopped, and a second claim must go the same way through the
+two members left. The services' traces must have reached the Jaeger stand-in. The set is torn
+down (containers, network, volumes) whatever happens.
+
+Not part of `make test` (building the images takes minutes): `make compose-test` runs it after
+`make images`. It fails, never skips, where Podman is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "deploy" / "podman"))
+import compose  # noqa: E402
+import podmanhost  # noqa: E402
+
+from tessera.enforcer import cdi  # noqa: E402
+from tessera.shared import profile  # noqa: E402
+from tessera.shared.natsserver import free_port  # noqa: E402
+
+pytestmark = pytest.mark.timeout(1200)
+
+TESSERA = Path(sys.executable).parent / "tessera"
+NODES = sorted(n.node for n in profile.load(str(ROOT / "profiles" / "demo.yaml")))
+STARTUP_S = 420  # on 2 shared cores, a dozen Python services importing at once take minutes
+
+
+def podman(environment, *args, check=True, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run(["podman", *args], env=environment, capture_output=True, text=True, check=check,
+                          timeout=timeout)
+
+
+def containers(environment, service: str | None = None) -> list[str]:
+    args = ["ps", "-a", "--format", "{{.Names}}", "--filter", f"label=io.podman.compose.project={compose.PROJECT}"]
+    if service:
+        args += ["--filter", f"label=com.docker.compose.service={service}"]
+    return podman(environment, *args).stdout.split()
+
+
+def logs_of(environment, name: str, lines: int = 40) -> str:
+    done = podman(environment, "logs", "--tail", str(lines), name, check=False)
+    return f"--- {name}\n{done.stdout}{done.stderr}"
+
+
+@pytest.fixture(scope="module")
+def compose_set(tmp_path_factory):
+    missing = None
+    try:
+        environment = compose.env()
+    except podmanhost.PodmanMissing as exc:
+        missing = str(exc)
+    if missing:  # a failure, never a skip: this test exists to run the set
+        pytest.fail(f"the compose smoke test needs Podman: {missing}", pytrace=False)
+    # Free host ports: the defaults (4222, ...) may be taken by a NATS or a set already running here.
+    environment.update({variable: str(free_port()) for variable in compose.published_ports()})
+    compose.down("-v", environment=environment, capture=True)  # an earlier run's
+    try:
+        try:
+            compose.up(environment, timeout=600)
+        except podmanhost.PodmanMissing as exc:
+            missing = str(exc)  # an image is not built
+        if missing:
+            pytest.fail(missing, pytrace=False)
+        yield environment
+    finally:
+        # Every container's log, kept for a failure's post-mortem (the set itself goes away now).
+        logs = tmp_path_factory.mktemp("compose-logs")
+        for name in containers(environment):
+            (logs / f"{name}.log").write_text(logs_of(environment, name, lines=2000))
+        print(f"compose set's logs: {logs}")
+        compose.down("-v", "-t", "10", environment=environment, capture=True, timeout=300)
+        left = containers(environment)
+        assert not left, f"podman-compose down left containers behind: {left}"
+
+
+def cli(environment, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TESSERA_NATS_URL=compose.host_nats_url(environment), TESSERA_NATS_USER="operator",
+               TESSERA_NATS_PASSWORD_FILE=str(compose.AUTH_DIR / "passwords" / "operator"))
+    return subprocess.run([str(TESSERA), *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def wait_healthy(environment) -> None:
+    """Every container with a healthcheck passes it (Tessera's: /readyz). Podman without systemd runs
+    no healthcheck timers, so the checks are run here, by `podman healthcheck run`."""
+    deadline = time.monotonic() + STARTUP_S
+    checked = {name: svc.get("deploy", {}).get("replicas", 1) for name, svc in compose.services().items()
+               if "healthcheck" in svc}
+    pending = [n for service in checked for n in containers(environment, service)]
+    assert len(pending) == sum(checked.values()), f"not every service has its containers: {pending}"
+    while pending and time.monotonic() < deadline:
+        pending = [n for n in pending if podman(environment, "healthcheck", "run", n, check=False).returncode != 0]
+        if pending:
+            time.sleep(5)
+    assert not pending, "not healthy in time: " + ", ".join(pending) + "\n" + "\n".join(
+        logs_of(environment, n) for n in pending)
+
+
+def until(what: str, attempt, timeout: float):
+    """Runs ``attempt`` until it returns something true or ``timeout`` passes; the last result fails."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result, done = attempt()
+        if done or time.monotonic() > deadline:
+            assert done, f"{what}: {result}"
+            return result
+        time.sleep(3)
+
+
+def submit_prepared(environment, label: str) -> dict:
+    """One claim, submitted until Tessera answers (an unavailable bus is retried with the same claim
+    id, which makes the retry idempotent); it must end prepared, with its CDI spec on its node."""
+    claim = f"smoke-{label}-{uuid.uuid4().hex[:8]}"
+
+    def attempt():
+        done = cli(environment, "submit", "--tenant", "team-a", "--gpumem", "8000", "--claim", claim, "--wait",
+                   "--timeout", "60", "-o", "json", timeout=120)
+        return done, done.returncode not in (4, 5)  # unavailable, or the wait ran out: again
+
+    done = until(f"submitting {claim}", attempt, 300)
+    assert done.returncode == 0, f"submit {claim}: exit {done.returncode}\n{done.stdout}{done.stderr}"
+    record = json.loads(done.stdout)
+    assert record["claim"] == claim and record["state"] in ("prepared", "running"), record
+    assert record["node"] in NODES and record["devices"], record
+    (enforcer,) = containers(environment, f"enforcer-{record['node']}")
+    spec = cdi.spec_path("/var/run/cdi", claim)
+    listed = podman(environment, "exec", enforcer, "ls", str(spec.parent)).stdout.split()
+    assert spec.name in listed, f"{enforcer} has no CDI spec {spec.name} for {claim}: {listed}"
+    return record
+
+
+def test_a_claim_is_prepared_before_and_after_a_nats_member_stops(compose_set):
+    environment = compose_set
+    wait_healthy(environment)
+
+    def create_tenant():
+        done = cli(environment, "tenant", "create", "team-a", "--gpus", "8")
+        return done, done.returncode == 0
+
+    until("creating tenant team-a", create_tenant, 120)
+
+    def fleet_published():
+        done = cli(environment, "status", "-o", "json")
+        nodes = json.loads(done.stdout)["totals"]["nodes"] if done.returncode == 0 else None
+        return (done.returncode, nodes, done.stderr[-500:]), nodes == len(NODES)
+
+    until("waiting for capacity to publish every demo node", fleet_published, 120)
+
+    submit_prepared(environment, "all-members")
+
+    (member,) = containers(environment, "nats-1")
+    podman(environment, "stop", "-t", "5", member)
+    state = podman(environment, "inspect", "--format", "{{.State.Status}}", member).stdout.strip()
+    assert state in ("exited", "stopped"), f"{member} is {state} after podman stop"
+
+    submit_prepared(environment, "one-member-down")
+
+    def traces_received():
+        port = compose.host_port(environment, "TESSERA_COMPOSE_JAEGER_UI_PORT")  # the stand-in's counts
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as reply:
+            counts = json.load(reply)
+        return counts, counts["exports"] > 0
+
+    until("the services' OTLP exports reaching the Jaeger stand-in", traces_received, 60)
