@@ -20,7 +20,7 @@ from tessera.shared import identities
 from tessera.shared import profile as profiles
 from tessera.shared import secretkeys
 from tessera.shared.natsserver import NatsCluster, NatsServer, die_with_parent, free_port
-from tessera.shared.runner import is_ready
+from tessera.shared.runner import is_ready, why_not_ready
 
 SERVICES = ("controlplane", "capacity", "translator", "placement")
 
@@ -189,7 +189,8 @@ class LocalCluster:
                     del waiting[name]
             time.sleep(0.1)
         if waiting:
-            raise RuntimeError(f"not ready after {timeout:.0f}s: {', '.join(sorted(waiting))}")
+            why = "; ".join(f"{name}: {why_not_ready(sp.http_port)}" for name, sp in sorted(waiting.items()))
+            raise RuntimeError(f"not ready after {timeout:.0f}s: {', '.join(sorted(waiting))} ({why})")
 
     def stop_process(self, sp: ServiceProcess, *, timeout: float = 10.0) -> int:
         if sp.alive():

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import signal
 import sys
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Coroutine, Mapping
@@ -99,6 +100,18 @@ def is_ready(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool:
             return reply.status == 200
     except OSError:
         return False
+
+
+def why_not_ready(port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> str:
+    """What /readyz says (NATS connected, each gate) for a service that is not ready, for the
+    message of whoever gave up waiting on it."""
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/readyz", timeout=timeout) as reply:
+            return reply.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:  # 503: the body names the gates
+        return exc.read().decode(errors="replace")
+    except OSError as exc:
+        return f"no answer on /readyz ({exc})"
 
 
 async def connect_with_retry(settings: ServiceSettings, telemetry: Telemetry, attempts: int = 60) -> Bus:
