@@ -75,17 +75,20 @@ async def test_indexes_are_rebuilt_ahead_after_the_mix_is_republished():
         placer.place("x", "team-a", spec)
     assert _current_indexes(placer) == len(SHAPES)
     placer.mix.observe_all(placer.demand(s) for s in SHAPES)  # republished: every index is void
+    gc.unfreeze()
     task = asyncio.create_task(idlework.run(placer, pause=0.001))
     try:
         for _ in range(200):
             await asyncio.sleep(0.005)
-            if placer._epoch == placer.mix.version and _current_indexes(placer) == len(SHAPES):
+            if gc.get_freeze_count():
                 break
+        assert placer._epoch == placer.mix.version
+        assert _current_indexes(placer) == len(SHAPES)  # before any claim asked for them again
+        assert not placer.warm()  # nothing left to do
+        assert gc.get_freeze_count() > 0  # and the built indexes were taken out of the collector's walks
     finally:
         task.cancel()
-    assert placer._epoch == placer.mix.version
-    assert _current_indexes(placer) == len(SHAPES)  # before any claim asked for them again
-    assert not placer.warm()  # nothing left to do
+        gc.unfreeze()
 
 
 def test_an_index_begun_ahead_is_finished_by_the_claim_that_comes_first():
@@ -94,7 +97,7 @@ def test_an_index_begun_ahead_is_finished_by_the_claim_that_comes_first():
         for spec in SHAPES:
             p.place("x", "team-a", spec)
         p.mix.observe_all(p.demand(s) for s in SHAPES)
-    assert placer.warm(budget=3)  # a few classes of the first shape, the rest still to do
+    assert placer.warm(budget=3) == 3 and placer._warming  # a few classes of a shape, the rest to do
     for spec in SHAPES:
         a, b = placer.place("y", "team-a", spec), reference.place("y", "team-a", spec)
         assert (a.node, a.shares, a.score) == (b.node, b.shares, b.score)

@@ -485,13 +485,15 @@ class Placer:
                     out.append(e)
         return out
 
-    def warm(self, budget: int = _WARM_STEP) -> bool:
+    def warm(self, budget: int = _WARM_STEP) -> int:
         """Spend up to `budget` class evaluations building, ahead of their next claim, the index of
         shapes asked for under the previous mix (a republished mix voids every index, and a shape's
         first index scores the whole fleet: ~1-20 ms each, all at once after a republish). Meant for
         idle moments (the service calls it between decisions); a claim that comes first finishes
-        the index itself. The result is the same index either way. True while work is left.
+        the index itself. The result is the same index either way. Returns the class evaluations
+        it spent (0: nothing was left to do).
         """
+        spent = 0
         if self._epoch != self.mix.version:
             self._new_epoch()
         todo = self._to_warm
@@ -511,10 +513,11 @@ class Placer:
             del left[-budget:]
             heap += self._entries([c for c in take if c.alive], ck, d, node_policy, gpu_policy)
             budget -= len(take)
+            spent += len(take)
             if not left:
                 self._index(ck, d, node_policy, gpu_policy)  # (files it, catches up with the log)
                 todo.pop()
-        return bool(todo)
+        return spent
 
     # --- mix ------------------------------------------------------------------------------------
 

@@ -6,9 +6,14 @@ with the default model, bench/placement_sim.md):
 - a republished workload mix voids every shape's index, and the next claim of each shape scored
   the whole fleet (1-20 ms per shape, dozens of shapes right after a republish): `Placer.warm`
   rebuilds the indexes of the shapes asked for lately, a few classes per step, ahead of them;
-- the cyclic garbage collector's young-generation pass, automatic every 20,000 tracked allocations
-  (10-40 ms each in the service: the engine's memo tables are young tuples that survive): it runs
-  here instead once a quarter of that has built up, while no claim waits, in smaller passes.
+- the cyclic garbage collector's passes: automatic every 20,000 tracked allocations, 10-40 ms each in
+  the service (the engine's index entries and memo tables are young containers that survive, and
+  every 20th pass walks 400,000 of them again). They run here instead, in passes a tenth that
+  size: what a pass walks is what was allocated since the one before, so the total is the same,
+  cut into steps of a few milliseconds. The indexes rebuilt after a republish (tens of thousands
+  of entries that live until the next one) are frozen out of the collector's walks once built
+  (what is frozen is freed by its reference count as ever, but a cycle among it never would be:
+  a freeze comes once per republish, and republishes grow rare as the mix's evidence grows).
 
 One step is short (tens of class evaluations, or one young pass), and the task yields to the event
 loop between steps: a claim that arrives meanwhile waits for one step at most. Under a steady
@@ -24,8 +29,8 @@ from .engine import Placer
 
 # Automatic collection thresholds set at start (the fleet is frozen out of the collector's walks).
 GC_THRESHOLDS = (20_000, 20, 20)
-YOUNG_PASS_AT = 5_000  # tracked allocations at which an idle step collects the young generation
-MIDDLE_PASS_EVERY = 8  # young passes per middle-generation pass (the automatic one: 20)
+YOUNG_PASS_AT = 2_000  # tracked allocations at which an idle step collects the young generation
+MIDDLE_PASS_EVERY = 3  # young passes per middle-generation pass (the automatic one: 20)
 # Middle passes per full pass: one per 8M allocations, the automatic cadence (20,000 x 20 x 20).
 FULL_PASS_EVERY = GC_THRESHOLDS[0] * GC_THRESHOLDS[1] * GC_THRESHOLDS[2] // (YOUNG_PASS_AT * MIDDLE_PASS_EVERY)
 PAUSE_SECONDS = 0.002  # between looks when there is nothing to do
@@ -54,8 +59,15 @@ def collect_if_due() -> bool:
 
 async def run(placer: Placer, pause: float = PAUSE_SECONDS) -> None:
     """Forever: warm the placer's indexes, collect when due, yielding between steps."""
+    warming = False
     while True:
-        if placer.warm() or collect_if_due():
-            await asyncio.sleep(0)
-        else:
+        if placer.warm():
+            warming = True
+        elif warming:  # a round of indexes is built: they live until the mix moves again
+            warming = False
+            gc.collect(0)
+            gc.freeze()
+        elif not collect_if_due():
             await asyncio.sleep(pause)
+            continue
+        await asyncio.sleep(0)
