@@ -68,7 +68,7 @@ _node_name = attrgetter("name")
 _HEAPS_CAP = 256  # claim shapes with a live index
 _WHYS_CAP = 256  # claim shapes with live rejection counts
 _SWEEP = 2048  # retired memo entries freed per decision
-_WARM_SHAPES = 64  # shapes indexed again ahead of their claims after the mix is republished
+_WARM_SHAPES = _HEAPS_CAP  # shapes indexed again ahead after a republish: all with a live index
 _WARM_STEP = 8  # class evaluations per `warm` call (~1-2 ms on a cold memo with the host-memory term)
 
 # The fragmentation-aware index entries compiled (_fgdcore.c: same arithmetic, same memo tables,
