@@ -68,6 +68,8 @@ _node_name = attrgetter("name")
 _HEAPS_CAP = 256  # claim shapes with a live index
 _WHYS_CAP = 256  # claim shapes with live rejection counts
 _SWEEP = 2048  # retired memo entries freed per decision
+_WARM_SHAPES = _HEAPS_CAP  # shapes indexed again ahead after a republish: all with a live index
+_WARM_STEP = 8  # class evaluations per `warm` call (~1-2 ms on a cold memo with the host-memory term)
 
 # The fragmentation-aware index entries compiled (_fgdcore.c: same arithmetic, same memo tables,
 # bit-identical entries); None where it was not built, and the Python below runs instead.
@@ -196,6 +198,8 @@ class Placer:
         self._rejections: dict[tuple, tuple[int, Rejection]] = {}
         self._whys: OrderedDict[tuple, list] = OrderedDict()
         self._trash: list = []  # retired memo tables, freed piecemeal (`_sweep`)
+        self._to_warm: list[tuple[Demand, str, str]] = []  # shapes to index ahead (`warm`)
+        self._warming: dict[tuple, list] = {}  # shape key -> [entries so far, last class, classes left]
 
     # --- public ---------------------------------------------------------------------------------
 
@@ -429,44 +433,37 @@ class Placer:
     def _index(self, ck: tuple, d: Demand, node_policy: str, gpu_policy: str) -> list:
         """The per-shape index: a heap of (score..., class id, class, positions) over feasible classes.
 
-        Built once per claim shape, then brought up to date from the fleet's class log: each new
-        class is evaluated once per shape that is asked for later; dead classes are dropped lazily.
+        Built once per claim shape (or finished, where `warm` began it), then brought up to date
+        from the fleet's class log: each new class is evaluated once per shape that is asked for
+        later; dead classes are dropped lazily. Its top is the least entry of the live classes
+        whatever order they were evaluated in (class ids are unique), so a warmed index decides as
+        one built at once.
         """
         fleet = self.fleet
         log = fleet.log
         last = fleet._next_class - 1
         idx = self._heaps.get(ck)
-        core = self._core if node_policy == "fragmentation-aware" and gpu_policy != "random" else None
         if idx is None:
-            heap = []
-            if core is not None:
-                core.entries(self, fleet.classes.values(), d, gpu_policy, heap)
-            else:
-                entry = self._entry
-                for cls in fleet.classes.values():
-                    e = entry(cls, ck, d, node_policy, gpu_policy)
-                    if e is not None:
-                        heap.append(e)
+            part = self._warming.pop(ck, None)
+            if part is None:  # (classes are born in id order: up to `last`, the log adds nothing)
+                heap = self._entries(fleet.classes.values(), ck, d, node_policy, gpu_policy)
+                built = last
+            else:  # begun ahead of this claim (`warm`): the rest of its classes, then the log's news
+                heap, built, todo = part[0], part[1], part[2]
+                heap += self._entries([c for c in todo if c.alive], ck, d, node_policy, gpu_policy)
             heapify(heap)
-            idx = [heap, last]
+            idx = [heap, built, d]
             self._heaps[ck] = idx
             if len(self._heaps) > _HEAPS_CAP:
                 self._heaps.popitem(last=False)
         else:
             self._heaps.move_to_end(ck)
-            heap = idx[0]
-            if idx[1] < last:
-                fresh = [cls for cls in log[bisect_right(log, idx[1], key=_class_id):] if cls.alive]
-                if core is not None:
-                    found: list = []
-                    core.entries(self, fresh, d, gpu_policy, found)
-                else:
-                    entry = self._entry
-                    found = [e for e in (entry(cls, ck, d, node_policy, gpu_policy) for cls in fresh)
-                             if e is not None]
-                for e in found:
-                    heappush(heap, e)
-                idx[1] = last
+        heap = idx[0]
+        if idx[1] < last:
+            fresh = [cls for cls in log[bisect_right(log, idx[1], key=_class_id):] if cls.alive]
+            for e in self._entries(fresh, ck, d, node_policy, gpu_policy):
+                heappush(heap, e)
+            idx[1] = last
         while heap and not heap[0][-2].alive:
             heappop(heap)
         if len(heap) > 2 * len(fleet.classes) + 64:
@@ -474,6 +471,53 @@ class Placer:
             heapify(heap)
             idx[0] = heap
         return heap
+
+    def _entries(self, classes, ck: tuple, d: Demand, node_policy: str, gpu_policy: str) -> list:
+        """The index entries of `classes` (alive) for one shape, unordered."""
+        out: list = []
+        if node_policy == "fragmentation-aware" and gpu_policy != "random" and self._core is not None:
+            self._core.entries(self, classes, d, gpu_policy, out)
+        else:
+            entry = self._entry
+            for cls in classes:
+                e = entry(cls, ck, d, node_policy, gpu_policy)
+                if e is not None:
+                    out.append(e)
+        return out
+
+    def warm(self, budget: int = _WARM_STEP) -> int:
+        """Spend up to `budget` class evaluations building, ahead of their next claim, the index of
+        shapes asked for under the previous mix (a republished mix voids every index, and a shape's
+        first index scores the whole fleet: ~1-20 ms each, all at once after a republish). Meant for
+        idle moments (the service calls it between decisions); a claim that comes first finishes
+        the index itself. The result is the same index either way. Returns the class evaluations
+        it spent (0: nothing was left to do).
+        """
+        spent = 0
+        if self._epoch != self.mix.version:
+            self._new_epoch()
+        todo = self._to_warm
+        while todo and budget > 0:
+            d, node_policy, gpu_policy = todo[-1]
+            ck = d._ckey
+            if ck is None or ck[1] != self._epoch:
+                ck = d._ckey = (self._token, self._epoch, d.shape, node_policy, gpu_policy)
+            if ck in self._heaps:
+                todo.pop()
+                continue
+            part = self._warming.get(ck)
+            if part is None:
+                part = self._warming[ck] = [[], self.fleet._next_class - 1, list(self.fleet.classes.values())]
+            heap, _, left = part
+            take = left[-budget:]
+            del left[-budget:]
+            heap += self._entries([c for c in take if c.alive], ck, d, node_policy, gpu_policy)
+            budget -= len(take)
+            spent += len(take)
+            if not left:
+                self._index(ck, d, node_policy, gpu_policy)  # (files it, catches up with the log)
+                todo.pop()
+        return spent
 
     # --- mix ------------------------------------------------------------------------------------
 
@@ -511,6 +555,11 @@ class Placer:
         self._trash += [(t, False) for t in (self._memo, self._fmemo, self._gmemo, self._gcache, self._mfit,
                                              self._svec, self._stv)]
         self._trash.append((self._heaps, True))
+        # The shapes asked for lately, to be indexed again ahead of their claims (`warm`), the most
+        # recent first (the list is worked from its end). Random choices are not made ahead.
+        self._to_warm = [(idx[2], ck[3], ck[4]) for ck, idx in list(self._heaps.items())[-_WARM_SHAPES:]
+                         if "random" not in (ck[3], ck[4])]
+        self._warming = {}
         self._memo, self._fmemo, self._gmemo, self._gcache = {}, {}, {}, {}
         self._mfit, self._svec, self._heaps, self._stv = {}, {}, OrderedDict(), {}
 

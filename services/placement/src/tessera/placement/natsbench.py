@@ -96,6 +96,8 @@ MODELS: dict[str, dict[str, str]] = {
     "python-core": {"TESSERA_PLACEMENT_CORE": "python"},
     "no-fluid": {"TESSERA_PLACEMENT_FLUID_MEMORY": "false"},
     "binpack": {"TESSERA_PLACEMENT_POLICY": "binpack"},
+    # The default without its work between decisions (indexes warmed ahead, idle GC passes).
+    "no-idle-work": {"TESSERA_PLACEMENT_IDLE_WORK": "false"},
     # The default with its metrics listener on, refreshed and scraped every second (a Prometheus at
     # scrape_interval 1s): what observing placement costs it.
     "metrics": {"TESSERA_METRICS_PORT": "auto", "TESSERA_METRICS_INTERVAL": "1"},
@@ -298,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="default",
                    help="comma list of placement models measured side by side, runs interleaved: "
                         + ", ".join(MODELS) + " (python-core: the Python engine instead of the compiled "
-                        "core; no-fluid: without the host-memory term; binpack: HAMi's binpack; metrics: the "
+                        "core; no-fluid: without the host-memory term; binpack: HAMi's binpack; no-idle-work: the default "
+                        "without its indexes warmed ahead and GC passes between decisions; metrics: the "
                         "default with its metrics listener, refreshed and scraped every second)")
     p.add_argument("--json", type=Path, help="also write the results (every run) here")
     args = p.parse_args(argv)

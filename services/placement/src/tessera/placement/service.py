@@ -27,7 +27,6 @@ fails for good gives the allocation back through the ordinary release path.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import time
@@ -57,7 +56,7 @@ from tessera.shared.telemetry import claim_attributes, inject
 from opentelemetry.trace import SpanKind
 from tessera.shared.settings import ConfigError, env_bool, env_choice, env_float, env_int
 
-from tessera.placement import lease, spans
+from tessera.placement import idlework, lease, spans
 from tessera.placement.engine import COMPILED_CORE, Placement, Placer, Rejection, ledger_entry
 from tessera.placement.commit import Booking, GroupCommit
 from tessera.placement.fleet import Fleet
@@ -91,6 +90,9 @@ class PlacementSettings:
     # Which fragmentation-aware scoring runs: the compiled core where it is built (auto), the compiled
     # core or refuse to start (compiled), or the Python reference engine (python): same decisions.
     core: str = "auto"
+    # Work done between decisions rather than inside one (`idlework`: indexes rebuilt ahead after
+    # the mix is republished, the collector's young passes); off only to measure what it buys.
+    idle_work: bool = True
     # Kubernetes mode: write ResourceClaim allocations, lift pod gates, report on pods.
     kubernetes: bool = False
     kube_workers: int = 8
@@ -112,6 +114,7 @@ class PlacementSettings:
             batch=env_int(env, "TESSERA_PLACEMENT_BATCH", cls.batch, minimum=1),
             fluid_memory=env_bool(env, "TESSERA_PLACEMENT_FLUID_MEMORY", cls.fluid_memory),
             core=env_choice(env, "TESSERA_PLACEMENT_CORE", cls.core, CORES),
+            idle_work=env_bool(env, "TESSERA_PLACEMENT_IDLE_WORK", cls.idle_work),
             kubernetes=env_bool(env, "TESSERA_KUBERNETES", cls.kubernetes),
             kube_workers=env_int(env, "TESSERA_PLACEMENT_KUBE_WORKERS", cls.kube_workers, minimum=1),
             kube_retry_seconds=env_float(env, "TESSERA_PLACEMENT_KUBE_RETRY_SECONDS", cls.kube_retry_seconds),
@@ -206,12 +209,18 @@ class PlacementService:
             "follow-unschedulable": self._follow_unschedulable(),
             "report": self._report(),
             "reconcile": self._reconcile_when_ready(),
+            **({"between-decisions": self._idle_when_ready()} if self.settings.idle_work else {}),
         }
 
     async def _reconcile_when_ready(self) -> None:
         while not self.ctx.ready:  # repairs decide from the fleet view: it must be loaded
             await asyncio.sleep(0.05)
         await self.reconciler.run()
+
+    async def _idle_when_ready(self) -> None:
+        while not self.ctx.ready:  # (indexes are warmed over the loaded fleet)
+            await asyncio.sleep(0.05)
+        await idlework.run(self.placer)
 
     async def _run_kube(self, writer) -> None:
         try:
@@ -252,11 +261,7 @@ class PlacementService:
         while not self.ctx.ready:  # the fleet view must be loaded before the first decision
             await asyncio.sleep(0.05)
         await self._load_pending()
-        # What is loaded now (the fleet, imports) lives as long as the process: keep the cyclic
-        # collector from walking it again and again, and let it run less often between batches (the
-        # engine's memo tables churn many small tuples; there are hardly any cycles to find).
-        gc.freeze()
-        gc.set_threshold(20_000, 20, 20)
+        idlework.settle_collector()  # (the young passes then run between decisions: `idlework`)
         await self.bus.consume(
             stream=subjects.STREAM_CLAIMS,
             durable="placement",

@@ -1,0 +1,73 @@
+"""What the placement process does between decisions, so that no claim's decision pays for it.
+
+Two costs used to land inside a decision and make the latency tail (p99 at 500 claims/s 41-77 ms
+with the default model, bench/placement_sim.md):
+
+- a republished workload mix voids every shape's index, and the next claim of each shape scored
+  the whole fleet (1-20 ms per shape, dozens of shapes right after a republish): `Placer.warm`
+  rebuilds the indexes of the shapes asked for lately, a few classes per step, ahead of them;
+- the cyclic garbage collector's passes: automatic every 20,000 tracked allocations, 10-40 ms each in
+  the service (the engine's index entries and memo tables are young containers that survive, and
+  every 20th pass walks 400,000 of them again). They run here instead, in passes a tenth that
+  size: what a pass walks is what was allocated since the one before, so the total is the same,
+  cut into steps of a few milliseconds. The indexes rebuilt after a republish (tens of thousands
+  of entries that live until the next one) are frozen out of the collector's walks once built
+  (what is frozen is freed by its reference count as ever, but a cycle among it never would be:
+  a freeze comes once per republish, and republishes grow rare as the mix's evidence grows).
+
+One step is short (tens of class evaluations, or one young pass), and the task yields to the event
+loop between steps: a claim that arrives meanwhile waits for one step at most. Under a steady
+stream of claims the steps interleave with them; the automatic collector stays on as the backstop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+from .engine import Placer
+
+# Automatic collection thresholds set at start (the fleet is frozen out of the collector's walks).
+GC_THRESHOLDS = (20_000, 20, 20)
+YOUNG_PASS_AT = 2_000  # tracked allocations at which an idle step collects the young generation
+MIDDLE_PASS_EVERY = 3  # young passes per middle-generation pass (the automatic one: 20)
+# Middle passes per full pass: one per 8M allocations, the automatic cadence (20,000 x 20 x 20).
+FULL_PASS_EVERY = GC_THRESHOLDS[0] * GC_THRESHOLDS[1] * GC_THRESHOLDS[2] // (YOUNG_PASS_AT * MIDDLE_PASS_EVERY)
+PAUSE_SECONDS = 0.002  # between looks when there is nothing to do
+
+
+def settle_collector() -> None:
+    """What is loaded at start (the fleet, imports) lives as long as the process: keep the cyclic
+    collector from walking it again and again, and let it run less often between idle passes."""
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
+def collect_if_due() -> bool:
+    """One young generation pass if enough has built up; every MIDDLE_PASS_EVERY one of the middle
+    generation, every FULL_PASS_EVERY of those a full one (cyclic garbage that reached the old
+    generation is freed there)."""
+    young, middle, old = gc.get_count()
+    if young < YOUNG_PASS_AT:
+        return False
+    if middle < MIDDLE_PASS_EVERY - 1:
+        gc.collect(0)
+    else:
+        gc.collect(2 if old >= FULL_PASS_EVERY - 1 else 1)
+    return True
+
+
+async def run(placer: Placer, pause: float = PAUSE_SECONDS) -> None:
+    """Forever: warm the placer's indexes, collect when due, yielding between steps."""
+    warming = False
+    while True:
+        if placer.warm():
+            warming = True
+        elif warming:  # a round of indexes is built: they live until the mix moves again
+            warming = False
+            gc.collect(0)
+            gc.freeze()
+        elif not collect_if_due():
+            await asyncio.sleep(pause)
+            continue
+        await asyncio.sleep(0)

@@ -1,0 +1,104 @@
+"""Between decisions the placement process rebuilds indexes ahead and runs the collector's passes.
+
+What used to fall inside one claim's decision (a whole-fleet index per shape after the workload mix
+was republished, a young-generation pass every 20,000 allocations) is done by `idlework.run` while
+no claim waits; these tests pin what it does, not how fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import pytest
+
+from fleetkit import inventory
+from tessera.placement import idlework
+from tessera.placement.engine import Placer
+from tessera.placement.fleet import Fleet
+from tessera.shared.events import ClaimSpec
+
+
+@pytest.fixture
+def collector():
+    """The service's thresholds, a collector with nothing pending, and what each pass collected."""
+    before = gc.get_threshold()
+    gc.set_threshold(*idlework.GC_THRESHOLDS)
+    gc.collect()
+    passes: list[int] = []
+
+    def seen(phase, info):
+        if phase == "stop":
+            passes.append(info["generation"])
+
+    gc.callbacks.append(seen)
+    yield passes
+    gc.callbacks.remove(seen)
+    gc.set_threshold(*before)
+
+
+def test_no_pass_until_enough_has_built_up(collector):
+    kept = [[] for _ in range(idlework.YOUNG_PASS_AT // 2)]
+    assert not idlework.collect_if_due()
+    assert collector == []
+    assert kept
+
+
+def test_young_passes_then_a_middle_one(collector):
+    kept = []
+    for _ in range(idlework.MIDDLE_PASS_EVERY):
+        kept += [[] for _ in range(idlework.YOUNG_PASS_AT + 10)]
+        assert idlework.collect_if_due()
+        assert gc.get_count()[0] < 10  # the young generation was collected
+    assert collector == [0] * (idlework.MIDDLE_PASS_EVERY - 1) + [1]
+
+
+def _placer() -> Placer:
+    fleet = Fleet()
+    for i in range(12):
+        fleet.upsert_node(inventory(f"n{i:02d}", gpus=2 + i % 3, cpu_millis=32000 + 8000 * (i % 4)))
+    return Placer(fleet, fluid_memory=True, learn=False)
+
+
+SHAPES = (ClaimSpec(gpus=1, cores=30, memory_percent=30, cpu_millis=4000, host_memory_mib=8192),
+          ClaimSpec(gpus=2, cores=100, memory_percent=100, cpu_millis=16000, host_memory_mib=65536),
+          ClaimSpec(gpus=1, cores=50, memory_percent=50, gpu_policy="binpack"))
+
+
+def _current_indexes(placer: Placer) -> int:
+    return sum(1 for ck in placer._heaps if ck[1] == placer._epoch)
+
+
+async def test_indexes_are_rebuilt_ahead_after_the_mix_is_republished():
+    placer = _placer()
+    for spec in SHAPES:
+        placer.place("x", "team-a", spec)
+    assert _current_indexes(placer) == len(SHAPES)
+    placer.mix.observe_all(placer.demand(s) for s in SHAPES)  # republished: every index is void
+    gc.unfreeze()
+    task = asyncio.create_task(idlework.run(placer, pause=0.001))
+    try:
+        for _ in range(200):
+            await asyncio.sleep(0.005)
+            if gc.get_freeze_count():
+                break
+        assert placer._epoch == placer.mix.version
+        assert _current_indexes(placer) == len(SHAPES)  # before any claim asked for them again
+        assert not placer.warm()  # nothing left to do
+        assert gc.get_freeze_count() > 0  # and the built indexes were taken out of the collector's walks
+    finally:
+        task.cancel()
+        gc.unfreeze()
+
+
+def test_an_index_begun_ahead_is_finished_by_the_claim_that_comes_first():
+    placer, reference = _placer(), _placer()
+    for p in (placer, reference):
+        for spec in SHAPES:
+            p.place("x", "team-a", spec)
+        p.mix.observe_all(p.demand(s) for s in SHAPES)
+    assert placer.warm(budget=3) == 3 and placer._warming  # a few classes of a shape, the rest to do
+    for spec in SHAPES:
+        a, b = placer.place("y", "team-a", spec), reference.place("y", "team-a", spec)
+        assert (a.node, a.shares, a.score) == (b.node, b.shares, b.score)
+    assert not placer.warm()
