@@ -6,6 +6,7 @@ import asyncio
 
 import msgspec
 import pytest
+from nats.js.errors import NotFoundError
 
 from tessera.shared import subjects
 from tessera.shared.bus import Bus
@@ -43,6 +44,14 @@ async def run_consumer(bus: Bus, handler, until, timeout=15.0, linger=0.5):
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def pull_request_open(bus: Bus, durable: str) -> bool:
+    """Whether the consumer exists and a fetch of its loop waits on the server."""
+    try:
+        return (await bus.js.consumer_info(subjects.STREAM_CLAIMS, durable)).num_waiting > 0
+    except NotFoundError:
+        return False
 
 
 async def dlq(bus: Bus) -> list:
@@ -132,3 +141,36 @@ def test_urls_in_logs_never_carry_credentials():
 
     assert redact("nats://platform:s3cret@10.0.0.1:4222") == "nats://***@10.0.0.1:4222"
     assert redact("nats://127.0.0.1:4222") == "nats://127.0.0.1:4222"
+
+
+async def test_a_message_fetched_as_its_consumer_stops_neither_blocks_the_drain_nor_is_lost(bus, caplog):
+    """A pull request still open when its consumer is cancelled gets the next message into a queue
+    nobody reads; draining used to wait on that queue until its timeout (every service's stop, and
+    every system test's teardown, took 5 s more). The message is redelivered to whoever comes next."""
+    seen = []
+
+    async def handler(event, delivery):
+        seen.append(event.claim)
+
+    task = asyncio.create_task(bus.consume(
+        stream=subjects.STREAM_CLAIMS, durable="probe", filter_subjects=[subjects.claims_of_kind("release")],
+        decoder=claim_decoder, handler=handler,
+    ))
+    while not await pull_request_open(bus, "probe"):
+        await asyncio.sleep(0.02)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await bus.publish(subjects.claim("t", "c9", "release"), release("c9"))
+    info = await bus.js.consumer_info(subjects.STREAM_CLAIMS, "probe")
+    assert seen == [] and info.num_ack_pending + info.num_pending == 1
+
+    with caplog.at_level("WARNING", logger="tessera.bus"):
+        await bus.close()
+    assert not [r for r in caplog.records if "drain" in r.getMessage()], caplog.text
+
+    later = await Bus.connect(BusSettings(url=bus.settings.url, max_deliver=3, ack_wait=2), "test")
+    try:
+        await run_consumer(later, handler, lambda: seen)
+        assert seen == ["c9"]
+    finally:
+        await later.close()

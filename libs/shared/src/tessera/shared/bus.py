@@ -35,6 +35,9 @@ from tessera.shared.telemetry import Telemetry, claim_attributes, failed, inject
 
 log = logging.getLogger("tessera.bus")
 
+# How long a closing bus lets in-flight acks and publishes finish before it closes the connection.
+DRAIN_SECONDS = 5.0
+
 __all__ = [
     "Bus",
     "Delivery",
@@ -174,6 +177,7 @@ class Bus:
             max_reconnect_attempts=settings.max_reconnect_attempts,
             reconnect_time_wait=settings.reconnect_time_wait,
             allow_reconnect=True,
+            drain_timeout=DRAIN_SECONDS,
             error_cb=on_error,
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,
@@ -199,9 +203,9 @@ class Bus:
         getattr(self, "_state", {})["closing"] = True
         if self.nc.is_closed:
             return
-        try:
-            await asyncio.wait_for(self.nc.drain(), timeout=5)
-        except Exception:  # already disconnected, or drain timed out: close regardless
+        try:  # past DRAIN_SECONDS nats-py reports DrainTimeoutError (logged by on_error) and closes
+            await asyncio.wait_for(self.nc.drain(), timeout=DRAIN_SECONDS + 5)
+        except Exception:  # already disconnected, or the drain itself stuck: close regardless
             await self.nc.close()
 
     # --- topology --------------------------------------------------------------------------
@@ -400,19 +404,26 @@ class Bus:
             deliver_policy=api.DeliverPolicy.NEW if deliver_new else api.DeliverPolicy.ALL,
             max_ack_pending=max(1000, batch * 4),
         )
-        sub = await self._bind(stream, config)
+        subs = [await self._bind(stream, config)]
         self.consumers[(stream, durable)] = None
         watch = asyncio.create_task(self.watch_exhausted(stream, durable))
         try:
-            await self._consume_loop(sub, stream, config, decoder, handler, batch, concurrency, max_deliver,
+            await self._consume_loop(subs, stream, config, decoder, handler, batch, concurrency, max_deliver,
                                      ready, batch_handler)
         finally:
             watch.cancel()
             await asyncio.gather(watch, return_exceptions=True)
+            # A pull request still open on the server delivers into this inbox after we stop reading
+            # it, and a drain waits for a queue nobody empties; unacked, those messages are redelivered.
+            with contextlib.suppress(Exception):
+                await subs[0].unsubscribe()
 
-    async def _consume_loop(self, sub, stream, config, decoder, handler, batch, concurrency, max_deliver,
+    async def _consume_loop(self, subs, stream, config, decoder, handler, batch, concurrency, max_deliver,
                             ready, batch_handler) -> None:
+        """``subs``: a one-item box holding the pull subscription in use (a vanished consumer's is
+        replaced), for the caller to unsubscribe."""
         durable = config.durable_name
+        sub = subs[0]
         if ready is not None:
             ready.set()
         limiter = asyncio.Semaphore(concurrency)
@@ -431,7 +442,10 @@ class Bus:
                 continue  # no messages: normal
             except NotFoundError:
                 log.warning("consumer %s on %s vanished; recreating", durable, stream)
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
                 sub = await self._bind(stream, config)
+                subs[0] = sub
                 continue
             except (nats.errors.ConnectionClosedError, nats.errors.NoServersError):
                 raise
