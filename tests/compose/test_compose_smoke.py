@@ -7,8 +7,11 @@ operator on the published client ports of all three members, the tessera CLI cre
 submits a claim; the claim must reach ``prepared`` (the enforcer's transition) and the chosen
 node's enforcer must hold the claim's CDI spec. Then nats-1, the member the host's URL names first
 and the one that publishes 4222, is stopped, and a second claim must go the same way through the
-two members left. The services' traces must have reached the Jaeger stand-in. The set is torn
-down (containers, network, volumes) whatever happens.
+two members left. The services' traces must have reached the Jaeger stand-in, and the set's
+Prometheus (its query API on the published port) must scrape every Tessera container's metrics
+listener, both placement replicas included, and answer Tessera's series: placement's decision
+timer counting both claims and, from the enforcer of each claim's node, HAMi's memory-limit series
+for that claim. The set is torn down (containers, network, volumes) whatever happens.
 
 Not part of `make test` (building the images takes minutes): `make compose-test` runs it after
 `make images`. It fails, never skips, where Podman is missing.
@@ -21,6 +24,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
@@ -41,6 +45,10 @@ pytestmark = pytest.mark.timeout(1200)
 TESSERA = Path(sys.executable).parent / "tessera"
 NODES = sorted(n.node for n in profile.load(str(ROOT / "profiles" / "demo.yaml")))
 STARTUP_S = 420  # on 2 shared cores, a dozen Python services importing at once take minutes
+GPUMEM_MIB = 8000  # what each smoke claim asks for
+# Prometheus scrapes every 15 s and looks placement's replicas up in DNS every 30 s
+# (prometheus/prometheus.yml): a few rounds of both.
+SCRAPED_S = 180
 
 
 def podman(environment, *args, check=True, timeout=120) -> subprocess.CompletedProcess:
@@ -130,7 +138,7 @@ def submit_prepared(environment, label: str) -> dict:
     claim = f"smoke-{label}-{uuid.uuid4().hex[:8]}"
 
     def attempt():
-        done = cli(environment, "submit", "--tenant", "team-a", "--gpumem", "8000", "--claim", claim, "--wait",
+        done = cli(environment, "submit", "--tenant", "team-a", "--gpumem", str(GPUMEM_MIB), "--claim", claim, "--wait",
                    "--timeout", "60", "-o", "json", timeout=120)
         return done, done.returncode not in (4, 5)  # unavailable, or the wait ran out: again
 
@@ -163,14 +171,14 @@ def test_a_claim_is_prepared_before_and_after_a_nats_member_stops(compose_set):
 
     until("waiting for capacity to publish every demo node", fleet_published, 120)
 
-    submit_prepared(environment, "all-members")
+    claims = [submit_prepared(environment, "all-members")]
 
     (member,) = containers(environment, "nats-1")
     podman(environment, "stop", "-t", "5", member)
     state = podman(environment, "inspect", "--format", "{{.State.Status}}", member).stdout.strip()
     assert state in ("exited", "stopped"), f"{member} is {state} after podman stop"
 
-    submit_prepared(environment, "one-member-down")
+    claims.append(submit_prepared(environment, "one-member-down"))
 
     def traces_received():
         port = compose.host_port(environment, "TESSERA_COMPOSE_JAEGER_UI_PORT")  # the stand-in's counts
@@ -179,3 +187,77 @@ def test_a_claim_is_prepared_before_and_after_a_nats_member_stops(compose_set):
         return counts, counts["exports"] > 0
 
     until("the services' OTLP exports reaching the Jaeger stand-in", traces_received, 60)
+
+    prometheus_scrapes_every_service_and_the_claims(environment, claims)
+
+
+def prometheus_api(environment, path: str, **params: str) -> object:
+    """One call of the compose Prometheus' HTTP API on its published port; its ``data``."""
+    port = compose.host_port(environment, "TESSERA_COMPOSE_PROMETHEUS_PORT")
+    query = f"?{urllib.parse.urlencode(params)}" if params else ""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/{path}{query}", timeout=10) as reply:
+        answer = json.load(reply)
+    assert answer["status"] == "success", answer
+    return answer["data"]
+
+
+def instant(environment, promql: str) -> list[dict]:
+    """An instant query's vector: [{"metric": {labels}, "value": [ts, "text"]}, ...]."""
+    return prometheus_api(environment, "query", query=promql)["result"]
+
+
+def prometheus_scrapes_every_service_and_the_claims(environment, claims: list[dict]) -> None:
+    # Every Tessera container serves metrics (TESSERA_METRICS_PORT in its environment), once per replica.
+    expected = {name: svc.get("deploy", {}).get("replicas", 1) for name, svc in compose.services().items()
+                if "TESSERA_METRICS_PORT" in svc.get("environment", {})}
+    names = {}  # container address -> name, for placement's replicas, which DNS discovery lists by address
+    for service in expected:
+        for name in containers(environment, service):
+            inspected = podman(environment, "inspect", "--format",
+                               "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}", name).stdout.split()
+            names.update({address: name for address in inspected})
+
+    def every_target_up():
+        try:
+            up = instant(environment, 'up{job!="prometheus"}')
+            targets = prometheus_api(environment, "targets", state="active")["activeTargets"]
+        except OSError as exc:  # Prometheus not listening yet
+            return f"Prometheus' API: {exc!r}", False
+        errors = {(t["labels"]["job"], t["labels"]["instance"]): t.get("lastError", "") for t in targets}
+        down = []
+        per_job: dict[str, int] = {}
+        for sample in up:
+            job, instance = sample["metric"]["job"], sample["metric"]["instance"]
+            per_job[job] = per_job.get(job, 0) + 1
+            if sample["value"][1] != "1":
+                address = instance.rsplit(":", 1)[0]
+                shown = f"{job} {instance}" + (f" ({names[address]})" if address in names else "")
+                down.append(f"{shown}: up={sample['value'][1]} {errors.get((job, instance), '')}".strip())
+        seen = len(up)
+        placement = per_job.get("placement", 0)
+        report = (f"{seen} of {sum(expected.values())} Tessera targets scraped ({per_job}), "
+                  f"placement replicas scraped: {placement} of {expected['placement']}; "
+                  f"not up: {down or 'none'}")
+        return report, not down and seen == sum(expected.values()) and placement == expected["placement"]
+
+    print(until("the compose Prometheus scraping every Tessera target", every_target_up, SCRAPED_S))
+
+    def decisions_counted():
+        result = instant(environment, "sum(tessera_placement_decision_seconds_count)")
+        decided = float(result[0]["value"][1]) if result else 0.0
+        return f"placement decisions counted: {decided} (sum(tessera_placement_decision_seconds_count))", \
+            decided >= len(claims)
+
+    print(until("placement's decision timer in Prometheus", decisions_counted, SCRAPED_S))
+
+    for record in claims:
+        claim, node = record["claim"], record["node"]
+
+        def claim_series():
+            result = instant(environment, f'hami_vgpu_memory_limit_bytes{{pod="{claim}"}}')
+            series = [(s["metric"].get("job"), s["metric"].get("instance"), s["metric"].get("namespace"),
+                       float(s["value"][1])) for s in result]
+            return series, series == [("enforcer", f"enforcer-{node}:9394", "team-a", GPUMEM_MIB * 2**20)]
+
+        print(claim, until(f"the enforcer of {node}'s HAMi series for {claim} in Prometheus", claim_series,
+                           SCRAPED_S))
