@@ -8,8 +8,8 @@ Work per claim is kept proportional to what changed: the fleet groups identical 
 and a commit creates at most one new class; each claim shape keeps a heap of the classes it fits,
 brought up to date from the fleet's class log, so a class is scored once per shape. Scores are
 memoised on what they depend on (the claim's GPU part, the GPU states, CPU/memory only as kind
-thresholds), so classes and shapes alike in that share one evaluation. A rejection's per-constraint
-counts are kept per shape from the fleet's log of node moves, not recounted over the fleet.
+thresholds), so classes and shapes alike in that share one evaluation. Why a claim fits nowhere
+(the rejection's reason and per-constraint counts) is `explain`'s job.
 
 The fragmentation-aware scoring of a class (`_fgd_entry` and what it calls) also exists compiled,
 in `_fgdcore.c`: the same arithmetic in the same order on the same memo tables, bit-identical
@@ -38,7 +38,7 @@ import random as _random
 from collections import OrderedDict, deque
 from bisect import bisect_right
 from heapq import heapify, heappop, heappush
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from itertools import count
 from math import floor
@@ -47,15 +47,12 @@ from typing import Any
 
 from tessera.shared.events import ClaimSpec, DeviceShare, LedgerEntry
 
+from .explain import CONSTRAINTS, UNEXPLAINED, Explainer, Rejection
 from .fleet import Fleet, Node, NodeClass
 from .mix import POLICIES, Demand, WorkloadMix, _kind_demand, demand_of
 from .paperfgd import POLICY as PAPER_FGD, PaperFGD, TypicalPods
 
 __all__ = ["Placement", "Rejection", "Placer", "CONSTRAINTS", "ledger_entry", "COMPILED_CORE"]
-
-# Order in which a node's failure is attributed to one constraint.
-CONSTRAINTS = ("lost", "node-pin", "excluded", "cpu", "host-memory", "gpu-count", "gpu-type",
-               "gpu-uuid", "exclusive", "max-shares", "memory", "cores")
 
 _MISS = object()
 _NO_FIT = object()
@@ -66,7 +63,6 @@ _FCACHE_CAP = 120_000
 _class_id = attrgetter("id")
 _node_name = attrgetter("name")
 _HEAPS_CAP = 256  # claim shapes with a live index
-_WHYS_CAP = 256  # claim shapes with live rejection counts
 _SWEEP = 2048  # retired memo entries freed per decision
 _WARM_SHAPES = _HEAPS_CAP  # shapes indexed again ahead after a republish: all with a live index
 _WARM_STEP = 8  # class evaluations per `warm` call (~1-2 ms on a cold memo with the host-memory term)
@@ -89,36 +85,6 @@ class Placement:
     score: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class Rejection:
-    reason: str
-    filtered: dict[str, int] = field(default_factory=dict)
-
-
-_UNEXPLAINED: Rejection = Rejection(reason="no node fits", filtered={})
-
-# Per-GPU constraints in the order a rejection is attributed to them; 7 = fits.
-_STEPS = ("gpu-count", "gpu-type", "gpu-uuid", "exclusive", "max-shares", "memory", "cores")
-
-
-def _fail_step(d: Demand, st) -> int:
-    """Index in `_STEPS` of the first per-GPU constraint a GPU in state `st` fails for `d` (uuid
-    selectors aside: they are per node), 7 if one more share fits."""
-    if not st.healthy:
-        return 0
-    if not d.type_ok(st):
-        return 1
-    if st.exclusive or (d.exclusive and st.shares):
-        return 3
-    if st.shares >= st.max_shares:
-        return 4
-    if st.memory_mib - st.mem_used < d.mem_req(st.memory_mib):
-        return 5
-    if 100 - st.cores_used < d.cores:
-        return 6
-    return 7
-
-
 def ledger_entry(claim_id: str, tenant: str, spec: ClaimSpec, placement: Placement) -> LedgerEntry:
     """The ledger entry that records `placement` for this claim."""
     return LedgerEntry(claim=claim_id, tenant=tenant, shares=placement.shares,
@@ -129,10 +95,6 @@ def _q9(x: float) -> float:
     """`x` to the nearest 1e-9, so that deltas equal up to float noise tie (plain IEEE arithmetic,
     which the compiled core repeats exactly; round() would cost a decimal conversion)."""
     return floor(x * 1e9 + 0.5) / 1e9
-
-
-def _n(x: int) -> str:
-    return f"{x:,}"
 
 
 class Placer:
@@ -195,8 +157,7 @@ class Placer:
         self._mfit: dict[tuple, list] = {}
         self._km: list[int] = []
         self._roster: tuple[int, list[Node]] = (-1, [])
-        self._rejections: dict[tuple, tuple[int, Rejection]] = {}
-        self._whys: OrderedDict[tuple, list] = OrderedDict()
+        self._explainer = Explainer(fleet, self._mask)
         self._trash: list = []  # retired memo tables, freed piecemeal (`_sweep`)
         self._to_warm: list[tuple[Demand, str, str]] = []  # shapes to index ahead (`warm`)
         self._warming: dict[tuple, list] = {}  # shape key -> [entries so far, last class, classes left]
@@ -249,7 +210,7 @@ class Placer:
         heap = self._index(ck, d, node_policy, gpu_policy)
         if not heap:
             if not explain:
-                return _UNEXPLAINED
+                return UNEXPLAINED
             return self._reject(d, ck, {}, None)
         e = heap[0]
         return self._placement(e[-2].first(), d, e[0], e[-1], gpu_policy)
@@ -828,7 +789,7 @@ class Placer:
         live = [e for e in heap if e[-2].alive]
         total = sum(len(e[-2].members) for e in live)
         if not total:
-            return self._reject(d, ck, {}, None) if explain else _UNEXPLAINED
+            return self._reject(d, ck, {}, None) if explain else UNEXPLAINED
         pick = rng.randrange(total)
         for e in live:
             cls = e[-2]
@@ -873,7 +834,7 @@ class Placer:
                 cands.append((n, r[1]))
         if not cands:
             if not explain:
-                return _UNEXPLAINED
+                return UNEXPLAINED
             if d.node is None and not d.use_uuids and not d.nouse_uuids and not exclude:
                 return self._reject(d, None, {}, None)
             return self._place_each(d, "fragmentation-aware", "fragmentation-aware", exclude)
@@ -946,148 +907,8 @@ class Placer:
             return self._reject(d, None, filtered, live)
         return self._placement(bestnode, d, best[0][0], best[1], gpu_policy)
 
-    # --- rejection ------------------------------------------------------------------------------
-
-    def _explain(self, devs: tuple, cpu_free: int, mem_free: int, d: Demand, mask) -> str:
-        """The first constraint (in `CONSTRAINTS` order) that leaves fewer than `d.gpus` GPUs."""
-        if d.cpu > cpu_free:
-            return "cpu"
-        if d.hostmem > mem_free:
-            return "host-memory"
-        k = d.gpus
-        if not k:
-            return "fits"
-        states = self.fleet.states.states
-        fail = d._fail
-        hist = [0] * 8
-        for i, s in enumerate(devs):
-            f = fail.get(s)
-            if f is None:
-                f = fail[s] = _fail_step(d, states[s])
-            if mask is not None and f > 2 and not mask[i]:
-                f = 2
-            hist[f] += 1
-        left = len(devs)
-        for j in range(7):
-            left -= hist[j]
-            if left < k:
-                return _STEPS[j]
-        return "fits"
+    # --- rejection (`explain`) -------------------------------------------------------------------
 
     def _reject(self, d: Demand, ck: tuple | None, filtered: dict[str, int], nodes: list[Node] | None,
                 exclude=frozenset()) -> Rejection:
-        if ck is not None and not exclude:
-            hit = self._rejections.get(ck)
-            if hit is not None and hit[0] == self.fleet.generation:
-                return hit[1]
-        r = self._reject_counted(d, ck, filtered, nodes, exclude)
-        if ck is not None and not exclude:
-            if len(self._rejections) > 256:
-                self._rejections.clear()
-            self._rejections[ck] = (self.fleet.generation, r)
-        return r
-
-    def _reject_counted(self, d: Demand, ck: tuple | None, filtered: dict[str, int],
-                        nodes: list[Node] | None, exclude=frozenset()) -> Rejection:
-        filtered = dict(filtered)
-        if nodes is None:
-            if self.fleet.lost:
-                filtered["lost"] = len(self.fleet.lost)
-            for why, n in self._why_counts(d).items():
-                if n and not (exclude and why == "fits"):  # (fits but excluded: counted by the caller)
-                    filtered[why] = filtered.get(why, 0) + n
-        else:
-            for node in nodes:
-                cls = node.cls
-                assert cls is not None
-                why = self._explain(cls.devs, cls.cpu_free, cls.mem_free, d, self._mask(node, d))
-                filtered[why] = filtered.get(why, 0) + 1
-        filtered.pop("fits", None)
-        return Rejection(reason=self._reason(d, filtered), filtered=filtered)
-
-    def _why_counts(self, d: Demand) -> dict[str, int]:
-        """Live nodes per first failing constraint for this claim shape.
-
-        Why a class rejects a shape depends on the class key alone, which never changes, so the
-        counts are kept per shape and brought up to date from the fleet's log of nodes moving
-        between classes: a rejection costs what moved since the shape was last rejected, not a
-        fleet scan. A shape whose position fell off the log's front is recounted.
-        """
-        fleet = self.fleet
-        moves = fleet.moves
-        base = fleet.moves_base
-        end = base + len(moves)
-        wk = d.shape
-        st = self._whys.get(wk)
-        if st is None or st[1] < base:
-            counts: dict[str, int] = {}
-            for cls in fleet.classes.values():
-                why = self._why(cls, wk, d)
-                counts[why] = counts.get(why, 0) + len(cls.members)
-            st = [counts, end]
-            self._whys[d.shape] = st
-            if len(self._whys) > _WHYS_CAP:
-                self._whys.popitem(last=False)
-        else:
-            self._whys.move_to_end(d.shape)
-            if st[1] < end:
-                # Net moves per class: a class born and emptied since then costs nothing.
-                net: dict[NodeClass, int] = {}
-                for cls, delta in moves[st[1] - base:]:
-                    net[cls] = net.get(cls, 0) + delta
-                counts = st[0]
-                for cls, delta in net.items():
-                    if delta:
-                        why = self._why(cls, wk, d)
-                        counts[why] = counts.get(why, 0) + delta
-                st[1] = end
-        return st[0]
-
-    def _why(self, cls: NodeClass, shape: tuple, d: Demand) -> str:
-        whys = cls.whys
-        why = whys.get(shape)
-        if why is None:
-            if len(whys) >= _CACHE_CAP:
-                whys.clear()
-            why = whys[shape] = self._explain(cls.devs, cls.cpu_free, cls.mem_free, d, None)
-        return why
-
-    def _reason(self, d: Demand, filtered: dict[str, int]) -> str:
-        if not self.fleet.nodes:
-            return "no node fits: the fleet has no nodes"
-        k = d.gpus
-        g = f"{k} GPU" + ("s" if k != 1 else "")
-        each = " each" if k > 1 else ""
-        if d.memory_mib is not None:
-            mem = f"{_n(d.memory_mib)} MiB"
-        elif d.memory_percent is not None:
-            mem = f"{d.memory_percent}% of memory"
-        else:
-            mem = "all memory"
-        types = []
-        if d.use_types:
-            types.append("use: " + ", ".join(d.use_types))
-        if d.nouse_types:
-            types.append("nouse: " + ", ".join(d.nouse_types))
-        text = {
-            "lost": "{n} lost",
-            "node-pin": f"{{n}} skipped (claim pinned to {d.node})",
-            "excluded": "{n} excluded by the caller",
-            "cpu": f"{{n}} lack {_n(d.cpu)} CPU millis free",
-            "host-memory": f"{{n}} lack {_n(d.hostmem)} MiB host memory free",
-            "gpu-count": f"{{n}} have fewer than {g} (healthy)",
-            "gpu-type": f"{{n}} excluded by gpu type ({'; '.join(types)})",
-            "gpu-uuid": "{n} excluded by gpu uuid selectors",
-            "exclusive": (f"{{n}} lack {g} with no other share{each} (exclusive use)" if d.exclusive
-                          else f"{{n}} lack {g} not held exclusively by another claim"),
-            "max-shares": f"{{n}} lack {g} below their share limit",
-            "memory": f"{{n}} lack {g} with {mem} free{each}",
-            "cores": f"{{n}} lack {g} with {d.cores}% cores free{each}",
-        }
-        parts = []
-        for name in sorted(filtered, key=lambda c: (-filtered[c], CONSTRAINTS.index(c))):
-            n = filtered[name]
-            parts.append(text[name].format(n=f"{_n(n)} node" + ("s" if n != 1 else "")))
-        if d.node is not None and d.node not in self.fleet.nodes:
-            parts.insert(0, f"pinned node {d.node} is unknown")
-        return "no node fits: " + ", ".join(parts)
+        return self._explainer.reject(d, ck, filtered, nodes, exclude)
