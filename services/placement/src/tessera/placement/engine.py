@@ -16,7 +16,8 @@ in `_fgdcore.c`: the same arithmetic in the same order on the same memo tables, 
 (tests/placement/test_compiled_core.py). This Python is the reference and runs where the core was
 not built or `compiled=False` asks for it; through NATS the core takes the service from ~1,500 to
 ~2,500 claims/s on openb (bench/placement_sim.md).
-Policies:
+
+Policies (the registry, with the baseline scorers themselves, is `policies`):
 
 - ``binpack`` / ``spread``: HAMi's scores. A node scores used/total of shares + cores + memory over
   its GPUs; binpack takes the most used node, spread the least. Same per GPU within the node.
@@ -49,8 +50,9 @@ from tessera.shared.events import ClaimSpec, DeviceShare, LedgerEntry
 
 from .explain import CONSTRAINTS, UNEXPLAINED, Explainer, Rejection
 from .fleet import Fleet, Node, NodeClass
-from .mix import POLICIES, Demand, WorkloadMix, _kind_demand, demand_of
-from .paperfgd import POLICY as PAPER_FGD, PaperFGD, TypicalPods
+from .mix import Demand, WorkloadMix, _kind_demand, demand_of
+from .paperfgd import PaperFGD, TypicalPods
+from .policies import FRAGMENTATION_AWARE, PAPER_FGD, POLICY, RANDOM, policy
 
 __all__ = ["Placement", "Rejection", "Placer", "CONSTRAINTS", "ledger_entry", "COMPILED_CORE"]
 
@@ -106,14 +108,14 @@ class Placer:
     """
 
     def __init__(
-        self, fleet: Fleet, default_node_policy: str = "fragmentation-aware",
+        self, fleet: Fleet, default_node_policy: str = FRAGMENTATION_AWARE,
         default_gpu_policy: str | None = None, mix: WorkloadMix | None = None, *,
         learn: bool = True, seed: int = 0, fluid_memory: bool = False, compiled: bool | None = None,
         typical: TypicalPods | None = None, paper_ties: str = "name",
     ) -> None:
         for p in (default_node_policy, default_gpu_policy):
-            if p is not None and p not in POLICIES:
-                raise ValueError(f"unknown policy {p!r} (one of: {', '.join(POLICIES)})")
+            if p is not None:
+                policy(p)  # (a ValueError naming the policies there are)
         self.fleet = fleet
         self.default_node_policy = default_node_policy
         self.default_gpu_policy = default_gpu_policy or default_node_policy
@@ -205,7 +207,7 @@ class Placer:
         ck = d._ckey
         if ck is None or ck[1] != self._epoch:
             ck = d._ckey = (self._token, self._epoch, d.shape, node_policy, gpu_policy)
-        if node_policy == "random":
+        if node_policy == RANDOM:
             return self._place_random(d, ck, gpu_policy, explain)
         heap = self._index(ck, d, node_policy, gpu_policy)
         if not heap:
@@ -221,7 +223,7 @@ class Placer:
         if r is _MISS:
             if len(cache) >= _CACHE_CAP:
                 cache.clear()
-            if gpu_policy == "random" or node_policy == "random":
+            if gpu_policy == RANDOM or node_policy == RANDOM:
                 r = self._evaluate(cls.devs, cls.cpu_free, cls.mem_free, cls.cpu_total, cls.mem_total,
                                    d, node_policy, gpu_policy, None)
             else:
@@ -244,16 +246,7 @@ class Placer:
         if g is None:
             return None
         term, positions = g
-        ct, mt = cls.cpu_total or 1, cls.mem_total or 1
-        if node_policy == "binpack":
-            score = (-term,)
-        elif node_policy == "spread":
-            score = (term,)
-        elif node_policy == "best-fit":
-            score = (term + (c - d.cpu) / ct + (m - d.hostmem) / mt,)
-        else:  # dot-product
-            score = (-(term + (d.cpu / ct) * (c / ct) + (d.hostmem / mt) * (m / mt)),)
-        return (score, positions)
+        return (POLICY[node_policy].node_score(term, c, m, cls.cpu_total or 1, cls.mem_total or 1, d), positions)
 
     def _gpu_part(self, devs: tuple, d: Demand, node_policy: str, gpu_policy: str):
         states = self.fleet.states.states
@@ -267,28 +260,7 @@ class Placer:
                                                  bisect_right(self._km, 0))
         else:
             positions, after = (), devs
-        ng = len(devs) or 1
-        if node_policy in ("binpack", "spread"):
-            return (self._used(devs), positions)
-        if node_policy == "best-fit":
-            return (sum(states[s].free for s in after) / ng, positions)
-        u = sum(states[s].free for s in devs) / ng
-        return (sum(d.units(states[devs[i]]) for i in positions) / ng * u, positions)
-
-    def _used(self, devs: tuple) -> float:
-        """HAMi's node score: used/total over the node's GPUs, of shares, cores and memory."""
-        if not devs:
-            return 0.0
-        states = self.fleet.states.states
-        sh = mx = cu = mu = mt = 0
-        for s in devs:
-            st = states[s]
-            sh += st.shares
-            mx += st.max_shares
-            cu += st.cores_used
-            mu += st.mem_used
-            mt += st.memory_mib
-        return sh / mx + cu / (100 * len(devs)) + mu / mt
+        return (POLICY[node_policy].node_term(states, devs, after, positions, d), positions)
 
     def _fgd_entry(self, cls: NodeClass, d: Demand, gpu_policy: str):
         """FGD's index entry for a class. The GPU choice and the change in fragmentation depend on
@@ -372,7 +344,7 @@ class Placer:
             fitting = d.fitting(devs, states)
             if len(fitting) < k:
                 return _NO_FIT
-            if probe and gpu_policy == "fragmentation-aware" and len({devs[i] for i in fitting}) > 1:
+            if probe and gpu_policy == FRAGMENTATION_AWARE and len({devs[i] for i in fitting}) > 1:
                 return _BY_BUCKET
             positions, after = self._choose_gpus(devs, fitting, d, gpu_policy, bc2, bm2)
         else:
@@ -384,7 +356,7 @@ class Placer:
 
     def _entry(self, cls: NodeClass, ck: tuple, d: Demand, node_policy: str, gpu_policy: str):
         """A class's entry in a shape's index: (score..., class id, class, positions) or None."""
-        if node_policy == "fragmentation-aware" and gpu_policy != "random":
+        if node_policy == FRAGMENTATION_AWARE and gpu_policy != RANDOM:
             return self._fgd_entry(cls, d, gpu_policy)
         r = self._cached(cls, ck, d, node_policy, gpu_policy)
         if r is None:
@@ -436,7 +408,7 @@ class Placer:
     def _entries(self, classes, ck: tuple, d: Demand, node_policy: str, gpu_policy: str) -> list:
         """The index entries of `classes` (alive) for one shape, unordered."""
         out: list = []
-        if node_policy == "fragmentation-aware" and gpu_policy != "random" and self._core is not None:
+        if node_policy == FRAGMENTATION_AWARE and gpu_policy != RANDOM and self._core is not None:
             self._core.entries(self, classes, d, gpu_policy, out)
         else:
             entry = self._entry
@@ -519,7 +491,7 @@ class Placer:
         # The shapes asked for lately, to be indexed again ahead of their claims (`warm`), the most
         # recent first (the list is worked from its end). Random choices are not made ahead.
         self._to_warm = [(idx[2], ck[3], ck[4]) for ck, idx in list(self._heaps.items())[-_WARM_SHAPES:]
-                         if "random" not in (ck[3], ck[4])]
+                         if RANDOM not in (ck[3], ck[4])]
         self._warming = {}
         self._memo, self._fmemo, self._gmemo, self._gcache = {}, {}, {}, {}
         self._mfit, self._svec, self._heaps, self._stv = {}, {}, OrderedDict(), {}
@@ -680,8 +652,8 @@ class Placer:
                                                  bisect_right(self._km, mem_after))
         else:
             positions, after = (), devs
-        ng = len(devs) or 1
-        if node_policy == "fragmentation-aware":
+        pol = POLICY[node_policy]
+        if pol.scoring == "fragmentation":
             delta = self._frag(after, cpu_after, mem_after) - self._frag(devs, cpu_free, mem_free)
             left = 0.0
             for s in after:
@@ -689,22 +661,9 @@ class Placer:
             # Ties (common: many nodes where the claim changes nothing a typical task could use)
             # go to the tighter fit: less GPU left, then less CPU left.
             score: tuple = (_q9(delta), left, cpu_after / (cpu_total or 1))
-        elif node_policy in ("binpack", "spread"):
-            used = self._used(devs)
-            score = (-used,) if node_policy == "binpack" else (used,)
-        elif node_policy == "best-fit":
-            left = 0.0
-            for s in after:
-                left += states[s].free
-            score = (left / ng + cpu_after / (cpu_total or 1) + mem_after / (mem_total or 1),)
-        elif node_policy == "dot-product":
-            u = 0.0
-            for s in devs:
-                u += states[s].free
-            dem = (sum(d.units(states[devs[i]]) for i in positions) / ng, d.cpu / (cpu_total or 1),
-                   d.hostmem / (mem_total or 1))
-            free = (u / ng, cpu_free / (cpu_total or 1), mem_free / (mem_total or 1))
-            score = (-(dem[0] * free[0] + dem[1] * free[1] + dem[2] * free[2]),)
+        elif pol.node_term is not None:
+            score = pol.node_score(pol.node_term(states, devs, after, positions, d), cpu_free, mem_free,
+                                   cpu_total or 1, mem_total or 1, d)
         else:  # random: feasibility only
             score = (0,)
         return (score, positions)
@@ -716,7 +675,7 @@ class Placer:
         k = d.gpus
         states = self.fleet.states.states
         after_of = self.fleet.states.after
-        if gpu_policy == "fragmentation-aware" and len({devs[i] for i in fitting}) > 1:
+        if gpu_policy == FRAGMENTATION_AWARE and len({devs[i] for i in fitting}) > 1:
             cur = list(devs)
             avail = list(fitting)
             chosen = []
@@ -742,15 +701,11 @@ class Placer:
                 chosen.append(i)
             positions = tuple(chosen)
         else:
-            if gpu_policy == "binpack":
-                order = sorted(fitting, key=lambda i: (-states[devs[i]].used_score, i))
-            elif gpu_policy == "spread":
-                order = sorted(fitting, key=lambda i: (states[devs[i]].used_score, i))
-            elif gpu_policy == "random":
-                order = fitting  # sampled at placement time
-            else:  # best-fit, dot-product, fragmentation-aware with identical candidates
-                order = sorted(fitting, key=lambda i: (states[devs[i]].free - d.units(states[devs[i]]), i))
-            positions = tuple(order[:k]) if gpu_policy != "random" else tuple(order)
+            gpu_key = POLICY[gpu_policy].gpu_key
+            if gpu_key is None:  # (random: all fitting, sampled at placement time)
+                positions = tuple(fitting)
+            else:
+                positions = tuple(sorted(fitting, key=gpu_key(states, devs, d))[:k])
             cur = list(devs)
             for i in positions[:k]:
                 s = cur[i]
@@ -758,7 +713,7 @@ class Placer:
         return positions, tuple(sorted(cur))
 
     def _placement(self, node: Node, d: Demand, score: float, positions: tuple, gpu_policy: str) -> Placement:
-        if gpu_policy == "random" and len(positions) > d.gpus:
+        if gpu_policy == RANDOM and len(positions) > d.gpus:
             positions = tuple(self.rng.sample(positions, d.gpus))
         shares = []
         devices = node.devices
@@ -781,11 +736,11 @@ class Placer:
         for _ in range(64 if nodes else 0):
             n = nodes[rng.randrange(len(nodes))]
             assert n.cls is not None  # not lost: classified
-            r = self._cached(n.cls, ck, d, "random", gpu_policy)
+            r = self._cached(n.cls, ck, d, RANDOM, gpu_policy)
             if r is not None:
                 return self._placement(n, d, r[0][0], r[1], gpu_policy)
         # Near full most draws miss: pick from the per-shape index of feasible classes instead.
-        heap = self._index(ck, d, "random", gpu_policy)
+        heap = self._index(ck, d, RANDOM, gpu_policy)
         live = [e for e in heap if e[-2].alive]
         total = sum(len(e[-2].members) for e in live)
         if not total:
@@ -837,7 +792,7 @@ class Placer:
                 return UNEXPLAINED
             if d.node is None and not d.use_uuids and not d.nouse_uuids and not exclude:
                 return self._reject(d, None, {}, None)
-            return self._place_each(d, "fragmentation-aware", "fragmentation-aware", exclude)
+            return self._place_each(d, FRAGMENTATION_AWARE, FRAGMENTATION_AWARE, exclude)
         if self.paper_ties == "random":  # (the Kubernetes scheduler's rule: see `paperfgd`)
             sizes = [len(w.members) if isinstance(w, NodeClass) else 1 for w, _ in cands]
             pick = self.rng.randrange(sum(sizes))
@@ -890,7 +845,7 @@ class Placer:
                 live.append(n)
         best: Any = None
         bestnode: Node | None = None
-        pol = "fragmentation-aware" if node_policy == "random" else node_policy
+        pol = FRAGMENTATION_AWARE if node_policy == RANDOM else node_policy
         for n in live:
             cls = n.cls
             assert cls is not None  # live nodes are classified
@@ -898,7 +853,7 @@ class Placer:
                                pol, gpu_policy, self._mask(n, d))
             if r is None:
                 continue
-            if node_policy == "random":
+            if node_policy == RANDOM:
                 r = ((self.rng.random(),), r[1])
             if best is None or r[0] < best[0]:
                 best = r
