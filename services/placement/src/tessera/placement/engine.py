@@ -50,6 +50,7 @@ from tessera.shared.events import ClaimSpec, DeviceShare, LedgerEntry
 
 from .explain import CONSTRAINTS, UNEXPLAINED, Explainer, Rejection
 from .fleet import Fleet, Node, NodeClass
+from .fragtables import FragTables
 from .mix import Demand, WorkloadMix, _kind_demand, demand_of
 from .paperfgd import PaperFGD, TypicalPods
 from .policies import FRAGMENTATION_AWARE, PAPER_FGD, POLICY, RANDOM, policy
@@ -142,22 +143,11 @@ class Placer:
         self._demands: dict[tuple, Demand] = {}
         self._recent: set[str] = set()
         self._recent_q: deque[str] = deque()
-        self._gcache: dict[tuple, tuple] = {}
-        self._own_key: tuple = ()
-        self._stv: dict[int, tuple] = {}  # GPU state id -> its vectors for `_gvec` (this epoch)
-        self._pgpus: tuple = ()
-        self._pzero: tuple = ()
-        self._fmemo: dict[tuple, tuple | None] = {}
-        self._gmemo: dict[tuple, object] = {}
-        self._svec: dict[tuple[int, int], tuple] = {}
-        self._kinds: list[tuple[Demand, float]] = []
+        # The fragmentation model's thresholds, kind groups and memos for the current mix, in one
+        # object the compiled core reads too (`fragtables`); rebuilt on a republished mix.
+        self.tables = FragTables()
         self._heaps: OrderedDict[tuple, list] = OrderedDict()
         self._memo: dict[tuple, tuple | None] = {}
-        self._kc: list[int] = []
-        self._parts: list[tuple[Demand, list]] = []
-        self._mfl: list[tuple] = []
-        self._mfit: dict[tuple, list] = {}
-        self._km: list[int] = []
         self._roster: tuple[int, list[Node]] = (-1, [])
         self._explainer = Explainer(fleet, self._mask)
         self._trash: list = []  # retired memo tables, freed piecemeal (`_sweep`)
@@ -256,8 +246,8 @@ class Placer:
             fitting = [i for i, s in enumerate(devs) if fits(states[s])]
             if len(fitting) < k:
                 return None
-            positions, after = self._choose_gpus(devs, fitting, d, gpu_policy, bisect_right(self._kc, 0),
-                                                 bisect_right(self._km, 0))
+            positions, after = self._choose_gpus(devs, fitting, d, gpu_policy, bisect_right(self.tables.cpu_steps, 0),
+                                                 bisect_right(self.tables.mem_steps, 0))
         else:
             positions, after = (), devs
         return (POLICY[node_policy].node_term(states, devs, after, positions, d), positions)
@@ -275,21 +265,22 @@ class Placer:
             return None
         devs = cls.devs
         # What depends on the class alone is kept on it: its buckets and its own host-memory term.
-        own = cls.cache.get(self._own_key)
+        t = self.tables
+        own = cls.cache.get(t.own_key)
         if own is None:
             own = self._fgd_own(cls)
         bc, bm, before = own
-        bc2 = bisect_right(self._kc, c - cpu)
-        bm2 = bisect_right(self._km, m - hm)
+        bc2 = bisect_right(t.cpu_steps, c - cpu)
+        bm2 = bisect_right(t.mem_steps, m - hm)
         key = (d.gshape, gpu_policy, devs, bc, bc2, bm, bm2)
-        r: Any = self._fmemo.get(key, _MISS)
+        r: Any = t.entry_memo.get(key, _MISS)
         if r is _MISS:
             r = self._fgd_memo(key, devs, bc, bc2, bm, bm2, d, gpu_policy)
         if r is None:
             return None
         # The host-memory part of the change is exact in the node's memory, not bucketed: added here.
         delta = r[0]
-        if self._mfl:
+        if t.hungry:
             delta = _q9(delta + self._fluid(r[3], bc2, bm2, m - hm) - before)
         return (delta, r[1], (c - cpu) / (cls.cpu_total or 1), cls.id, cls, r[2])
 
@@ -298,30 +289,32 @@ class Placer:
         cache = cls.cache
         if len(cache) >= _CACHE_CAP:
             cache.clear()
-        bc, bm = bisect_right(self._kc, cls.cpu_free), bisect_right(self._km, cls.mem_free)
-        own = cache[self._own_key] = (bc, bm, self._fluid(cls.devs, bc, bm, cls.mem_free))
+        bc, bm = bisect_right(self.tables.cpu_steps, cls.cpu_free), bisect_right(self.tables.mem_steps, cls.mem_free)
+        own = cache[self.tables.own_key] = (bc, bm, self._fluid(cls.devs, bc, bm, cls.mem_free))
         return own
 
     def _fgd_memo(self, key: tuple, devs: tuple, bc: int, bc2: int, bm: int, bm2: int, d: Demand,
                   gpu_policy: str):
         """`_fgd_eval`, remembered under `key` (the compiled core calls this on a miss too)."""
-        if len(self._fmemo) >= _FCACHE_CAP:
-            self._fmemo.clear()
-        r = self._fmemo[key] = self._fgd_eval(devs, bc, bc2, bm, bm2, d, gpu_policy)
+        memo = self.tables.entry_memo
+        if len(memo) >= _FCACHE_CAP:
+            memo.clear()
+        r = memo[key] = self._fgd_eval(devs, bc, bc2, bm, bm2, d, gpu_policy)
         return r
 
     def _gpu_probe(self, gk: tuple, devs: tuple, bc2: int, bm2: int, d: Demand, gpu_policy: str):
         """`_gpu_choice` probed, remembered under `gk` (the compiled core calls this on a miss too)."""
         g = self._gpu_choice(devs, bc2, bm2, d, gpu_policy, True)
-        if len(self._gmemo) >= _FCACHE_CAP:
-            self._gmemo.clear()
-        self._gmemo[gk] = g
+        memo = self.tables.gpu_memo
+        if len(memo) >= _FCACHE_CAP:
+            memo.clear()
+        memo[gk] = g
         return g
 
     def _fgd_eval(self, devs: tuple, bc: int, bc2: int, bm: int, bm2: int, d: Demand, gpu_policy: str):
         """(increase in fragmentation, GPU capacity left, positions) or None when it does not fit."""
         gk = (d.gshape, gpu_policy, devs)
-        g: Any = self._gmemo.get(gk)
+        g: Any = self.tables.gpu_memo.get(gk)
         if g is None:
             g = self._gpu_probe(gk, devs, bc2, bm2, d, gpu_policy)
         if g is _BY_BUCKET:
@@ -456,45 +449,19 @@ class Placer:
 
     def _new_epoch(self) -> None:
         self._epoch = self.mix.version
-        self._own_key = (self._token, self._epoch, "own")
-        self._kinds = self.mix.kinds()
-        self._kc = sorted({kd.cpu for kd, _ in self._kinds})
-        self._km = sorted({kd.hostmem for kd, _ in self._kinds})
-        # Kinds grouped by their GPU part: fit is computed once per group, CPU/memory per member.
-        parts: dict[tuple, tuple[Demand, list]] = {}
-        for kd, p in self._kinds:
-            gk = (kd.gpus, kd.memory_mib, kd.memory_percent, kd.cores)
-            if gk not in parts:
-                parts[gk] = (kd, [])
-            parts[gk][1].append((self._kc.index(kd.cpu), self._km.index(kd.hostmem), p))
-        self._parts = list(parts.values())
-        self._pgpus = tuple(kd.gpus for kd, _ in self._parts)
-        self._pzero = (0,) * len(self._parts)
-        # Kinds by host memory per GPU unit, hungriest first (see `_fluid`).
-        gidx = {gk: j for j, gk in enumerate(parts)}
-        mfl = []
-        for kd, p in self._kinds:
-            if kd.gpus and kd.hostmem:
-                # (a claim sized in MiB only: its share of a card is unknown here; a quarter)
-                share = 1.0 if kd.exclusive else (max(kd.cores, kd.memory_percent or 0) or 25) / 100
-                mfl.append((kd.hostmem / (kd.gpus * share),
-                            gidx[(kd.gpus, kd.memory_mib, kd.memory_percent, kd.cores)],
-                            self._kc.index(kd.cpu), self._km.index(kd.hostmem), p))
-        mfl.sort(key=lambda t: -t[0])
-        self._mfl = mfl if self.fluid_memory else []
+        old = self.tables
+        self.tables = FragTables.of_mix(self.mix.kinds(), (self._token, self._epoch, "own"), self.fluid_memory)
         # Every score of the old mix is void. Its tables can hold a few hundred thousand entries,
         # whose freeing took ~30 ms on openb, all inside one claim's decision: they are swapped for
         # empty ones here and freed a little at a time by the decisions that follow (`_sweep`).
-        self._trash += [(t, False) for t in (self._memo, self._fmemo, self._gmemo, self._gcache, self._mfit,
-                                             self._svec, self._stv)]
+        self._trash += [(t, False) for t in (self._memo, *old.memos())]
         self._trash.append((self._heaps, True))
         # The shapes asked for lately, to be indexed again ahead of their claims (`warm`), the most
         # recent first (the list is worked from its end). Random choices are not made ahead.
         self._to_warm = [(idx[2], ck[3], ck[4]) for ck, idx in list(self._heaps.items())[-_WARM_SHAPES:]
                          if RANDOM not in (ck[3], ck[4])]
         self._warming = {}
-        self._memo, self._fmemo, self._gmemo, self._gcache = {}, {}, {}, {}
-        self._mfit, self._svec, self._heaps, self._stv = {}, {}, OrderedDict(), {}
+        self._memo, self._heaps = {}, OrderedDict()
 
     def _sweep(self, budget: int = _SWEEP) -> None:
         """Free up to `budget` entries of retired tables (a shape's index counts as its length)."""
@@ -510,8 +477,9 @@ class Placer:
 
     def _frag(self, G: tuple, c: int, m: int) -> float:
         """Expected unusable free GPU capacity (GPU units) of a node with GPUs `G`, CPU/mem free c/m."""
-        bc = bisect_right(self._kc, c)
-        bm = bisect_right(self._km, m)
+        t = self.tables
+        bc = bisect_right(t.cpu_steps, c)
+        bm = bisect_right(t.mem_steps, m)
         return self._fragb(G, bc, bm) + self._fluid(G, bc, bm, m)
 
     def _fluid(self, G: tuple, bc: int, bm: int, m: int) -> float:
@@ -523,15 +491,16 @@ class Placer:
         hungrier than m / U can lose anything: per bucket pair, the kinds that fit come hungriest
         first. (CPU treated the same way packs worse on openb: see bench/placement_sim.md.)
         """
-        if not self._mfl:
+        t = self.tables
+        if not t.hungry:
             return 0.0
-        gi = self._gcache.get(G)
+        gi = t.capacity.get(G)
         if gi is None:
             gi = self._gvec(G)
         fsv = gi[1]
         frag = 0.0
         if fsv is not None:
-            mf = self._mfit.get((bc, bm))
+            mf = t.hungry_at.get((bc, bm))
             if mf is None:
                 mf = self._mf(bc, bm)
             lim = m / gi[0]
@@ -550,13 +519,14 @@ class Placer:
         the GPUs it fits, if enough of them) depends on `G` alone, the weight of its members whose
         CPU and memory fit on (bc, bm) alone, so fragmentation = U - their dot product.
         """
-        gi = self._gcache.get(G)
+        t = self.tables
+        gi = t.capacity.get(G)
         if gi is None:
             gi = self._gvec(G)
         fsv = gi[1]
         if fsv is None:
             return gi[0]
-        sv = self._svec.get((bc, bm))
+        sv = t.group_weights.get((bc, bm))
         if sv is None:
             sv = self._sv(bc, bm)
         dot = 0.0  # (a plain loop: the compiled core adds in this order too, whatever sum() does)
@@ -567,25 +537,27 @@ class Placer:
     def _mf(self, bc: int, bm: int) -> list:
         """The kinds `_fluid` counts at buckets (bc, bm): (beta, group, weight, weight / beta),
         hungriest first."""
-        mf = self._mfit[(bc, bm)] = [(beta, j, p, p / beta) for beta, j, ic, im, p in self._mfl
+        t = self.tables
+        mf = t.hungry_at[(bc, bm)] = [(beta, j, p, p / beta) for beta, j, ic, im, p in t.hungry
                                       if bc > ic and bm > im]
         return mf
 
     def _sv(self, bc: int, bm: int) -> tuple:
         """Per kind group, the weight of its members whose CPU and memory fit at buckets (bc, bm)."""
         out = []
-        for _, members in self._parts:
+        for _, members in self.tables.groups:
             acc = 0.0  # (plain additions in order: the compiled core's sums, on every Python)
             for ic, im, p in members:
                 if bc > ic and bm > im:
                     acc += p
             out.append(acc)
-        sv = self._svec[(bc, bm)] = tuple(out)
+        sv = self.tables.group_weights[(bc, bm)] = tuple(out)
         return sv
 
     def _gvec(self, G: tuple) -> tuple:
         """(free GPU capacity U, per kind group the capacity it can use, or None if none can)."""
-        stv = self._stv
+        t = self.tables
+        stv = t.state_vectors
         vs = []
         for s in G:
             v = stv.get(s)
@@ -601,13 +573,13 @@ class Placer:
                 fs = [a + b for a, b in zip(fs, v[1])]
                 ns = [a + b for a, b in zip(ns, v[2])]
         else:
-            U, fs, ns = 0.0, self._pzero, self._pzero
+            U, fs, ns = 0.0, t.group_zero, t.group_zero
         # A group needs as many fitting GPUs as the kind asks for (a CPU-only kind needs none: where
         # CPU or memory is short for it, the node's free GPUs are stranded from its point of view).
-        fsv = tuple([f if n >= g else 0.0 for f, n, g in zip(fs, ns, self._pgpus)])
-        if len(self._gcache) >= _FCACHE_CAP:
-            self._gcache.clear()
-        gi = self._gcache[G] = (U, fsv if any(fsv) else None)
+        fsv = tuple([f if n >= g else 0.0 for f, n, g in zip(fs, ns, t.group_gpus)])
+        if len(t.capacity) >= _FCACHE_CAP:
+            t.capacity.clear()
+        gi = t.capacity[G] = (U, fsv if any(fsv) else None)
         return gi
 
     def _state_vec(self, s: int) -> tuple:
@@ -616,7 +588,7 @@ class Placer:
         st = self.fleet.states.states[s]
         free = st.free
         fv, cv = [], []
-        for kd, _ in self._parts:
+        for kd, _ in self.tables.groups:
             if not kd.gpus:
                 fv.append(free)
                 cv.append(0)
@@ -626,7 +598,7 @@ class Placer:
             else:
                 fv.append(0.0)
                 cv.append(0)
-        v = self._stv[s] = (free, tuple(fv), tuple(cv))
+        v = self.tables.state_vectors[s] = (free, tuple(fv), tuple(cv))
         return v
 
     # --- evaluation -----------------------------------------------------------------------------
@@ -648,8 +620,8 @@ class Placer:
             fitting = [i for i, s in enumerate(devs) if fits(states[s]) and (mask is None or mask[i])]
             if len(fitting) < k:
                 return None
-            positions, after = self._choose_gpus(devs, fitting, d, gpu_policy, bisect_right(self._kc, cpu_after),
-                                                 bisect_right(self._km, mem_after))
+            positions, after = self._choose_gpus(devs, fitting, d, gpu_policy, bisect_right(self.tables.cpu_steps, cpu_after),
+                                                 bisect_right(self.tables.mem_steps, mem_after))
         else:
             positions, after = (), devs
         pol = POLICY[node_policy]
