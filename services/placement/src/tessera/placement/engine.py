@@ -6,14 +6,15 @@ code runs in the service and in the packing benchmark, so the benchmark measures
 
 Work per claim is kept proportional to what changed: the fleet groups identical nodes into classes
 and a commit creates at most one new class; each claim shape keeps a heap of the classes it fits,
-brought up to date from the fleet's class log, so a class is scored once per shape. Scores are
-memoised on what they depend on (the claim's GPU part, the GPU states, CPU/memory only as kind
-thresholds), so classes and shapes alike in that share one evaluation. Why a claim fits nowhere
+brought up to date from the fleet's class log, so a class is scored once per shape (`shapeindex`).
+Scores are memoised on what they depend on (the claim's GPU part, the GPU states, CPU/memory only as
+kind thresholds), so classes and shapes alike in that share one evaluation. Why a claim fits nowhere
 (the rejection's reason and per-constraint counts) is `explain`'s job.
 
 The fragmentation-aware scoring of a class (`_fgd_entry` and what it calls) also exists compiled,
 in `_fgdcore.c`: the same arithmetic in the same order on the same memo tables, bit-identical
-(tests/placement/test_compiled_core.py). This Python is the reference and runs where the core was
+(tests/placement/test_compiled_core.py), reading the mix's tables from one object (`fragtables`).
+This Python is the reference and runs where the core was
 not built or `compiled=False` asks for it; through NATS the core takes the service from ~1,500 to
 ~2,500 claims/s on openb (bench/placement_sim.md).
 
@@ -36,9 +37,8 @@ Policies (the registry, with the baseline scorers themselves, is `policies`):
 from __future__ import annotations
 
 import random as _random
-from collections import OrderedDict, deque
+from collections import deque
 from bisect import bisect_right
-from heapq import heapify, heappop, heappush
 from dataclasses import dataclass
 from functools import partial
 from itertools import count
@@ -51,6 +51,7 @@ from tessera.shared.events import ClaimSpec, DeviceShare, LedgerEntry
 from .explain import CONSTRAINTS, UNEXPLAINED, Explainer, Rejection
 from .fleet import Fleet, Node, NodeClass
 from .fragtables import FragTables
+from .shapeindex import HEAPS_CAP, ShapeIndex
 from .mix import Demand, WorkloadMix, _kind_demand, demand_of
 from .paperfgd import PaperFGD, TypicalPods
 from .policies import FRAGMENTATION_AWARE, PAPER_FGD, POLICY, RANDOM, policy
@@ -63,11 +64,9 @@ _BY_BUCKET = object()
 _tokens = count()
 _CACHE_CAP = 64  # cached claim shapes per node class
 _FCACHE_CAP = 120_000
-_class_id = attrgetter("id")
 _node_name = attrgetter("name")
-_HEAPS_CAP = 256  # claim shapes with a live index
 _SWEEP = 2048  # retired memo entries freed per decision
-_WARM_SHAPES = _HEAPS_CAP  # shapes indexed again ahead after a republish: all with a live index
+_WARM_SHAPES = HEAPS_CAP  # shapes indexed again ahead after a republish: all with a live index
 _WARM_STEP = 8  # class evaluations per `warm` call (~1-2 ms on a cold memo with the host-memory term)
 
 # The fragmentation-aware index entries compiled (_fgdcore.c: same arithmetic, same memo tables,
@@ -146,13 +145,12 @@ class Placer:
         # The fragmentation model's thresholds, kind groups and memos for the current mix, in one
         # object the compiled core reads too (`fragtables`); rebuilt on a republished mix.
         self.tables = FragTables()
-        self._heaps: OrderedDict[tuple, list] = OrderedDict()
+        # Per claim shape, the heap of the node classes it fits (`shapeindex`).
+        self.index = ShapeIndex(fleet, self._entries)
         self._memo: dict[tuple, tuple | None] = {}
         self._roster: tuple[int, list[Node]] = (-1, [])
         self._explainer = Explainer(fleet, self._mask)
         self._trash: list = []  # retired memo tables, freed piecemeal (`_sweep`)
-        self._to_warm: list[tuple[Demand, str, str]] = []  # shapes to index ahead (`warm`)
-        self._warming: dict[tuple, list] = {}  # shape key -> [entries so far, last class, classes left]
 
     # --- public ---------------------------------------------------------------------------------
 
@@ -199,7 +197,7 @@ class Placer:
             ck = d._ckey = (self._token, self._epoch, d.shape, node_policy, gpu_policy)
         if node_policy == RANDOM:
             return self._place_random(d, ck, gpu_policy, explain)
-        heap = self._index(ck, d, node_policy, gpu_policy)
+        heap = self.index.get(ck, d, node_policy, gpu_policy)
         if not heap:
             if not explain:
                 return UNEXPLAINED
@@ -356,48 +354,6 @@ class Placer:
             return None
         return r[0] + (cls.id, cls, r[1])
 
-    def _index(self, ck: tuple, d: Demand, node_policy: str, gpu_policy: str) -> list:
-        """The per-shape index: a heap of (score..., class id, class, positions) over feasible classes.
-
-        Built once per claim shape (or finished, where `warm` began it), then brought up to date
-        from the fleet's class log: each new class is evaluated once per shape that is asked for
-        later; dead classes are dropped lazily. Its top is the least entry of the live classes
-        whatever order they were evaluated in (class ids are unique), so a warmed index decides as
-        one built at once.
-        """
-        fleet = self.fleet
-        log = fleet.log
-        last = fleet._next_class - 1
-        idx = self._heaps.get(ck)
-        if idx is None:
-            part = self._warming.pop(ck, None)
-            if part is None:  # (classes are born in id order: up to `last`, the log adds nothing)
-                heap = self._entries(fleet.classes.values(), ck, d, node_policy, gpu_policy)
-                built = last
-            else:  # begun ahead of this claim (`warm`): the rest of its classes, then the log's news
-                heap, built, todo = part[0], part[1], part[2]
-                heap += self._entries([c for c in todo if c.alive], ck, d, node_policy, gpu_policy)
-            heapify(heap)
-            idx = [heap, built, d]
-            self._heaps[ck] = idx
-            if len(self._heaps) > _HEAPS_CAP:
-                self._heaps.popitem(last=False)
-        else:
-            self._heaps.move_to_end(ck)
-        heap = idx[0]
-        if idx[1] < last:
-            fresh = [cls for cls in log[bisect_right(log, idx[1], key=_class_id):] if cls.alive]
-            for e in self._entries(fresh, ck, d, node_policy, gpu_policy):
-                heappush(heap, e)
-            idx[1] = last
-        while heap and not heap[0][-2].alive:
-            heappop(heap)
-        if len(heap) > 2 * len(fleet.classes) + 64:
-            heap = [e for e in heap if e[-2].alive]
-            heapify(heap)
-            idx[0] = heap
-        return heap
-
     def _entries(self, classes, ck: tuple, d: Demand, node_policy: str, gpu_policy: str) -> list:
         """The index entries of `classes` (alive) for one shape, unordered."""
         out: list = []
@@ -419,31 +375,16 @@ class Placer:
         the index itself. The result is the same index either way. Returns the class evaluations
         it spent (0: nothing was left to do).
         """
-        spent = 0
         if self._epoch != self.mix.version:
             self._new_epoch()
-        todo = self._to_warm
-        while todo and budget > 0:
-            d, node_policy, gpu_policy = todo[-1]
-            ck = d._ckey
-            if ck is None or ck[1] != self._epoch:
-                ck = d._ckey = (self._token, self._epoch, d.shape, node_policy, gpu_policy)
-            if ck in self._heaps:
-                todo.pop()
-                continue
-            part = self._warming.get(ck)
-            if part is None:
-                part = self._warming[ck] = [[], self.fleet._next_class - 1, list(self.fleet.classes.values())]
-            heap, _, left = part
-            take = left[-budget:]
-            del left[-budget:]
-            heap += self._entries([c for c in take if c.alive], ck, d, node_policy, gpu_policy)
-            budget -= len(take)
-            spent += len(take)
-            if not left:
-                self._index(ck, d, node_policy, gpu_policy)  # (files it, catches up with the log)
-                todo.pop()
-        return spent
+        return self.index.warm(budget, self._shape_key)
+
+    def _shape_key(self, d: Demand, node_policy: str, gpu_policy: str) -> tuple:
+        """The key of `d`'s shape in the index and the class caches under this mix (kept on `d`)."""
+        ck = d._ckey
+        if ck is None or ck[1] != self._epoch:
+            ck = d._ckey = (self._token, self._epoch, d.shape, node_policy, gpu_policy)
+        return ck
 
     # --- mix ------------------------------------------------------------------------------------
 
@@ -455,13 +396,10 @@ class Placer:
         # whose freeing took ~30 ms on openb, all inside one claim's decision: they are swapped for
         # empty ones here and freed a little at a time by the decisions that follow (`_sweep`).
         self._trash += [(t, False) for t in (self._memo, *old.memos())]
-        self._trash.append((self._heaps, True))
-        # The shapes asked for lately, to be indexed again ahead of their claims (`warm`), the most
-        # recent first (the list is worked from its end). Random choices are not made ahead.
-        self._to_warm = [(idx[2], ck[3], ck[4]) for ck, idx in list(self._heaps.items())[-_WARM_SHAPES:]
-                         if RANDOM not in (ck[3], ck[4])]
-        self._warming = {}
-        self._memo, self._heaps = {}, OrderedDict()
+        # The shapes asked for lately are indexed again ahead of their claims (`warm`), the most
+        # recent first. Random choices are not made ahead.
+        self._trash.append((self.index.retire(lambda ck: RANDOM not in (ck[3], ck[4]), _WARM_SHAPES), True))
+        self._memo = {}
 
     def _sweep(self, budget: int = _SWEEP) -> None:
         """Free up to `budget` entries of retired tables (a shape's index counts as its length)."""
@@ -620,8 +558,9 @@ class Placer:
             fitting = [i for i, s in enumerate(devs) if fits(states[s]) and (mask is None or mask[i])]
             if len(fitting) < k:
                 return None
-            positions, after = self._choose_gpus(devs, fitting, d, gpu_policy, bisect_right(self.tables.cpu_steps, cpu_after),
-                                                 bisect_right(self.tables.mem_steps, mem_after))
+            t = self.tables
+            positions, after = self._choose_gpus(devs, fitting, d, gpu_policy, bisect_right(t.cpu_steps, cpu_after),
+                                                 bisect_right(t.mem_steps, mem_after))
         else:
             positions, after = (), devs
         pol = POLICY[node_policy]
@@ -712,7 +651,7 @@ class Placer:
             if r is not None:
                 return self._placement(n, d, r[0][0], r[1], gpu_policy)
         # Near full most draws miss: pick from the per-shape index of feasible classes instead.
-        heap = self._index(ck, d, RANDOM, gpu_policy)
+        heap = self.index.get(ck, d, RANDOM, gpu_policy)
         live = [e for e in heap if e[-2].alive]
         total = sum(len(e[-2].members) for e in live)
         if not total:
