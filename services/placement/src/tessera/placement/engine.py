@@ -11,12 +11,12 @@ Scores are memoised on what they depend on (the claim's GPU part, the GPU states
 kind thresholds), so classes and shapes alike in that share one evaluation. Why a claim fits nowhere
 (the rejection's reason and per-constraint counts) is `explain`'s job.
 
-The fragmentation-aware scoring of a class (`_fgd_entry` and what it calls) also exists compiled,
-in `_fgdcore.c`: the same arithmetic in the same order on the same memo tables, bit-identical
+The fragmentation-aware scoring of a class (`_fgd_entry` and what it calls) also exists compiled, in
+`_fgdcore.c`: the same arithmetic in the same order on the same memo tables, bit-identical
 (tests/placement/test_compiled_core.py), reading the mix's tables from one object (`fragtables`).
-This Python is the reference and runs where the core was
-not built or `compiled=False` asks for it; through NATS the core takes the service from ~1,500 to
-~2,500 claims/s on openb (bench/placement_sim.md).
+This Python is the reference and runs where the core was not built or `compiled=False` asks for it;
+through NATS the core takes the service from ~1,500 to ~2,500 claims/s on openb
+(bench/placement_sim.md).
 
 Policies (the registry, with the baseline scorers themselves, is `policies`):
 
