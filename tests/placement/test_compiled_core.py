@@ -116,10 +116,10 @@ def test_same_decisions_as_the_python_engine(seed, fluid):
 
 def _indexes_hold_the_live_classes(placer: Placer) -> None:
     """Every current shape index, brought up to date, holds one entry per live class that fits."""
-    for ck, (_, _, d) in list(placer._heaps.items()):
+    for ck, (_, _, d) in list(placer.index.heaps.items()):
         if ck[1] != placer._epoch:
             continue
-        held = sorted((e for e in placer._index(ck, d, ck[3], ck[4]) if e[-2].alive), key=lambda e: e[-3])
+        held = sorted((e for e in placer.index.get(ck, d, ck[3], ck[4]) if e[-2].alive), key=lambda e: e[-3])
         fresh = sorted(placer._entries(placer.fleet.classes.values(), ck, d, ck[3], ck[4]), key=lambda e: e[-3])
         assert held == fresh, f"shape {ck[2]}: its index does not hold the live classes' entries"
 

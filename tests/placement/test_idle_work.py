@@ -66,7 +66,7 @@ SHAPES = (ClaimSpec(gpus=1, cores=30, memory_percent=30, cpu_millis=4000, host_m
 
 
 def _current_indexes(placer: Placer) -> int:
-    return sum(1 for ck in placer._heaps if ck[1] == placer._epoch)
+    return sum(1 for ck in placer.index.heaps if ck[1] == placer._epoch)
 
 
 async def test_indexes_are_rebuilt_ahead_after_the_mix_is_republished():
@@ -97,7 +97,7 @@ def test_an_index_begun_ahead_is_finished_by_the_claim_that_comes_first():
         for spec in SHAPES:
             p.place("x", "team-a", spec)
         p.mix.observe_all(p.demand(s) for s in SHAPES)
-    assert placer.warm(budget=3) == 3 and placer._warming  # a few classes of a shape, the rest to do
+    assert placer.warm(budget=3) == 3 and placer.index.warming  # a few classes of a shape, the rest to do
     for spec in SHAPES:
         a, b = placer.place("y", "team-a", spec), reference.place("y", "team-a", spec)
         assert (a.node, a.shares, a.score) == (b.node, b.shares, b.score)

@@ -13,6 +13,11 @@
  * state's vectors, the state after a share, GPU choices under other GPU policies) is asked of the
  * Python that defines it. The Python engine stays the reference and runs where this did not build.
  *
+ * What the model is measured against and remembers for the current mix (thresholds, kind groups,
+ * memo tables) is one object, the placer's `tables` (fragtables.FragTables); this file reads its
+ * fields by the names interned at the bottom, and calls back into the placer only for the Python
+ * that defines the model.
+ *
  * Floating point: compiled with -ffp-contract=off (no fused multiply-add), so every product and sum
  * is rounded as CPython rounds it.
  */
@@ -26,11 +31,12 @@ static PyObject *s_cpu_free, *s_mem_free, *s_cpu_total, *s_devs, *s_cache, *s_id
     *s_km, *s_fmemo, *s_gmemo, *s_gcache, *s_svec, *s_mfit, *s_mfl, *s_cpu, *s_hostmem, *s_gshape,
     *s_parts, *s_gpu_probe, *s_gpu_choice, *s_stv, *s_pgpus, *s_state_vec,
     *s_fleet, *s_states, *s_after_map, *s_after, *s_fit, *s_fits, *s_gpus, *s_cores, *s_memory_mib,
-    *s_memory_percent, *s_free;
+    *s_memory_percent, *s_free, *s_tables;
 
 /* Everything one call needs from the placer and the claim shape (borrowed unless noted). */
 typedef struct {
     PyObject *placer, *d, *gpol, *gshape;
+    PyObject *tables; /* the placer's FragTables (new reference): what follows is read from it */
     PyObject *own_key, *fmemo, *gmemo, *gcache, *svec, *mfit, *parts, *mfl; /* new references */
     long long *kc, *km;
     Py_ssize_t nkc, nkm;
@@ -70,8 +76,8 @@ static int attr_ll_or(PyObject *obj, PyObject *name, long long none, long long *
 }
 
 /* A list of ints as a C array (the kinds' CPU or memory thresholds, sorted). */
-static int ll_array(PyObject *placer, PyObject *name, long long **out, Py_ssize_t *n) {
-    PyObject *seq = PyObject_GetAttr(placer, name), *fast;
+static int ll_array(PyObject *tables, PyObject *name, long long **out, Py_ssize_t *n) {
+    PyObject *seq = PyObject_GetAttr(tables, name), *fast;
     if (!seq)
         return -1;
     fast = PySequence_Fast(seq, "thresholds must be a sequence");
@@ -109,7 +115,7 @@ static Py_ssize_t bisect_right(const long long *a, Py_ssize_t n, long long x) {
 
 /* engine.Placer._gvec: (U, fsv) of GPU states G, the free capacity and per kind group what the
  * group can use (None if none can), computed from the per-state vectors and kept in the cache. */
-static PyObject *gvec_build(PyObject *placer, PyObject *G) {
+static PyObject *gvec_build(PyObject *placer, PyObject *tables, PyObject *G) {
     PyObject *stv = NULL, *gcache = NULL, *pgpus = NULL, *fsv = NULL, *gi = NULL;
     double U = 0.0, *fs = NULL;
     long long *ns = NULL;
@@ -118,11 +124,11 @@ static PyObject *gvec_build(PyObject *placer, PyObject *G) {
         PyErr_SetString(PyExc_TypeError, "GPU states must be a tuple");
         return NULL;
     }
-    if (!(stv = PyObject_GetAttr(placer, s_stv)) || !(gcache = PyObject_GetAttr(placer, s_gcache))
-        || !(pgpus = PyObject_GetAttr(placer, s_pgpus)))
+    if (!(stv = PyObject_GetAttr(tables, s_stv)) || !(gcache = PyObject_GetAttr(tables, s_gcache))
+        || !(pgpus = PyObject_GetAttr(tables, s_pgpus)))
         goto out;
     if (!PyDict_Check(stv) || !PyDict_Check(gcache) || !PyTuple_Check(pgpus)) {
-        PyErr_SetString(PyExc_TypeError, "the placer's state vectors must be dicts and a tuple");
+        PyErr_SetString(PyExc_TypeError, "the tables' state vectors and capacity must be dicts, group_gpus a tuple");
         goto out;
     }
     Py_ssize_t ng = PyTuple_GET_SIZE(pgpus), n = PyTuple_GET_SIZE(G);
@@ -193,7 +199,7 @@ static PyObject *gvec(Ctx *c, PyObject *G) {
     }
     if (PyErr_Occurred())
         return NULL;
-    return gvec_build(c->placer, G);
+    return gvec_build(c->placer, c->tables, G);
 }
 
 /* A tuple of C integers (the memo keys' bucket parts). */
@@ -753,6 +759,7 @@ static void ctx_free(Ctx *c) {
     Py_XDECREF(c->mfit);
     Py_XDECREF(c->parts);
     Py_XDECREF(c->mfl);
+    Py_XDECREF(c->tables);
     PyMem_Free(c->kc);
     PyMem_Free(c->km);
 }
@@ -763,16 +770,18 @@ static PyObject *entries(PyObject *self, PyObject *args) {
     (void)self;
     if (!PyArg_ParseTuple(args, "OOOOO!:entries", &c.placer, &classes, &c.d, &c.gpol, &PyList_Type, &out))
         return NULL;
-    if (!(c.own_key = PyObject_GetAttr(c.placer, s_own_key)) || !(c.fmemo = PyObject_GetAttr(c.placer, s_fmemo))
-        || !(c.gmemo = PyObject_GetAttr(c.placer, s_gmemo)) || !(c.gcache = PyObject_GetAttr(c.placer, s_gcache))
-        || !(c.svec = PyObject_GetAttr(c.placer, s_svec)) || !(c.mfit = PyObject_GetAttr(c.placer, s_mfit)))
+    if (!(c.tables = PyObject_GetAttr(c.placer, s_tables)))
+        goto fail;
+    if (!(c.own_key = PyObject_GetAttr(c.tables, s_own_key)) || !(c.fmemo = PyObject_GetAttr(c.tables, s_fmemo))
+        || !(c.gmemo = PyObject_GetAttr(c.tables, s_gmemo)) || !(c.gcache = PyObject_GetAttr(c.tables, s_gcache))
+        || !(c.svec = PyObject_GetAttr(c.tables, s_svec)) || !(c.mfit = PyObject_GetAttr(c.tables, s_mfit)))
         goto fail;
     if (!PyDict_Check(c.fmemo) || !PyDict_Check(c.gmemo) || !PyDict_Check(c.gcache) || !PyDict_Check(c.svec)
         || !PyDict_Check(c.mfit)) {
-        PyErr_SetString(PyExc_TypeError, "the placer's memo tables must be dicts");
+        PyErr_SetString(PyExc_TypeError, "the fragmentation tables' memos must be dicts");
         goto fail;
     }
-    if (ll_array(c.placer, s_kc, &c.kc, &c.nkc) < 0 || ll_array(c.placer, s_km, &c.km, &c.nkm) < 0)
+    if (ll_array(c.tables, s_kc, &c.kc, &c.nkc) < 0 || ll_array(c.tables, s_km, &c.km, &c.nkm) < 0)
         goto fail;
     if (attr_ll(c.d, s_cpu, &c.cpu) < 0 || attr_ll(c.d, s_hostmem, &c.hostmem) < 0)
         goto fail;
@@ -798,10 +807,10 @@ static PyObject *entries(PyObject *self, PyObject *args) {
         if (attr_ll_or(c.d, s_memory_mib, -1, &c.mem_mib) < 0 || attr_ll_or(c.d, s_memory_percent, -1, &c.mem_pct) < 0)
             goto fail;
     }
-    if (!(c.mfl = PyObject_GetAttr(c.placer, s_mfl)) || !(c.parts = PyObject_GetAttr(c.placer, s_parts)))
+    if (!(c.mfl = PyObject_GetAttr(c.tables, s_mfl)) || !(c.parts = PyObject_GetAttr(c.tables, s_parts)))
         goto fail;
     if (!PyList_Check(c.mfl) || !PyList_Check(c.parts)) {
-        PyErr_SetString(PyExc_TypeError, "the placer's kind groups must be lists");
+        PyErr_SetString(PyExc_TypeError, "the tables' hungry kinds and kind groups must be lists");
         goto fail;
     }
     c.fluid = PyList_GET_SIZE(c.mfl) > 0;
@@ -844,18 +853,23 @@ static PyObject *configure(PyObject *self, PyObject *args) {
 }
 
 static PyObject *gvec_py(PyObject *self, PyObject *args) {
-    PyObject *placer, *G, *gi, *gcache;
+    PyObject *placer, *G, *gi, *gcache, *tables;
     (void)self;
     if (!PyArg_ParseTuple(args, "OO:gvec", &placer, &G))
         return NULL;
-    if (!(gcache = PyObject_GetAttr(placer, s_gcache)))
+    if (!(tables = PyObject_GetAttr(placer, s_tables)))
         return NULL;
+    if (!(gcache = PyObject_GetAttr(tables, s_gcache))) {
+        Py_DECREF(tables);
+        return NULL;
+    }
     gi = PyDict_Check(gcache) ? PyDict_GetItemWithError(gcache, G) : NULL;
     Py_XINCREF(gi);
     Py_DECREF(gcache);
-    if (gi || PyErr_Occurred())
-        return gi;
-    return gvec_build(placer, G);
+    if (!gi && !PyErr_Occurred())
+        gi = gvec_build(placer, tables, G);
+    Py_DECREF(tables);
+    return gi;
 }
 
 static PyMethodDef methods[] = {
@@ -877,12 +891,14 @@ PyMODINIT_FUNC PyInit__fgdcore(void) {
     if (!(var = PyUnicode_InternFromString(text))) \
         return NULL;
     INTERN(s_cpu_free, "cpu_free") INTERN(s_mem_free, "mem_free") INTERN(s_cpu_total, "cpu_total")
-    INTERN(s_devs, "devs") INTERN(s_cache, "cache") INTERN(s_id, "id") INTERN(s_own_key, "_own_key")
-    INTERN(s_kc, "_kc") INTERN(s_km, "_km") INTERN(s_fmemo, "_fmemo") INTERN(s_gmemo, "_gmemo")
-    INTERN(s_gcache, "_gcache") INTERN(s_svec, "_svec") INTERN(s_mfit, "_mfit") INTERN(s_mfl, "_mfl")
+    INTERN(s_devs, "devs") INTERN(s_cache, "cache") INTERN(s_id, "id") INTERN(s_own_key, "own_key")
+    /* the fragmentation tables' fields (engine.FragTables) */
+    INTERN(s_tables, "tables") INTERN(s_kc, "cpu_steps") INTERN(s_km, "mem_steps") INTERN(s_fmemo, "entry_memo")
+    INTERN(s_gmemo, "gpu_memo") INTERN(s_gcache, "capacity") INTERN(s_svec, "group_weights")
+    INTERN(s_mfit, "hungry_at") INTERN(s_mfl, "hungry")
     INTERN(s_cpu, "cpu") INTERN(s_hostmem, "hostmem") INTERN(s_gshape, "gshape")
-    INTERN(s_parts, "_parts") INTERN(s_gpu_probe, "_gpu_probe")
-    INTERN(s_gpu_choice, "_gpu_choice") INTERN(s_stv, "_stv") INTERN(s_pgpus, "_pgpus") INTERN(s_state_vec, "_state_vec")
+    INTERN(s_parts, "groups") INTERN(s_gpu_probe, "_gpu_probe")
+    INTERN(s_gpu_choice, "_gpu_choice") INTERN(s_stv, "state_vectors") INTERN(s_pgpus, "group_gpus") INTERN(s_state_vec, "_state_vec")
     INTERN(s_fleet, "fleet") INTERN(s_states, "states") INTERN(s_after_map, "_after") INTERN(s_after, "after")
     INTERN(s_fit, "_fit") INTERN(s_fits, "fits") INTERN(s_gpus, "gpus") INTERN(s_cores, "cores")
     INTERN(s_memory_mib, "memory_mib") INTERN(s_memory_percent, "memory_percent") INTERN(s_free, "free")

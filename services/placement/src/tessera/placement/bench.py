@@ -36,11 +36,12 @@ from tessera.shared.events import LedgerEntry
 from . import dynamic, families
 from .engine import Placement, Placer
 from .fleet import Fleet
-from .mix import POLICIES, WorkloadMix
+from .mix import WorkloadMix
 from .paperfgd import POLICY as PAPER_FGD, TypicalPods
+from .policies import BENCH_COLUMNS, NAMES as POLICIES
 from .trace import TraceError, TraceNode, TracePod, load_nodes, load_pods, node_inventory, pod_demand
 
-BASELINES = ("random", "dot-product", "spread", "binpack", "best-fit", PAPER_FGD, "fragmentation-aware")
+BASELINES = BENCH_COLUMNS  # (baselines first, ours last: `policies`)
 
 _nodes: list[TraceNode] = []
 _pods: list[TracePod] = []

@@ -6,17 +6,19 @@ code runs in the service and in the packing benchmark, so the benchmark measures
 
 Work per claim is kept proportional to what changed: the fleet groups identical nodes into classes
 and a commit creates at most one new class; each claim shape keeps a heap of the classes it fits,
-brought up to date from the fleet's class log, so a class is scored once per shape. Scores are
-memoised on what they depend on (the claim's GPU part, the GPU states, CPU/memory only as kind
-thresholds), so classes and shapes alike in that share one evaluation. A rejection's per-constraint
-counts are kept per shape from the fleet's log of node moves, not recounted over the fleet.
+brought up to date from the fleet's class log, so a class is scored once per shape (`shapeindex`).
+Scores are memoised on what they depend on (the claim's GPU part, the GPU states, CPU/memory only as
+kind thresholds), so classes and shapes alike in that share one evaluation. Why a claim fits nowhere
+(the rejection's reason and per-constraint counts) is `explain`'s job.
 
-The fragmentation-aware scoring of a class (`_fgd_entry` and what it calls) also exists compiled,
-in `_fgdcore.c`: the same arithmetic in the same order on the same memo tables, bit-identical
-(tests/placement/test_compiled_core.py). This Python is the reference and runs where the core was
-not built or `compiled=False` asks for it; through NATS the core takes the service from ~1,500 to
-~2,500 claims/s on openb (bench/placement_sim.md).
-Policies:
+The fragmentation-aware scoring of a class (`_fgd_entry` and what it calls) also exists compiled, in
+`_fgdcore.c`: the same arithmetic in the same order on the same memo tables, bit-identical
+(tests/placement/test_compiled_core.py), reading the mix's tables from one object (`fragtables`).
+This Python is the reference and runs where the core was not built or `compiled=False` asks for it;
+through NATS the core takes the service from ~1,500 to ~2,500 claims/s on openb
+(bench/placement_sim.md).
+
+Policies (the registry, with the baseline scorers themselves, is `policies`):
 
 - ``binpack`` / ``spread``: HAMi's scores. A node scores used/total of shares + cores + memory over
   its GPUs; binpack takes the most used node, spread the least. Same per GPU within the node.
@@ -35,10 +37,9 @@ Policies:
 from __future__ import annotations
 
 import random as _random
-from collections import OrderedDict, deque
+from collections import deque
 from bisect import bisect_right
-from heapq import heapify, heappop, heappush
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from itertools import count
 from math import floor
@@ -47,15 +48,15 @@ from typing import Any
 
 from tessera.shared.events import ClaimSpec, DeviceShare, LedgerEntry
 
+from .explain import CONSTRAINTS, UNEXPLAINED, Explainer, Rejection
 from .fleet import Fleet, Node, NodeClass
-from .mix import POLICIES, Demand, WorkloadMix, _kind_demand, demand_of
-from .paperfgd import POLICY as PAPER_FGD, PaperFGD, TypicalPods
+from .fragtables import FragTables
+from .shapeindex import HEAPS_CAP, ShapeIndex
+from .mix import Demand, WorkloadMix, _kind_demand, demand_of
+from .paperfgd import PaperFGD, TypicalPods
+from .policies import FRAGMENTATION_AWARE, PAPER_FGD, POLICY, RANDOM, policy
 
 __all__ = ["Placement", "Rejection", "Placer", "CONSTRAINTS", "ledger_entry", "COMPILED_CORE"]
-
-# Order in which a node's failure is attributed to one constraint.
-CONSTRAINTS = ("lost", "node-pin", "excluded", "cpu", "host-memory", "gpu-count", "gpu-type",
-               "gpu-uuid", "exclusive", "max-shares", "memory", "cores")
 
 _MISS = object()
 _NO_FIT = object()
@@ -63,12 +64,9 @@ _BY_BUCKET = object()
 _tokens = count()
 _CACHE_CAP = 64  # cached claim shapes per node class
 _FCACHE_CAP = 120_000
-_class_id = attrgetter("id")
 _node_name = attrgetter("name")
-_HEAPS_CAP = 256  # claim shapes with a live index
-_WHYS_CAP = 256  # claim shapes with live rejection counts
 _SWEEP = 2048  # retired memo entries freed per decision
-_WARM_SHAPES = _HEAPS_CAP  # shapes indexed again ahead after a republish: all with a live index
+_WARM_SHAPES = HEAPS_CAP  # shapes indexed again ahead after a republish: all with a live index
 _WARM_STEP = 8  # class evaluations per `warm` call (~1-2 ms on a cold memo with the host-memory term)
 
 # The fragmentation-aware index entries compiled (_fgdcore.c: same arithmetic, same memo tables,
@@ -89,36 +87,6 @@ class Placement:
     score: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class Rejection:
-    reason: str
-    filtered: dict[str, int] = field(default_factory=dict)
-
-
-_UNEXPLAINED: Rejection = Rejection(reason="no node fits", filtered={})
-
-# Per-GPU constraints in the order a rejection is attributed to them; 7 = fits.
-_STEPS = ("gpu-count", "gpu-type", "gpu-uuid", "exclusive", "max-shares", "memory", "cores")
-
-
-def _fail_step(d: Demand, st) -> int:
-    """Index in `_STEPS` of the first per-GPU constraint a GPU in state `st` fails for `d` (uuid
-    selectors aside: they are per node), 7 if one more share fits."""
-    if not st.healthy:
-        return 0
-    if not d.type_ok(st):
-        return 1
-    if st.exclusive or (d.exclusive and st.shares):
-        return 3
-    if st.shares >= st.max_shares:
-        return 4
-    if st.memory_mib - st.mem_used < d.mem_req(st.memory_mib):
-        return 5
-    if 100 - st.cores_used < d.cores:
-        return 6
-    return 7
-
-
 def ledger_entry(claim_id: str, tenant: str, spec: ClaimSpec, placement: Placement) -> LedgerEntry:
     """The ledger entry that records `placement` for this claim."""
     return LedgerEntry(claim=claim_id, tenant=tenant, shares=placement.shares,
@@ -131,10 +99,6 @@ def _q9(x: float) -> float:
     return floor(x * 1e9 + 0.5) / 1e9
 
 
-def _n(x: int) -> str:
-    return f"{x:,}"
-
-
 class Placer:
     """Chooses node and GPUs for claims against one `Fleet`.
 
@@ -144,14 +108,14 @@ class Placer:
     """
 
     def __init__(
-        self, fleet: Fleet, default_node_policy: str = "fragmentation-aware",
+        self, fleet: Fleet, default_node_policy: str = FRAGMENTATION_AWARE,
         default_gpu_policy: str | None = None, mix: WorkloadMix | None = None, *,
         learn: bool = True, seed: int = 0, fluid_memory: bool = False, compiled: bool | None = None,
         typical: TypicalPods | None = None, paper_ties: str = "name",
     ) -> None:
         for p in (default_node_policy, default_gpu_policy):
-            if p is not None and p not in POLICIES:
-                raise ValueError(f"unknown policy {p!r} (one of: {', '.join(POLICIES)})")
+            if p is not None:
+                policy(p)  # (a ValueError naming the policies there are)
         self.fleet = fleet
         self.default_node_policy = default_node_policy
         self.default_gpu_policy = default_gpu_policy or default_node_policy
@@ -178,28 +142,15 @@ class Placer:
         self._demands: dict[tuple, Demand] = {}
         self._recent: set[str] = set()
         self._recent_q: deque[str] = deque()
-        self._gcache: dict[tuple, tuple] = {}
-        self._own_key: tuple = ()
-        self._stv: dict[int, tuple] = {}  # GPU state id -> its vectors for `_gvec` (this epoch)
-        self._pgpus: tuple = ()
-        self._pzero: tuple = ()
-        self._fmemo: dict[tuple, tuple | None] = {}
-        self._gmemo: dict[tuple, object] = {}
-        self._svec: dict[tuple[int, int], tuple] = {}
-        self._kinds: list[tuple[Demand, float]] = []
-        self._heaps: OrderedDict[tuple, list] = OrderedDict()
+        # The fragmentation model's thresholds, kind groups and memos for the current mix, in one
+        # object the compiled core reads too (`fragtables`); rebuilt on a republished mix.
+        self.tables = FragTables()
+        # Per claim shape, the heap of the node classes it fits (`shapeindex`).
+        self.index = ShapeIndex(fleet, self._entries)
         self._memo: dict[tuple, tuple | None] = {}
-        self._kc: list[int] = []
-        self._parts: list[tuple[Demand, list]] = []
-        self._mfl: list[tuple] = []
-        self._mfit: dict[tuple, list] = {}
-        self._km: list[int] = []
         self._roster: tuple[int, list[Node]] = (-1, [])
-        self._rejections: dict[tuple, tuple[int, Rejection]] = {}
-        self._whys: OrderedDict[tuple, list] = OrderedDict()
+        self._explainer = Explainer(fleet, self._mask)
         self._trash: list = []  # retired memo tables, freed piecemeal (`_sweep`)
-        self._to_warm: list[tuple[Demand, str, str]] = []  # shapes to index ahead (`warm`)
-        self._warming: dict[tuple, list] = {}  # shape key -> [entries so far, last class, classes left]
 
     # --- public ---------------------------------------------------------------------------------
 
@@ -244,12 +195,12 @@ class Placer:
         ck = d._ckey
         if ck is None or ck[1] != self._epoch:
             ck = d._ckey = (self._token, self._epoch, d.shape, node_policy, gpu_policy)
-        if node_policy == "random":
+        if node_policy == RANDOM:
             return self._place_random(d, ck, gpu_policy, explain)
-        heap = self._index(ck, d, node_policy, gpu_policy)
+        heap = self.index.get(ck, d, node_policy, gpu_policy)
         if not heap:
             if not explain:
-                return _UNEXPLAINED
+                return UNEXPLAINED
             return self._reject(d, ck, {}, None)
         e = heap[0]
         return self._placement(e[-2].first(), d, e[0], e[-1], gpu_policy)
@@ -260,7 +211,7 @@ class Placer:
         if r is _MISS:
             if len(cache) >= _CACHE_CAP:
                 cache.clear()
-            if gpu_policy == "random" or node_policy == "random":
+            if gpu_policy == RANDOM or node_policy == RANDOM:
                 r = self._evaluate(cls.devs, cls.cpu_free, cls.mem_free, cls.cpu_total, cls.mem_total,
                                    d, node_policy, gpu_policy, None)
             else:
@@ -283,16 +234,7 @@ class Placer:
         if g is None:
             return None
         term, positions = g
-        ct, mt = cls.cpu_total or 1, cls.mem_total or 1
-        if node_policy == "binpack":
-            score = (-term,)
-        elif node_policy == "spread":
-            score = (term,)
-        elif node_policy == "best-fit":
-            score = (term + (c - d.cpu) / ct + (m - d.hostmem) / mt,)
-        else:  # dot-product
-            score = (-(term + (d.cpu / ct) * (c / ct) + (d.hostmem / mt) * (m / mt)),)
-        return (score, positions)
+        return (POLICY[node_policy].node_score(term, c, m, cls.cpu_total or 1, cls.mem_total or 1, d), positions)
 
     def _gpu_part(self, devs: tuple, d: Demand, node_policy: str, gpu_policy: str):
         states = self.fleet.states.states
@@ -302,32 +244,11 @@ class Placer:
             fitting = [i for i, s in enumerate(devs) if fits(states[s])]
             if len(fitting) < k:
                 return None
-            positions, after = self._choose_gpus(devs, fitting, d, gpu_policy, bisect_right(self._kc, 0),
-                                                 bisect_right(self._km, 0))
+            positions, after = self._choose_gpus(devs, fitting, d, gpu_policy, bisect_right(self.tables.cpu_steps, 0),
+                                                 bisect_right(self.tables.mem_steps, 0))
         else:
             positions, after = (), devs
-        ng = len(devs) or 1
-        if node_policy in ("binpack", "spread"):
-            return (self._used(devs), positions)
-        if node_policy == "best-fit":
-            return (sum(states[s].free for s in after) / ng, positions)
-        u = sum(states[s].free for s in devs) / ng
-        return (sum(d.units(states[devs[i]]) for i in positions) / ng * u, positions)
-
-    def _used(self, devs: tuple) -> float:
-        """HAMi's node score: used/total over the node's GPUs, of shares, cores and memory."""
-        if not devs:
-            return 0.0
-        states = self.fleet.states.states
-        sh = mx = cu = mu = mt = 0
-        for s in devs:
-            st = states[s]
-            sh += st.shares
-            mx += st.max_shares
-            cu += st.cores_used
-            mu += st.mem_used
-            mt += st.memory_mib
-        return sh / mx + cu / (100 * len(devs)) + mu / mt
+        return (POLICY[node_policy].node_term(states, devs, after, positions, d), positions)
 
     def _fgd_entry(self, cls: NodeClass, d: Demand, gpu_policy: str):
         """FGD's index entry for a class. The GPU choice and the change in fragmentation depend on
@@ -342,21 +263,22 @@ class Placer:
             return None
         devs = cls.devs
         # What depends on the class alone is kept on it: its buckets and its own host-memory term.
-        own = cls.cache.get(self._own_key)
+        t = self.tables
+        own = cls.cache.get(t.own_key)
         if own is None:
             own = self._fgd_own(cls)
         bc, bm, before = own
-        bc2 = bisect_right(self._kc, c - cpu)
-        bm2 = bisect_right(self._km, m - hm)
+        bc2 = bisect_right(t.cpu_steps, c - cpu)
+        bm2 = bisect_right(t.mem_steps, m - hm)
         key = (d.gshape, gpu_policy, devs, bc, bc2, bm, bm2)
-        r: Any = self._fmemo.get(key, _MISS)
+        r: Any = t.entry_memo.get(key, _MISS)
         if r is _MISS:
             r = self._fgd_memo(key, devs, bc, bc2, bm, bm2, d, gpu_policy)
         if r is None:
             return None
         # The host-memory part of the change is exact in the node's memory, not bucketed: added here.
         delta = r[0]
-        if self._mfl:
+        if t.hungry:
             delta = _q9(delta + self._fluid(r[3], bc2, bm2, m - hm) - before)
         return (delta, r[1], (c - cpu) / (cls.cpu_total or 1), cls.id, cls, r[2])
 
@@ -365,30 +287,32 @@ class Placer:
         cache = cls.cache
         if len(cache) >= _CACHE_CAP:
             cache.clear()
-        bc, bm = bisect_right(self._kc, cls.cpu_free), bisect_right(self._km, cls.mem_free)
-        own = cache[self._own_key] = (bc, bm, self._fluid(cls.devs, bc, bm, cls.mem_free))
+        bc, bm = bisect_right(self.tables.cpu_steps, cls.cpu_free), bisect_right(self.tables.mem_steps, cls.mem_free)
+        own = cache[self.tables.own_key] = (bc, bm, self._fluid(cls.devs, bc, bm, cls.mem_free))
         return own
 
     def _fgd_memo(self, key: tuple, devs: tuple, bc: int, bc2: int, bm: int, bm2: int, d: Demand,
                   gpu_policy: str):
         """`_fgd_eval`, remembered under `key` (the compiled core calls this on a miss too)."""
-        if len(self._fmemo) >= _FCACHE_CAP:
-            self._fmemo.clear()
-        r = self._fmemo[key] = self._fgd_eval(devs, bc, bc2, bm, bm2, d, gpu_policy)
+        memo = self.tables.entry_memo
+        if len(memo) >= _FCACHE_CAP:
+            memo.clear()
+        r = memo[key] = self._fgd_eval(devs, bc, bc2, bm, bm2, d, gpu_policy)
         return r
 
     def _gpu_probe(self, gk: tuple, devs: tuple, bc2: int, bm2: int, d: Demand, gpu_policy: str):
         """`_gpu_choice` probed, remembered under `gk` (the compiled core calls this on a miss too)."""
         g = self._gpu_choice(devs, bc2, bm2, d, gpu_policy, True)
-        if len(self._gmemo) >= _FCACHE_CAP:
-            self._gmemo.clear()
-        self._gmemo[gk] = g
+        memo = self.tables.gpu_memo
+        if len(memo) >= _FCACHE_CAP:
+            memo.clear()
+        memo[gk] = g
         return g
 
     def _fgd_eval(self, devs: tuple, bc: int, bc2: int, bm: int, bm2: int, d: Demand, gpu_policy: str):
         """(increase in fragmentation, GPU capacity left, positions) or None when it does not fit."""
         gk = (d.gshape, gpu_policy, devs)
-        g: Any = self._gmemo.get(gk)
+        g: Any = self.tables.gpu_memo.get(gk)
         if g is None:
             g = self._gpu_probe(gk, devs, bc2, bm2, d, gpu_policy)
         if g is _BY_BUCKET:
@@ -411,7 +335,7 @@ class Placer:
             fitting = d.fitting(devs, states)
             if len(fitting) < k:
                 return _NO_FIT
-            if probe and gpu_policy == "fragmentation-aware" and len({devs[i] for i in fitting}) > 1:
+            if probe and gpu_policy == FRAGMENTATION_AWARE and len({devs[i] for i in fitting}) > 1:
                 return _BY_BUCKET
             positions, after = self._choose_gpus(devs, fitting, d, gpu_policy, bc2, bm2)
         else:
@@ -423,59 +347,17 @@ class Placer:
 
     def _entry(self, cls: NodeClass, ck: tuple, d: Demand, node_policy: str, gpu_policy: str):
         """A class's entry in a shape's index: (score..., class id, class, positions) or None."""
-        if node_policy == "fragmentation-aware" and gpu_policy != "random":
+        if node_policy == FRAGMENTATION_AWARE and gpu_policy != RANDOM:
             return self._fgd_entry(cls, d, gpu_policy)
         r = self._cached(cls, ck, d, node_policy, gpu_policy)
         if r is None:
             return None
         return r[0] + (cls.id, cls, r[1])
 
-    def _index(self, ck: tuple, d: Demand, node_policy: str, gpu_policy: str) -> list:
-        """The per-shape index: a heap of (score..., class id, class, positions) over feasible classes.
-
-        Built once per claim shape (or finished, where `warm` began it), then brought up to date
-        from the fleet's class log: each new class is evaluated once per shape that is asked for
-        later; dead classes are dropped lazily. Its top is the least entry of the live classes
-        whatever order they were evaluated in (class ids are unique), so a warmed index decides as
-        one built at once.
-        """
-        fleet = self.fleet
-        log = fleet.log
-        last = fleet._next_class - 1
-        idx = self._heaps.get(ck)
-        if idx is None:
-            part = self._warming.pop(ck, None)
-            if part is None:  # (classes are born in id order: up to `last`, the log adds nothing)
-                heap = self._entries(fleet.classes.values(), ck, d, node_policy, gpu_policy)
-                built = last
-            else:  # begun ahead of this claim (`warm`): the rest of its classes, then the log's news
-                heap, built, todo = part[0], part[1], part[2]
-                heap += self._entries([c for c in todo if c.alive], ck, d, node_policy, gpu_policy)
-            heapify(heap)
-            idx = [heap, built, d]
-            self._heaps[ck] = idx
-            if len(self._heaps) > _HEAPS_CAP:
-                self._heaps.popitem(last=False)
-        else:
-            self._heaps.move_to_end(ck)
-        heap = idx[0]
-        if idx[1] < last:
-            fresh = [cls for cls in log[bisect_right(log, idx[1], key=_class_id):] if cls.alive]
-            for e in self._entries(fresh, ck, d, node_policy, gpu_policy):
-                heappush(heap, e)
-            idx[1] = last
-        while heap and not heap[0][-2].alive:
-            heappop(heap)
-        if len(heap) > 2 * len(fleet.classes) + 64:
-            heap = [e for e in heap if e[-2].alive]
-            heapify(heap)
-            idx[0] = heap
-        return heap
-
     def _entries(self, classes, ck: tuple, d: Demand, node_policy: str, gpu_policy: str) -> list:
         """The index entries of `classes` (alive) for one shape, unordered."""
         out: list = []
-        if node_policy == "fragmentation-aware" and gpu_policy != "random" and self._core is not None:
+        if node_policy == FRAGMENTATION_AWARE and gpu_policy != RANDOM and self._core is not None:
             self._core.entries(self, classes, d, gpu_policy, out)
         else:
             entry = self._entry
@@ -493,75 +375,31 @@ class Placer:
         the index itself. The result is the same index either way. Returns the class evaluations
         it spent (0: nothing was left to do).
         """
-        spent = 0
         if self._epoch != self.mix.version:
             self._new_epoch()
-        todo = self._to_warm
-        while todo and budget > 0:
-            d, node_policy, gpu_policy = todo[-1]
-            ck = d._ckey
-            if ck is None or ck[1] != self._epoch:
-                ck = d._ckey = (self._token, self._epoch, d.shape, node_policy, gpu_policy)
-            if ck in self._heaps:
-                todo.pop()
-                continue
-            part = self._warming.get(ck)
-            if part is None:
-                part = self._warming[ck] = [[], self.fleet._next_class - 1, list(self.fleet.classes.values())]
-            heap, _, left = part
-            take = left[-budget:]
-            del left[-budget:]
-            heap += self._entries([c for c in take if c.alive], ck, d, node_policy, gpu_policy)
-            budget -= len(take)
-            spent += len(take)
-            if not left:
-                self._index(ck, d, node_policy, gpu_policy)  # (files it, catches up with the log)
-                todo.pop()
-        return spent
+        return self.index.warm(budget, self._shape_key)
+
+    def _shape_key(self, d: Demand, node_policy: str, gpu_policy: str) -> tuple:
+        """The key of `d`'s shape in the index and the class caches under this mix (kept on `d`)."""
+        ck = d._ckey
+        if ck is None or ck[1] != self._epoch:
+            ck = d._ckey = (self._token, self._epoch, d.shape, node_policy, gpu_policy)
+        return ck
 
     # --- mix ------------------------------------------------------------------------------------
 
     def _new_epoch(self) -> None:
         self._epoch = self.mix.version
-        self._own_key = (self._token, self._epoch, "own")
-        self._kinds = self.mix.kinds()
-        self._kc = sorted({kd.cpu for kd, _ in self._kinds})
-        self._km = sorted({kd.hostmem for kd, _ in self._kinds})
-        # Kinds grouped by their GPU part: fit is computed once per group, CPU/memory per member.
-        parts: dict[tuple, tuple[Demand, list]] = {}
-        for kd, p in self._kinds:
-            gk = (kd.gpus, kd.memory_mib, kd.memory_percent, kd.cores)
-            if gk not in parts:
-                parts[gk] = (kd, [])
-            parts[gk][1].append((self._kc.index(kd.cpu), self._km.index(kd.hostmem), p))
-        self._parts = list(parts.values())
-        self._pgpus = tuple(kd.gpus for kd, _ in self._parts)
-        self._pzero = (0,) * len(self._parts)
-        # Kinds by host memory per GPU unit, hungriest first (see `_fluid`).
-        gidx = {gk: j for j, gk in enumerate(parts)}
-        mfl = []
-        for kd, p in self._kinds:
-            if kd.gpus and kd.hostmem:
-                # (a claim sized in MiB only: its share of a card is unknown here; a quarter)
-                share = 1.0 if kd.exclusive else (max(kd.cores, kd.memory_percent or 0) or 25) / 100
-                mfl.append((kd.hostmem / (kd.gpus * share),
-                            gidx[(kd.gpus, kd.memory_mib, kd.memory_percent, kd.cores)],
-                            self._kc.index(kd.cpu), self._km.index(kd.hostmem), p))
-        mfl.sort(key=lambda t: -t[0])
-        self._mfl = mfl if self.fluid_memory else []
+        old = self.tables
+        self.tables = FragTables.of_mix(self.mix.kinds(), (self._token, self._epoch, "own"), self.fluid_memory)
         # Every score of the old mix is void. Its tables can hold a few hundred thousand entries,
         # whose freeing took ~30 ms on openb, all inside one claim's decision: they are swapped for
         # empty ones here and freed a little at a time by the decisions that follow (`_sweep`).
-        self._trash += [(t, False) for t in (self._memo, self._fmemo, self._gmemo, self._gcache, self._mfit,
-                                             self._svec, self._stv)]
-        self._trash.append((self._heaps, True))
-        # The shapes asked for lately, to be indexed again ahead of their claims (`warm`), the most
-        # recent first (the list is worked from its end). Random choices are not made ahead.
-        self._to_warm = [(idx[2], ck[3], ck[4]) for ck, idx in list(self._heaps.items())[-_WARM_SHAPES:]
-                         if "random" not in (ck[3], ck[4])]
-        self._warming = {}
-        self._memo, self._fmemo, self._gmemo, self._gcache = {}, {}, {}, {}
-        self._mfit, self._svec, self._heaps, self._stv = {}, {}, OrderedDict(), {}
+        self._trash += [(t, False) for t in (self._memo, *old.memos())]
+        # The shapes asked for lately are indexed again ahead of their claims (`warm`), the most
+        # recent first. Random choices are not made ahead.
+        self._trash.append((self.index.retire(lambda ck: RANDOM not in (ck[3], ck[4]), _WARM_SHAPES), True))
+        self._memo = {}
 
     def _sweep(self, budget: int = _SWEEP) -> None:
         """Free up to `budget` entries of retired tables (a shape's index counts as its length)."""
@@ -577,8 +415,9 @@ class Placer:
 
     def _frag(self, G: tuple, c: int, m: int) -> float:
         """Expected unusable free GPU capacity (GPU units) of a node with GPUs `G`, CPU/mem free c/m."""
-        bc = bisect_right(self._kc, c)
-        bm = bisect_right(self._km, m)
+        t = self.tables
+        bc = bisect_right(t.cpu_steps, c)
+        bm = bisect_right(t.mem_steps, m)
         return self._fragb(G, bc, bm) + self._fluid(G, bc, bm, m)
 
     def _fluid(self, G: tuple, bc: int, bm: int, m: int) -> float:
@@ -590,15 +429,16 @@ class Placer:
         hungrier than m / U can lose anything: per bucket pair, the kinds that fit come hungriest
         first. (CPU treated the same way packs worse on openb: see bench/placement_sim.md.)
         """
-        if not self._mfl:
+        t = self.tables
+        if not t.hungry:
             return 0.0
-        gi = self._gcache.get(G)
+        gi = t.capacity.get(G)
         if gi is None:
             gi = self._gvec(G)
         fsv = gi[1]
         frag = 0.0
         if fsv is not None:
-            mf = self._mfit.get((bc, bm))
+            mf = t.hungry_at.get((bc, bm))
             if mf is None:
                 mf = self._mf(bc, bm)
             lim = m / gi[0]
@@ -617,13 +457,14 @@ class Placer:
         the GPUs it fits, if enough of them) depends on `G` alone, the weight of its members whose
         CPU and memory fit on (bc, bm) alone, so fragmentation = U - their dot product.
         """
-        gi = self._gcache.get(G)
+        t = self.tables
+        gi = t.capacity.get(G)
         if gi is None:
             gi = self._gvec(G)
         fsv = gi[1]
         if fsv is None:
             return gi[0]
-        sv = self._svec.get((bc, bm))
+        sv = t.group_weights.get((bc, bm))
         if sv is None:
             sv = self._sv(bc, bm)
         dot = 0.0  # (a plain loop: the compiled core adds in this order too, whatever sum() does)
@@ -634,25 +475,27 @@ class Placer:
     def _mf(self, bc: int, bm: int) -> list:
         """The kinds `_fluid` counts at buckets (bc, bm): (beta, group, weight, weight / beta),
         hungriest first."""
-        mf = self._mfit[(bc, bm)] = [(beta, j, p, p / beta) for beta, j, ic, im, p in self._mfl
+        t = self.tables
+        mf = t.hungry_at[(bc, bm)] = [(beta, j, p, p / beta) for beta, j, ic, im, p in t.hungry
                                       if bc > ic and bm > im]
         return mf
 
     def _sv(self, bc: int, bm: int) -> tuple:
         """Per kind group, the weight of its members whose CPU and memory fit at buckets (bc, bm)."""
         out = []
-        for _, members in self._parts:
+        for _, members in self.tables.groups:
             acc = 0.0  # (plain additions in order: the compiled core's sums, on every Python)
             for ic, im, p in members:
                 if bc > ic and bm > im:
                     acc += p
             out.append(acc)
-        sv = self._svec[(bc, bm)] = tuple(out)
+        sv = self.tables.group_weights[(bc, bm)] = tuple(out)
         return sv
 
     def _gvec(self, G: tuple) -> tuple:
         """(free GPU capacity U, per kind group the capacity it can use, or None if none can)."""
-        stv = self._stv
+        t = self.tables
+        stv = t.state_vectors
         vs = []
         for s in G:
             v = stv.get(s)
@@ -668,13 +511,13 @@ class Placer:
                 fs = [a + b for a, b in zip(fs, v[1])]
                 ns = [a + b for a, b in zip(ns, v[2])]
         else:
-            U, fs, ns = 0.0, self._pzero, self._pzero
+            U, fs, ns = 0.0, t.group_zero, t.group_zero
         # A group needs as many fitting GPUs as the kind asks for (a CPU-only kind needs none: where
         # CPU or memory is short for it, the node's free GPUs are stranded from its point of view).
-        fsv = tuple([f if n >= g else 0.0 for f, n, g in zip(fs, ns, self._pgpus)])
-        if len(self._gcache) >= _FCACHE_CAP:
-            self._gcache.clear()
-        gi = self._gcache[G] = (U, fsv if any(fsv) else None)
+        fsv = tuple([f if n >= g else 0.0 for f, n, g in zip(fs, ns, t.group_gpus)])
+        if len(t.capacity) >= _FCACHE_CAP:
+            t.capacity.clear()
+        gi = t.capacity[G] = (U, fsv if any(fsv) else None)
         return gi
 
     def _state_vec(self, s: int) -> tuple:
@@ -683,7 +526,7 @@ class Placer:
         st = self.fleet.states.states[s]
         free = st.free
         fv, cv = [], []
-        for kd, _ in self._parts:
+        for kd, _ in self.tables.groups:
             if not kd.gpus:
                 fv.append(free)
                 cv.append(0)
@@ -693,7 +536,7 @@ class Placer:
             else:
                 fv.append(0.0)
                 cv.append(0)
-        v = self._stv[s] = (free, tuple(fv), tuple(cv))
+        v = self.tables.state_vectors[s] = (free, tuple(fv), tuple(cv))
         return v
 
     # --- evaluation -----------------------------------------------------------------------------
@@ -715,12 +558,13 @@ class Placer:
             fitting = [i for i, s in enumerate(devs) if fits(states[s]) and (mask is None or mask[i])]
             if len(fitting) < k:
                 return None
-            positions, after = self._choose_gpus(devs, fitting, d, gpu_policy, bisect_right(self._kc, cpu_after),
-                                                 bisect_right(self._km, mem_after))
+            t = self.tables
+            positions, after = self._choose_gpus(devs, fitting, d, gpu_policy, bisect_right(t.cpu_steps, cpu_after),
+                                                 bisect_right(t.mem_steps, mem_after))
         else:
             positions, after = (), devs
-        ng = len(devs) or 1
-        if node_policy == "fragmentation-aware":
+        pol = POLICY[node_policy]
+        if pol.scoring == "fragmentation":
             delta = self._frag(after, cpu_after, mem_after) - self._frag(devs, cpu_free, mem_free)
             left = 0.0
             for s in after:
@@ -728,22 +572,9 @@ class Placer:
             # Ties (common: many nodes where the claim changes nothing a typical task could use)
             # go to the tighter fit: less GPU left, then less CPU left.
             score: tuple = (_q9(delta), left, cpu_after / (cpu_total or 1))
-        elif node_policy in ("binpack", "spread"):
-            used = self._used(devs)
-            score = (-used,) if node_policy == "binpack" else (used,)
-        elif node_policy == "best-fit":
-            left = 0.0
-            for s in after:
-                left += states[s].free
-            score = (left / ng + cpu_after / (cpu_total or 1) + mem_after / (mem_total or 1),)
-        elif node_policy == "dot-product":
-            u = 0.0
-            for s in devs:
-                u += states[s].free
-            dem = (sum(d.units(states[devs[i]]) for i in positions) / ng, d.cpu / (cpu_total or 1),
-                   d.hostmem / (mem_total or 1))
-            free = (u / ng, cpu_free / (cpu_total or 1), mem_free / (mem_total or 1))
-            score = (-(dem[0] * free[0] + dem[1] * free[1] + dem[2] * free[2]),)
+        elif pol.node_term is not None:
+            score = pol.node_score(pol.node_term(states, devs, after, positions, d), cpu_free, mem_free,
+                                   cpu_total or 1, mem_total or 1, d)
         else:  # random: feasibility only
             score = (0,)
         return (score, positions)
@@ -755,7 +586,7 @@ class Placer:
         k = d.gpus
         states = self.fleet.states.states
         after_of = self.fleet.states.after
-        if gpu_policy == "fragmentation-aware" and len({devs[i] for i in fitting}) > 1:
+        if gpu_policy == FRAGMENTATION_AWARE and len({devs[i] for i in fitting}) > 1:
             cur = list(devs)
             avail = list(fitting)
             chosen = []
@@ -781,15 +612,11 @@ class Placer:
                 chosen.append(i)
             positions = tuple(chosen)
         else:
-            if gpu_policy == "binpack":
-                order = sorted(fitting, key=lambda i: (-states[devs[i]].used_score, i))
-            elif gpu_policy == "spread":
-                order = sorted(fitting, key=lambda i: (states[devs[i]].used_score, i))
-            elif gpu_policy == "random":
-                order = fitting  # sampled at placement time
-            else:  # best-fit, dot-product, fragmentation-aware with identical candidates
-                order = sorted(fitting, key=lambda i: (states[devs[i]].free - d.units(states[devs[i]]), i))
-            positions = tuple(order[:k]) if gpu_policy != "random" else tuple(order)
+            gpu_key = POLICY[gpu_policy].gpu_key
+            if gpu_key is None:  # (random: all fitting, sampled at placement time)
+                positions = tuple(fitting)
+            else:
+                positions = tuple(sorted(fitting, key=gpu_key(states, devs, d))[:k])
             cur = list(devs)
             for i in positions[:k]:
                 s = cur[i]
@@ -797,7 +624,7 @@ class Placer:
         return positions, tuple(sorted(cur))
 
     def _placement(self, node: Node, d: Demand, score: float, positions: tuple, gpu_policy: str) -> Placement:
-        if gpu_policy == "random" and len(positions) > d.gpus:
+        if gpu_policy == RANDOM and len(positions) > d.gpus:
             positions = tuple(self.rng.sample(positions, d.gpus))
         shares = []
         devices = node.devices
@@ -820,15 +647,15 @@ class Placer:
         for _ in range(64 if nodes else 0):
             n = nodes[rng.randrange(len(nodes))]
             assert n.cls is not None  # not lost: classified
-            r = self._cached(n.cls, ck, d, "random", gpu_policy)
+            r = self._cached(n.cls, ck, d, RANDOM, gpu_policy)
             if r is not None:
                 return self._placement(n, d, r[0][0], r[1], gpu_policy)
         # Near full most draws miss: pick from the per-shape index of feasible classes instead.
-        heap = self._index(ck, d, "random", gpu_policy)
+        heap = self.index.get(ck, d, RANDOM, gpu_policy)
         live = [e for e in heap if e[-2].alive]
         total = sum(len(e[-2].members) for e in live)
         if not total:
-            return self._reject(d, ck, {}, None) if explain else _UNEXPLAINED
+            return self._reject(d, ck, {}, None) if explain else UNEXPLAINED
         pick = rng.randrange(total)
         for e in live:
             cls = e[-2]
@@ -873,10 +700,10 @@ class Placer:
                 cands.append((n, r[1]))
         if not cands:
             if not explain:
-                return _UNEXPLAINED
+                return UNEXPLAINED
             if d.node is None and not d.use_uuids and not d.nouse_uuids and not exclude:
                 return self._reject(d, None, {}, None)
-            return self._place_each(d, "fragmentation-aware", "fragmentation-aware", exclude)
+            return self._place_each(d, FRAGMENTATION_AWARE, FRAGMENTATION_AWARE, exclude)
         if self.paper_ties == "random":  # (the Kubernetes scheduler's rule: see `paperfgd`)
             sizes = [len(w.members) if isinstance(w, NodeClass) else 1 for w, _ in cands]
             pick = self.rng.randrange(sum(sizes))
@@ -929,7 +756,7 @@ class Placer:
                 live.append(n)
         best: Any = None
         bestnode: Node | None = None
-        pol = "fragmentation-aware" if node_policy == "random" else node_policy
+        pol = FRAGMENTATION_AWARE if node_policy == RANDOM else node_policy
         for n in live:
             cls = n.cls
             assert cls is not None  # live nodes are classified
@@ -937,7 +764,7 @@ class Placer:
                                pol, gpu_policy, self._mask(n, d))
             if r is None:
                 continue
-            if node_policy == "random":
+            if node_policy == RANDOM:
                 r = ((self.rng.random(),), r[1])
             if best is None or r[0] < best[0]:
                 best = r
@@ -946,148 +773,8 @@ class Placer:
             return self._reject(d, None, filtered, live)
         return self._placement(bestnode, d, best[0][0], best[1], gpu_policy)
 
-    # --- rejection ------------------------------------------------------------------------------
-
-    def _explain(self, devs: tuple, cpu_free: int, mem_free: int, d: Demand, mask) -> str:
-        """The first constraint (in `CONSTRAINTS` order) that leaves fewer than `d.gpus` GPUs."""
-        if d.cpu > cpu_free:
-            return "cpu"
-        if d.hostmem > mem_free:
-            return "host-memory"
-        k = d.gpus
-        if not k:
-            return "fits"
-        states = self.fleet.states.states
-        fail = d._fail
-        hist = [0] * 8
-        for i, s in enumerate(devs):
-            f = fail.get(s)
-            if f is None:
-                f = fail[s] = _fail_step(d, states[s])
-            if mask is not None and f > 2 and not mask[i]:
-                f = 2
-            hist[f] += 1
-        left = len(devs)
-        for j in range(7):
-            left -= hist[j]
-            if left < k:
-                return _STEPS[j]
-        return "fits"
+    # --- rejection (`explain`) -------------------------------------------------------------------
 
     def _reject(self, d: Demand, ck: tuple | None, filtered: dict[str, int], nodes: list[Node] | None,
                 exclude=frozenset()) -> Rejection:
-        if ck is not None and not exclude:
-            hit = self._rejections.get(ck)
-            if hit is not None and hit[0] == self.fleet.generation:
-                return hit[1]
-        r = self._reject_counted(d, ck, filtered, nodes, exclude)
-        if ck is not None and not exclude:
-            if len(self._rejections) > 256:
-                self._rejections.clear()
-            self._rejections[ck] = (self.fleet.generation, r)
-        return r
-
-    def _reject_counted(self, d: Demand, ck: tuple | None, filtered: dict[str, int],
-                        nodes: list[Node] | None, exclude=frozenset()) -> Rejection:
-        filtered = dict(filtered)
-        if nodes is None:
-            if self.fleet.lost:
-                filtered["lost"] = len(self.fleet.lost)
-            for why, n in self._why_counts(d).items():
-                if n and not (exclude and why == "fits"):  # (fits but excluded: counted by the caller)
-                    filtered[why] = filtered.get(why, 0) + n
-        else:
-            for node in nodes:
-                cls = node.cls
-                assert cls is not None
-                why = self._explain(cls.devs, cls.cpu_free, cls.mem_free, d, self._mask(node, d))
-                filtered[why] = filtered.get(why, 0) + 1
-        filtered.pop("fits", None)
-        return Rejection(reason=self._reason(d, filtered), filtered=filtered)
-
-    def _why_counts(self, d: Demand) -> dict[str, int]:
-        """Live nodes per first failing constraint for this claim shape.
-
-        Why a class rejects a shape depends on the class key alone, which never changes, so the
-        counts are kept per shape and brought up to date from the fleet's log of nodes moving
-        between classes: a rejection costs what moved since the shape was last rejected, not a
-        fleet scan. A shape whose position fell off the log's front is recounted.
-        """
-        fleet = self.fleet
-        moves = fleet.moves
-        base = fleet.moves_base
-        end = base + len(moves)
-        wk = d.shape
-        st = self._whys.get(wk)
-        if st is None or st[1] < base:
-            counts: dict[str, int] = {}
-            for cls in fleet.classes.values():
-                why = self._why(cls, wk, d)
-                counts[why] = counts.get(why, 0) + len(cls.members)
-            st = [counts, end]
-            self._whys[d.shape] = st
-            if len(self._whys) > _WHYS_CAP:
-                self._whys.popitem(last=False)
-        else:
-            self._whys.move_to_end(d.shape)
-            if st[1] < end:
-                # Net moves per class: a class born and emptied since then costs nothing.
-                net: dict[NodeClass, int] = {}
-                for cls, delta in moves[st[1] - base:]:
-                    net[cls] = net.get(cls, 0) + delta
-                counts = st[0]
-                for cls, delta in net.items():
-                    if delta:
-                        why = self._why(cls, wk, d)
-                        counts[why] = counts.get(why, 0) + delta
-                st[1] = end
-        return st[0]
-
-    def _why(self, cls: NodeClass, shape: tuple, d: Demand) -> str:
-        whys = cls.whys
-        why = whys.get(shape)
-        if why is None:
-            if len(whys) >= _CACHE_CAP:
-                whys.clear()
-            why = whys[shape] = self._explain(cls.devs, cls.cpu_free, cls.mem_free, d, None)
-        return why
-
-    def _reason(self, d: Demand, filtered: dict[str, int]) -> str:
-        if not self.fleet.nodes:
-            return "no node fits: the fleet has no nodes"
-        k = d.gpus
-        g = f"{k} GPU" + ("s" if k != 1 else "")
-        each = " each" if k > 1 else ""
-        if d.memory_mib is not None:
-            mem = f"{_n(d.memory_mib)} MiB"
-        elif d.memory_percent is not None:
-            mem = f"{d.memory_percent}% of memory"
-        else:
-            mem = "all memory"
-        types = []
-        if d.use_types:
-            types.append("use: " + ", ".join(d.use_types))
-        if d.nouse_types:
-            types.append("nouse: " + ", ".join(d.nouse_types))
-        text = {
-            "lost": "{n} lost",
-            "node-pin": f"{{n}} skipped (claim pinned to {d.node})",
-            "excluded": "{n} excluded by the caller",
-            "cpu": f"{{n}} lack {_n(d.cpu)} CPU millis free",
-            "host-memory": f"{{n}} lack {_n(d.hostmem)} MiB host memory free",
-            "gpu-count": f"{{n}} have fewer than {g} (healthy)",
-            "gpu-type": f"{{n}} excluded by gpu type ({'; '.join(types)})",
-            "gpu-uuid": "{n} excluded by gpu uuid selectors",
-            "exclusive": (f"{{n}} lack {g} with no other share{each} (exclusive use)" if d.exclusive
-                          else f"{{n}} lack {g} not held exclusively by another claim"),
-            "max-shares": f"{{n}} lack {g} below their share limit",
-            "memory": f"{{n}} lack {g} with {mem} free{each}",
-            "cores": f"{{n}} lack {g} with {d.cores}% cores free{each}",
-        }
-        parts = []
-        for name in sorted(filtered, key=lambda c: (-filtered[c], CONSTRAINTS.index(c))):
-            n = filtered[name]
-            parts.append(text[name].format(n=f"{_n(n)} node" + ("s" if n != 1 else "")))
-        if d.node is not None and d.node not in self.fleet.nodes:
-            parts.insert(0, f"pinned node {d.node} is unknown")
-        return "no node fits: " + ", ".join(parts)
+        return self._explainer.reject(d, ck, filtered, nodes, exclude)

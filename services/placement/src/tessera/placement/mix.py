@@ -19,8 +19,6 @@ from tessera.shared.events import ClaimSpec
 
 __all__ = ["Demand", "WorkloadMix", "demand_of", "DEFAULT_MIX"]
 
-POLICIES = ("binpack", "spread", "fragmentation-aware", "best-fit", "dot-product", "random", "fgd-paper")
-
 
 class Demand:
     """A claim reduced to what placement needs, with per-device-state fit answers cached.

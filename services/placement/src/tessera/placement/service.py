@@ -60,6 +60,7 @@ from tessera.placement import idlework, lease, spans
 from tessera.placement.engine import COMPILED_CORE, Placement, Placer, Rejection, ledger_entry
 from tessera.placement.commit import Booking, GroupCommit
 from tessera.placement.fleet import Fleet
+from tessera.placement.policies import SERVICE_NAMES
 from tessera.placement.outcomes import Allocation, OutcomeWriter, Refusal
 from tessera.placement.release import Releases
 from tessera.placement.view import FleetView
@@ -74,7 +75,7 @@ CONFLICT_RETRIES = 20
 # A batch still deciding after this fraction of ack_wait writes nothing on the unleased path.
 LATE_FRACTION = 0.5
 
-POLICIES = ("binpack", "spread", "fragmentation-aware", "best-fit")
+POLICIES = SERVICE_NAMES  # (`policies`: those the service offers)
 CORES = ("auto", "compiled", "python")
 
 
