@@ -29,7 +29,7 @@ from tessera.shared import api as api_replies
 from tessera.shared import identities, subjects, topology
 from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
 from tessera.shared.events import DeadLetter, encode
-from tessera.shared.jspub import PubAck, publisher
+from tessera.shared.jspub import PubAck, PublishError, not_now, publisher
 from tessera.shared.settings import BusSettings
 from tessera.shared.telemetry import Telemetry, claim_attributes, failed, inject
 
@@ -238,6 +238,10 @@ class Bus:
             return await self.js.publish(subject, encode(event), headers=self._headers(msg_id), timeout=5)
         except (nats.errors.TimeoutError, nats.errors.ConnectionClosedError, nats.js.errors.NoStreamResponseError) as exc:
             raise TemporaryError(f"publish to {subject} failed: {exc!r}") from exc
+        except nats.js.errors.APIError as exc:
+            if not_now(exc.code or 0, exc.err_code or 0):
+                raise TemporaryError(f"publish to {subject} not taken yet ({exc.description}); retry later") from exc
+            raise
 
     async def publish_many(self, items: Iterable[tuple]) -> list[PubAck]:
         """Publish without waiting for each ack in turn, then gather the acks (much faster).
@@ -257,6 +261,8 @@ class Bus:
             batch.append((subject, encode(event), headers))
         acks = await publisher(self.nc).publish(batch)
         for ack in acks:
+            if isinstance(ack, PublishError) and ack.not_now:
+                raise TemporaryError(f"{ack}: not taken yet; retry later") from ack
             if isinstance(ack, Exception):
                 raise ack
         return acks

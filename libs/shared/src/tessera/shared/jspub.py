@@ -20,6 +20,14 @@ import msgspec
 from nats.aio.client import Client
 
 WRONG_LAST_SEQUENCE = 10071  # JetStream's err_code for a failed Nats-Expected-Last-*-Sequence check
+# A publish not taken *yet*: the same Nats-Msg-Id is still being stored (a retry racing its first
+# attempt while a stream leader moves), or the stream is unavailable for now (503). Retry later.
+DUPLICATE_IN_PROCESS = 10158
+
+
+def not_now(code: int, err_code: int) -> bool:
+    """Whether a JetStream refusal means "not yet" rather than "no"."""
+    return err_code == DUPLICATE_IN_PROCESS or code == 503
 
 
 class ApiError(msgspec.Struct):
@@ -50,6 +58,10 @@ class PublishError(Exception):
     @property
     def wrong_last_sequence(self) -> bool:
         return self.err_code == WRONG_LAST_SEQUENCE
+
+    @property
+    def not_now(self) -> bool:
+        return not_now(self.code, self.err_code)
 
 
 class Publisher:
