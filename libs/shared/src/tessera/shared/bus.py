@@ -410,26 +410,19 @@ class Bus:
             deliver_policy=api.DeliverPolicy.NEW if deliver_new else api.DeliverPolicy.ALL,
             max_ack_pending=max(1000, batch * 4),
         )
-        subs = [await self._bind(stream, config)]
+        sub = await self._bind(stream, config)
         self.consumers[(stream, durable)] = None
         watch = asyncio.create_task(self.watch_exhausted(stream, durable))
         try:
-            await self._consume_loop(subs, stream, config, decoder, handler, batch, concurrency, max_deliver,
+            await self._consume_loop(sub, stream, config, decoder, handler, batch, concurrency, max_deliver,
                                      ready, batch_handler)
         finally:
             watch.cancel()
             await asyncio.gather(watch, return_exceptions=True)
-            # A pull request still open on the server delivers into this inbox after we stop reading
-            # it, and a drain waits for a queue nobody empties; unacked, those messages are redelivered.
-            with contextlib.suppress(Exception):
-                await subs[0].unsubscribe()
 
-    async def _consume_loop(self, subs, stream, config, decoder, handler, batch, concurrency, max_deliver,
+    async def _consume_loop(self, sub, stream, config, decoder, handler, batch, concurrency, max_deliver,
                             ready, batch_handler) -> None:
-        """``subs``: a one-item box holding the pull subscription in use (a vanished consumer's is
-        replaced), for the caller to unsubscribe."""
         durable = config.durable_name
-        sub = subs[0]
         if ready is not None:
             ready.set()
         limiter = asyncio.Semaphore(concurrency)
@@ -438,37 +431,42 @@ class Bus:
             async with limiter:
                 await self._handle(msg, decoder, handler, max_deliver)
 
-        while True:
-            try:
-                # No idle heartbeat: nats-py 2.16 sends it on its no_wait follow-up pull without
-                # `expires`, which the server rejects ("heartbeat value too large") after it has
-                # already delivered the batch, stranding those messages until ack_wait.
-                msgs = await sub.fetch(batch, timeout=1.0)
-            except (nats.errors.TimeoutError, asyncio.TimeoutError):
-                continue  # no messages: normal
-            except NotFoundError:
-                log.warning("consumer %s on %s vanished; recreating", durable, stream)
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
-                sub = await self._bind(stream, config)
-                subs[0] = sub
-                continue
-            except (nats.errors.ConnectionClosedError, nats.errors.NoServersError):
-                raise
-            except Exception as exc:  # disconnected / reconnecting: wait and try again
-                log.warning("fetch on %s failed (%r %s); retrying", durable, exc, getattr(exc, "description", ""))
-                await asyncio.sleep(0.5)
-                continue
-            # The whole fetched batch is signalled, not only the message in hand: the ones still
-            # waiting their turn would otherwise outlive ack_wait behind a slow one.
-            async with self._progress(msgs):
-                if batch_handler is not None:
-                    await self._handle_batch(msgs, decoder, batch_handler, max_deliver)
-                elif concurrency == 1:
-                    for msg in msgs:
-                        await self._handle(msg, decoder, handler, max_deliver)
-                else:
-                    await asyncio.gather(*(one(m) for m in msgs), return_exceptions=True)
+        try:
+            while True:
+                try:
+                    # No idle heartbeat: nats-py 2.16 sends it on its no_wait follow-up pull without
+                    # `expires`, which the server rejects ("heartbeat value too large") after it has
+                    # already delivered the batch, stranding those messages until ack_wait.
+                    msgs = await sub.fetch(batch, timeout=1.0)
+                except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                    continue  # no messages: normal
+                except NotFoundError:
+                    log.warning("consumer %s on %s vanished; recreating", durable, stream)
+                    with contextlib.suppress(Exception):
+                        await sub.unsubscribe()
+                    sub = await self._bind(stream, config)
+                    continue
+                except (nats.errors.ConnectionClosedError, nats.errors.NoServersError):
+                    raise
+                except Exception as exc:  # disconnected / reconnecting: wait and try again
+                    log.warning("fetch on %s failed (%r %s); retrying", durable, exc, getattr(exc, "description", ""))
+                    await asyncio.sleep(0.5)
+                    continue
+                # The whole fetched batch is signalled, not only the message in hand: the ones still
+                # waiting their turn would otherwise outlive ack_wait behind a slow one.
+                async with self._progress(msgs):
+                    if batch_handler is not None:
+                        await self._handle_batch(msgs, decoder, batch_handler, max_deliver)
+                    elif concurrency == 1:
+                        for msg in msgs:
+                            await self._handle(msg, decoder, handler, max_deliver)
+                    else:
+                        await asyncio.gather(*(one(m) for m in msgs), return_exceptions=True)
+        finally:
+            # A pull request still open on the server delivers into this inbox after we stop reading
+            # it, and a drain waits for a queue nobody empties; unacked, those messages are redelivered.
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     async def _bind(self, stream: str, config: api.ConsumerConfig):
         while True:
