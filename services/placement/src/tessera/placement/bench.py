@@ -284,12 +284,20 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def run_placement(args: argparse.Namespace) -> int:
-    policies = list(BASELINES) if args.policy == "all" else [p.strip() for p in args.policy.split(",")]
+def parse_policies(text: str) -> list[str] | None:
+    """``all`` or a comma list of known policies; None (said on stderr) when one is unknown."""
+    policies = list(BASELINES) if text == "all" else [p.strip() for p in text.split(",")]
     for p in policies:
         if p not in POLICIES:
             print(f"unknown policy {p!r} (one of: {', '.join(POLICIES)}, all)", file=sys.stderr)
-            return 2
+            return None
+    return policies
+
+
+def run_placement(args: argparse.Namespace) -> int:
+    policies = parse_policies(args.policy)
+    if policies is None:
+        return 2
     seeds = parse_seeds(args.seeds)
     _load(args.nodes, args.pods)
     # The fragmentation-aware runs are the slowest: start them first so the pool drains evenly.
@@ -358,11 +366,9 @@ def _dyn_job(args: tuple):
 
 def run_dynamic(args: argparse.Namespace) -> int:
     """Every policy on the trace replayed with arrivals and departures (`dynamic`)."""
-    policies = list(BASELINES) if args.policy == "all" else [p.strip() for p in args.policy.split(",")]
-    for p in policies:
-        if p not in POLICIES:
-            print(f"unknown policy {p!r} (one of: {', '.join(POLICIES)}, all)", file=sys.stderr)
-            return 2
+    policies = parse_policies(args.policy)
+    if policies is None:
+        return 2
     try:
         loads = [float(x) for x in args.load.split(",") if x.strip()]
     except ValueError:
