@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from tessera.shared.settings import Setting, variables
 
@@ -25,18 +25,15 @@ class Table:
     group: str | None = None
 
 
-def shown_default(declared: Setting, f: dataclasses.Field, kind: Any = None) -> str:
+def shown_default(declared: Setting, f: dataclasses.Field) -> str:
     """The default column: the declaration's own words, else the default value as it would be set."""
     if declared.shown is not None:
         return declared.shown
     if declared.required is not None:
         return "required"
-    if f.default is not dataclasses.MISSING:
-        value = f.default
-    elif f.default_factory is not dataclasses.MISSING:
-        value = f.default_factory()
-    else:
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
         raise ValueError(f"{declared.variable}: no default to show; declare shown=")
+    value = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
     if isinstance(declared.choices, Mapping):
         value = next(word for word, meant in declared.choices.items() if meant == value)
     if value is None or value == "":
@@ -56,10 +53,10 @@ def shown_default(declared: Setting, f: dataclasses.Field, kind: Any = None) -> 
 
 def table(settings: type, group: str | None = None) -> str:
     lines = ["| variable | default | meaning |", "|---|---|---|"]
-    for declared, f, kind in variables(settings):
+    for declared, f, _ in variables(settings):
         if declared.group != group:
             continue
-        lines.append(f"| `{declared.variable}` | {shown_default(declared, f, kind)} | {declared.doc} |")
+        lines.append(f"| `{declared.variable}` | {shown_default(declared, f)} | {declared.doc} |")
         if declared.file_variable:
             lines.append(f"| `{declared.file_variable}` | unset | {declared.file_doc} |")
     if len(lines) == 2:

@@ -135,10 +135,8 @@ def collect(cls: type[S], env: Mapping[str, str] | None = None, **given: Any) ->
         try:
             values[f.name] = _read_field(declared, kind, env, values)
         except _Unchanged:  # the default, also for the fields after it that depend on it
-            if f.default is not dataclasses.MISSING:
-                values[f.name] = f.default
-            elif f.default_factory is not dataclasses.MISSING:
-                values[f.name] = f.default_factory()
+            if _has_default(f):
+                values[f.name] = _default(f)
         except _NeedsFailed:  # (a field it depends on failed: that one is reported)
             continue
         except ConfigError as exc:
@@ -151,12 +149,8 @@ def collect(cls: type[S], env: Mapping[str, str] | None = None, **given: Any) ->
     # (a required variable) is missing, and a check that reads it stops there.
     partial = object.__new__(cls)
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name in values:
-            object.__setattr__(partial, f.name, values[f.name])
-        elif f.default is not dataclasses.MISSING:
-            object.__setattr__(partial, f.name, f.default)
-        elif f.default_factory is not dataclasses.MISSING:
-            object.__setattr__(partial, f.name, f.default_factory())
+        if f.name in values or _has_default(f):
+            object.__setattr__(partial, f.name, values[f.name] if f.name in values else _default(f))
     found = []
     try:
         for problem in partial.check():
@@ -164,6 +158,14 @@ def collect(cls: type[S], env: Mapping[str, str] | None = None, **given: Any) ->
     except AttributeError:
         pass
     return None, problems + found
+
+
+def _has_default(f: dataclasses.Field) -> bool:
+    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
 
 
 class _Unchanged(Exception):
