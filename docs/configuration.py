@@ -5,8 +5,8 @@ ones every service shares in `tessera.shared.settings`; `tessera.shared.configdo
 This page decides their order and the prose between them. It lives beside the document and outside
 any package because it imports every service, which no package may (the import contract).
 
-    python docs/configuration.py           # rewrite docs/configuration.md
-    python docs/configuration.py --check   # exit 1 if it is out of date
+    python docs/configuration.py           # rewrite docs/configuration.md (make docs)
+    python docs/configuration.py --check   # exit 1 if it is out of date (also: a PATH instead)
 
 tests/shared/test_configuration_doc.py fails when the checked-in document is not what this writes.
 """
@@ -109,13 +109,17 @@ PAGE = [
 
 
 def main(argv: list[str]) -> int:
+    """``[--check] [PATH]``: write PATH (docs/configuration.md), or with --check exit 1 if it differs."""
+    check = "--check" in argv
+    paths = [a for a in argv if a != "--check"]
+    doc = Path(paths[0]) if paths else DOC
     text = render(PAGE)
-    if "--check" in argv:
-        if DOC.read_text() != text:
-            print(f"{DOC} is out of date: run 'make docs' (python docs/configuration.py)", file=sys.stderr)
+    if check:
+        if not doc.exists() or doc.read_text() != text:
+            print(f"{doc} is out of date: run 'make docs' (python docs/configuration.py)", file=sys.stderr)
             return 1
         return 0
-    DOC.write_text(text)
+    doc.write_text(text)
     return 0
 
 
