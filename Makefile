@@ -73,6 +73,12 @@ bench: $(STAMP) $(CORE) native
 clean:
 	rm -rf $(VENV) .run var native/vgpu/build
 
+# docs/configuration.md, generated from the settings' declarations (each service's settings.py);
+# tests/shared/test_configuration_doc.py fails if it is stale.
+.PHONY: docs
+docs: $(STAMP)
+	$(PY) docs/configuration.py
+
 # The enforcer's kubelet-plugin gRPC modules, generated from services/enforcer/proto/**/*.proto and
 # committed (an install needs no protoc); tests/enforcer/test_kubelet_plugin_protos.py fails if stale.
 .PHONY: protos

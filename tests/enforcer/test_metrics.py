@@ -103,7 +103,7 @@ def test_a_metrics_port_that_is_no_port_stops_the_service_naming_it(port):
     from tessera.shared.settings import ServiceSettings
 
     with pytest.raises(ConfigError, match="TESSERA_METRICS_PORT"):
-        ServiceSettings.from_env("enforcer", {"TESSERA_METRICS_PORT": port})
+        ServiceSettings.from_env({"TESSERA_METRICS_PORT": port}, service="enforcer")
 
 
 def test_the_metrics_port_is_never_the_probe_port():
@@ -111,13 +111,14 @@ def test_the_metrics_port_is_never_the_probe_port():
     from tessera.shared.settings import ServiceSettings
 
     with pytest.raises(ConfigError, match="TESSERA_METRICS_PORT=9394 is the probe port"):
-        ServiceSettings.from_env("enforcer", {"TESSERA_METRICS_PORT": "9394", "TESSERA_HTTP_PORT": "9394"})
+        ServiceSettings.from_env({"TESSERA_METRICS_PORT": "9394", "TESSERA_HTTP_PORT": "9394"}, service="enforcer")
 
 
 def test_metrics_listen_where_configured_and_not_by_default():
     from tessera.shared.settings import ServiceSettings
 
-    default = ServiceSettings.from_env("enforcer", {})
+    default = ServiceSettings.from_env({}, service="enforcer")
     assert (default.metrics_host, default.metrics_port) == ("127.0.0.1", 0)
-    chosen = ServiceSettings.from_env("enforcer", {"TESSERA_METRICS_HOST": "10.0.0.7", "TESSERA_METRICS_PORT": "9394"})
+    chosen = ServiceSettings.from_env({"TESSERA_METRICS_HOST": "10.0.0.7", "TESSERA_METRICS_PORT": "9394"},
+                                      service="enforcer")
     assert (chosen.metrics_host, chosen.metrics_port) == ("10.0.0.7", 9394)

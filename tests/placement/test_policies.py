@@ -5,7 +5,7 @@ import typing
 import pytest
 from fleetkit import inventory
 
-from tessera.placement import bench, service
+from tessera.placement import bench, settings
 from tessera.placement.engine import Placement, Placer, ledger_entry
 from tessera.placement.fleet import Fleet
 from tessera.placement.policies import BENCH_COLUMNS, NAMES, POLICY, SERVICE_NAMES, policy
@@ -14,7 +14,7 @@ from tessera.shared.events import ClaimSpec, Policy as WirePolicy
 
 def test_what_a_claim_may_ask_for_is_what_the_service_offers():
     assert set(typing.get_args(WirePolicy)) == set(SERVICE_NAMES)
-    assert service.POLICIES == SERVICE_NAMES
+    assert settings.POLICIES == SERVICE_NAMES
 
 
 def test_the_benchmark_compares_every_policy_with_ours_last():

@@ -19,7 +19,7 @@ import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Coroutine, Mapping
+from typing import Awaitable, Callable, Coroutine, Mapping, TypeVar
 
 from aiohttp import web
 
@@ -27,7 +27,7 @@ from tessera.shared.bus import Bus
 from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.errors import ConfigError, TemporaryError
 from tessera.shared.metrics import ServiceMetrics
-from tessera.shared.settings import ServiceSettings
+from tessera.shared.settings import FromEnv, ServiceSettings, SettingsError, collect
 from tessera.shared.telemetry import Telemetry, TraceIdsFilter
 
 log = logging.getLogger("tessera.runner")
@@ -67,6 +67,7 @@ class ServiceContext:
 
 
 Build = Callable[[ServiceContext], Awaitable[Mapping[str, Coroutine]]]
+S = TypeVar("S", bound=FromEnv)
 
 
 async def _probe_server(ctx: ServiceContext) -> None:
@@ -212,30 +213,42 @@ def setup_logging(level: str, service: str) -> None:
     logging.basicConfig(level=getattr(logging, level, logging.INFO), handlers=[log_handler(service)])
 
 
-def main(
-    service: str,
-    build: Build | None = None,
-    settings: ServiceSettings | None = None,
-    *,
-    configure: Callable[[], Build] | None = None,
-) -> int:
-    """Console-script entry: read settings, run until SIGTERM, exit 0 on a clean stop.
+ServiceBuild = Callable[[ServiceContext, S], Awaitable[Mapping[str, Coroutine]]]
 
-    ``configure`` reads and checks the service's own settings (and files they name) before anything
-    connects, so a bad setting stops the service at once with exit code 2 and a message naming it.
+
+def read_settings(service: str, settings_class: type[S],
+                  env: Mapping[str, str] | None = None) -> tuple[ServiceSettings, S]:
+    """The shared settings and the service's own, every variable checked: a `SettingsError` lists
+    all that is wrong in both."""
+    shared, problems = collect(ServiceSettings, env, service=service)
+    own, more = collect(settings_class, env)
+    if problems or more:
+        raise SettingsError(problems + more)
+    assert shared is not None and own is not None
+    return shared, own
+
+
+def main(service: str, settings_class: type[S], build: ServiceBuild[S], *,
+         env: Mapping[str, str] | None = None) -> int:
+    """The console-script entry of every service: read and check all its settings, run until
+    SIGTERM, exit 0 on a clean stop.
+
+    The settings (the shared ones and ``settings_class``, from ``env`` or the process environment)
+    are read before anything connects: a bad one stops the service at once with exit code 2 and a
+    message naming each bad variable. ``build(ctx, settings)`` then makes the root tasks.
     """
     try:
-        settings = settings or ServiceSettings.from_env(service)
-        if configure is not None:
-            build = configure()
-        if build is None:
-            raise ConfigError("no build function given")
+        shared, own = read_settings(service, settings_class, env)
     except ConfigError as exc:
         print(f"tessera-{service}: {exc}", file=sys.stderr)
         return 2
-    setup_logging(settings.log_level, service)
+    setup_logging(shared.log_level, service)
+
+    async def build_service(ctx: ServiceContext) -> Mapping[str, Coroutine]:
+        return await build(ctx, own)
+
     try:
-        asyncio.run(serve(settings, build))
+        asyncio.run(serve(shared, build_service))
     except KeyboardInterrupt:
         return 0
     except TemporaryError as exc:

@@ -6,11 +6,12 @@ import sys
 
 from tessera.shared.runner import main as run_service
 
-from tessera.capacity.service import configure
+from tessera.capacity.service import build
+from tessera.capacity.settings import CapacitySettings
 
 
 def main() -> int:
-    return run_service("capacity", configure=configure)
+    return run_service("capacity", CapacitySettings, build)
 
 
 if __name__ == "__main__":

@@ -86,5 +86,5 @@ def discover_local_node(node: str | None = None) -> NodeInventory:
             )
     finally:
         pynvml.nvmlShutdown()
-    name = node or os.environ.get("TESSERA_NODE") or socket.gethostname().lower()
+    name = node or socket.gethostname().lower()
     return NodeInventory(node=name, devices=devices, cpu_millis=(os.cpu_count() or 1) * 1000)

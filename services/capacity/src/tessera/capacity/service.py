@@ -21,10 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
-from dataclasses import dataclass
-from typing import Mapping
 
 import msgspec
 
@@ -39,67 +36,19 @@ from tessera.shared.events import (
     inventory_decoder,
     usage_decoder,
 )
-from tessera.shared.errors import ConfigError
 from tessera.shared.kvkeys import live_keys
 from tessera.shared.runner import ServiceContext
-from tessera.shared.settings import env_bool, env_float, env_str
 from tessera.shared.telemetry import NODE, decided
 
-from tessera.shared import profile as profiles
 from tessera.shared.inventory import is_lost, with_lost
 
+from tessera.capacity.discovery import discover
+from tessera.capacity.settings import CapacitySettings
 from tessera.capacity.slices import slice_name
 
 log = logging.getLogger("tessera.capacity")
 
 _inventory_record = msgspec.json.Decoder(NodeInventory)
-
-
-@dataclass(frozen=True)
-class CapacitySettings:
-    profile: str = "profiles/demo.yaml"
-    discovery: str = "profile"  # profile | nvml
-    nodes: tuple[str, ...] = ()  # () = every node of the profile
-    heartbeat_seconds: float = 5.0
-    lost_after_seconds: float = 20.0
-    # A node whose enforcer has reported before and then fell silent this long is lost too: its
-    # GPUs may still be announced, but nobody there can prepare or release a claim.
-    enforcer_lost_after_seconds: float = 90.0
-    # Publish each node's GPUs as a DRA ResourceSlice too (a Kubernetes cluster's scheduler reads them).
-    kubernetes: bool = False
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "CapacitySettings":
-        env = os.environ if env is None else env
-        nodes = tuple(n.strip() for n in env_str(env, "TESSERA_CAPACITY_NODES", "").split(",") if n.strip())
-        return cls(
-            profile=env_str(env, "TESSERA_PROFILE", cls.profile),
-            discovery=env_str(env, "TESSERA_DISCOVERY", cls.discovery),
-            nodes=nodes,
-            heartbeat_seconds=env_float(env, "TESSERA_HEARTBEAT_SECONDS", cls.heartbeat_seconds),
-            lost_after_seconds=env_float(env, "TESSERA_LOST_AFTER_SECONDS", cls.lost_after_seconds),
-            enforcer_lost_after_seconds=env_float(
-                env, "TESSERA_ENFORCER_LOST_AFTER_SECONDS", cls.enforcer_lost_after_seconds
-            ),
-            kubernetes=env_bool(env, "TESSERA_KUBERNETES", cls.kubernetes),
-        )
-
-
-def discover(settings: CapacitySettings) -> list[NodeInventory]:
-    if settings.discovery == "nvml":
-        from tessera.capacity.nvml import discover_local_node
-
-        return [discover_local_node(settings.nodes[0] if settings.nodes else None)]
-    nodes = profiles.load(settings.profile)
-    if settings.nodes:
-        wanted = set(settings.nodes)
-        missing = wanted - {n.node for n in nodes}
-        if missing:
-            raise profiles.ProfileError(
-                f"TESSERA_CAPACITY_NODES names nodes not in {settings.profile}: {', '.join(sorted(missing))}"
-            )
-        nodes = [n for n in nodes if n.node in wanted]
-    return nodes
 
 
 class CapacityService:
@@ -296,15 +245,5 @@ class CapacityService:
             pass
 
 
-def configure():
-    """Read the settings and the fleet before connecting: a bad profile fails fast, naming the path."""
-    settings = CapacitySettings.from_env()
-    try:
-        nodes = discover(settings)
-    except RuntimeError as exc:  # NVML unavailable
-        raise ConfigError(str(exc)) from None
-
-    async def build(ctx: ServiceContext) -> dict:
-        return await CapacityService(ctx, settings, nodes).start()
-
-    return build
+async def build(ctx: ServiceContext, settings: CapacitySettings) -> dict:
+    return await CapacityService(ctx, settings, discover(settings)).start()

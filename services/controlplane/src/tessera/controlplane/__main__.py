@@ -9,14 +9,12 @@ watches behind its tenant books (`tessera.controlplane.metrics`).
 from __future__ import annotations
 
 import logging
-import sys
 from typing import Coroutine, Mapping
 
 from tessera.controlplane.app import Manager
 from tessera.controlplane.metrics import TenantBooks
 from tessera.controlplane.settings import ControlPlaneSettings
 from tessera.shared import runner, subjects
-from tessera.shared.errors import ConfigError
 from tessera.shared.runner import ServiceContext
 
 log = logging.getLogger("tessera.controlplane")
@@ -24,31 +22,23 @@ log = logging.getLogger("tessera.controlplane")
 SERVICE = "controlplane"
 
 
-def make_build(settings: ControlPlaneSettings):
-    async def build(ctx: ServiceContext) -> Mapping[str, Coroutine]:
-        manager = await Manager.start(ctx.bus, settings)
-        converged = ctx.gate("converged")
-        tasks: dict[str, Coroutine] = {
-            f"api-{verb}": ctx.bus.serve(f"{subjects.API_TENANTS}.{verb}", handler)
-            for verb, handler in manager.api.handlers().items()
-        }
-        tasks.update(manager.root_tasks(on_first=converged))
-        if ctx.settings.metrics_port:  # the books are kept only for a listener to serve
-            books = TenantBooks(ctx.bus)
-            ctx.metrics.add(books)
-            tasks.update(books.tasks())
-        return tasks
-
-    return build
+async def build(ctx: ServiceContext, settings: ControlPlaneSettings) -> Mapping[str, Coroutine]:
+    manager = await Manager.start(ctx.bus, settings)
+    converged = ctx.gate("converged")
+    tasks: dict[str, Coroutine] = {
+        f"api-{verb}": ctx.bus.serve(f"{subjects.API_TENANTS}.{verb}", handler)
+        for verb, handler in manager.api.handlers().items()
+    }
+    tasks.update(manager.root_tasks(on_first=converged))
+    if ctx.settings.metrics_port:  # the books are kept only for a listener to serve
+        books = TenantBooks(ctx.bus)
+        ctx.metrics.add(books)
+        tasks.update(books.tasks())
+    return tasks
 
 
 def main() -> int:
-    try:
-        settings = ControlPlaneSettings.from_env()
-    except ConfigError as exc:
-        print(f"tessera-{SERVICE}: {exc}", file=sys.stderr)
-        return 2
-    return runner.main(SERVICE, make_build(settings))
+    return runner.main(SERVICE, ControlPlaneSettings, build)
 
 
 if __name__ == "__main__":

@@ -7,10 +7,11 @@ import sys
 from tessera.shared.runner import main as run_service
 
 from tessera.enforcer.service import build
+from tessera.enforcer.settings import EnforcerSettings
 
 
 def main() -> int:
-    return run_service("enforcer", build)
+    return run_service("enforcer", EnforcerSettings, build)
 
 
 if __name__ == "__main__":

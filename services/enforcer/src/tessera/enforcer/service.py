@@ -435,5 +435,5 @@ class EnforcerService:
                     await self.ledger.release(node, claim)
 
 
-async def build(ctx: ServiceContext) -> dict:
-    return await EnforcerService(ctx, EnforcerSettings.from_env()).start()
+async def build(ctx: ServiceContext, settings: EnforcerSettings) -> dict:
+    return await EnforcerService(ctx, settings).start()

@@ -6,11 +6,12 @@ import sys
 
 from tessera.shared.runner import main as run_service
 
-from tessera.placement.service import configure
+from tessera.placement.service import build
+from tessera.placement.settings import PlacementSettings
 
 
 def main() -> int:
-    return run_service("placement", configure=configure)
+    return run_service("placement", PlacementSettings, build)
 
 
 if __name__ == "__main__":

@@ -28,11 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 import uuid
-from dataclasses import dataclass, replace
-from typing import Mapping
 
 import msgspec
 
@@ -54,13 +51,11 @@ from tessera.shared.lifecycle import ON_NODE, TERMINAL, owner_of
 from tessera.shared.runner import ServiceContext
 from tessera.shared.telemetry import claim_attributes, inject
 from opentelemetry.trace import SpanKind
-from tessera.shared.settings import ConfigError, env_bool, env_choice, env_float, env_int
 
 from tessera.placement import idlework, lease, spans
 from tessera.placement.engine import COMPILED_CORE, Placement, Placer, Rejection, ledger_entry
 from tessera.placement.commit import Booking, GroupCommit
 from tessera.placement.fleet import Fleet
-from tessera.placement.policies import SERVICE_NAMES
 from tessera.placement.outcomes import Allocation, OutcomeWriter, Refusal
 from tessera.placement.release import Releases
 from tessera.placement.view import FleetView
@@ -68,6 +63,7 @@ from tessera.placement.quota import has_limits, over_quota
 from tessera.placement.kubesync import Allocated, ClaimStatusSync, Unschedulable
 from tessera.placement.metrics import PlacementMetrics
 from tessera.placement.reconcile import Reconciler
+from tessera.placement.settings import PlacementSettings
 
 log = logging.getLogger("tessera.placement")
 
@@ -75,68 +71,6 @@ CONFLICT_RETRIES = 20
 # A batch still deciding after this fraction of ack_wait writes nothing on the unleased path.
 LATE_FRACTION = 0.5
 
-POLICIES = SERVICE_NAMES  # (`policies`: those the service offers)
-CORES = ("auto", "compiled", "python")
-
-
-
-@dataclass(frozen=True)
-class PlacementSettings:
-    default_policy: str = "fragmentation-aware"
-    concurrency: int = 32
-    batch: int = 256
-    # The host-memory term of the fragmentation model: better packing (openb: 4.33% unallocated
-    # instead of 4.64%), about 2.5x the decision time.
-    fluid_memory: bool = True
-    # Which fragmentation-aware scoring runs: the compiled core where it is built (auto), the compiled
-    # core or refuse to start (compiled), or the Python reference engine (python): same decisions.
-    core: str = "auto"
-    # Work done between decisions rather than inside one (`idlework`: indexes rebuilt ahead after
-    # the mix is republished, the collector's young passes); off only to measure what it buys.
-    idle_work: bool = True
-    # Kubernetes mode: write ResourceClaim allocations, lift pod gates, report on pods.
-    kubernetes: bool = False
-    kube_workers: int = 8
-    # How long a ResourceClaim status write (or gate lift) is retried while the API server is
-    # unreachable before the allocation is given back; and the limit on one API call.
-    kube_retry_seconds: float = 60.0
-    kube_timeout_seconds: float = 10.0
-    # The reconciler (tessera.placement.reconcile): how often it checks placement's invariants, and
-    # how old a record or ledger entry must be before it is repaired (younger: maybe mid-commit).
-    reconcile_seconds: float = 30.0
-    reconcile_grace_seconds: float = 30.0
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "PlacementSettings":
-        env = os.environ if env is None else env
-        settings = cls(
-            default_policy=env_choice(env, "TESSERA_PLACEMENT_POLICY", cls.default_policy, POLICIES),
-            concurrency=env_int(env, "TESSERA_PLACEMENT_CONCURRENCY", cls.concurrency, minimum=1),
-            batch=env_int(env, "TESSERA_PLACEMENT_BATCH", cls.batch, minimum=1),
-            fluid_memory=env_bool(env, "TESSERA_PLACEMENT_FLUID_MEMORY", cls.fluid_memory),
-            core=env_choice(env, "TESSERA_PLACEMENT_CORE", cls.core, CORES),
-            idle_work=env_bool(env, "TESSERA_PLACEMENT_IDLE_WORK", cls.idle_work),
-            kubernetes=env_bool(env, "TESSERA_KUBERNETES", cls.kubernetes),
-            kube_workers=env_int(env, "TESSERA_PLACEMENT_KUBE_WORKERS", cls.kube_workers, minimum=1),
-            kube_retry_seconds=env_float(env, "TESSERA_PLACEMENT_KUBE_RETRY_SECONDS", cls.kube_retry_seconds),
-            kube_timeout_seconds=env_float(env, "TESSERA_PLACEMENT_KUBE_TIMEOUT_SECONDS", cls.kube_timeout_seconds),
-            reconcile_seconds=env_float(env, "TESSERA_PLACEMENT_RECONCILE_SECONDS", cls.reconcile_seconds),
-            reconcile_grace_seconds=env_float(env, "TESSERA_PLACEMENT_RECONCILE_GRACE_SECONDS",
-                                              cls.reconcile_grace_seconds),
-        )
-        if settings.reconcile_seconds <= 0:
-            raise ConfigError(f"TESSERA_PLACEMENT_RECONCILE_SECONDS={settings.reconcile_seconds:g} must be above 0, "
-                              "e.g. 30")
-        if settings.reconcile_grace_seconds < 0:
-            raise ConfigError(f"TESSERA_PLACEMENT_RECONCILE_GRACE_SECONDS={settings.reconcile_grace_seconds:g} is "
-                              "negative; set the seconds a record may be mid-commit, e.g. 30")
-        if settings.kube_retry_seconds < 0:
-            raise ConfigError(f"TESSERA_PLACEMENT_KUBE_RETRY_SECONDS={settings.kube_retry_seconds:g} is negative; "
-                              "set the seconds to keep retrying, e.g. 60")
-        if settings.kube_timeout_seconds <= 0:
-            raise ConfigError(f"TESSERA_PLACEMENT_KUBE_TIMEOUT_SECONDS={settings.kube_timeout_seconds:g} must be "
-                              "above 0, e.g. 10")
-        return settings
 
 
 class PlacementService:
@@ -671,24 +605,14 @@ class PlacementService:
                     log.warning("retry of %s failed: %r", event.claim, exc)
 
 
-def configure():
-    settings = PlacementSettings.from_env()  # ConfigError (exit 2) names a bad variable
-
-    if settings.core == "compiled" and not COMPILED_CORE:
-        raise ConfigError("TESSERA_PLACEMENT_CORE=compiled, but the compiled core (tessera.placement._fgdcore) "
-                          "is not built here: reinstall services/placement where gcc and the Python headers "
-                          "are present, or set TESSERA_PLACEMENT_CORE=auto")
-
-    async def build(ctx: ServiceContext) -> dict:
-        if COMPILED_CORE and settings.core != "python":
-            log.info("policy %s; fragmentation-aware scoring by the compiled core", settings.default_policy)
-        elif settings.core == "python":
-            log.info("policy %s; fragmentation-aware scoring by the Python engine (TESSERA_PLACEMENT_CORE=python)",
-                     settings.default_policy)
-        else:
-            log.warning("policy %s; the compiled core (tessera.placement._fgdcore) is not built here: the "
-                        "Python engine makes the same decisions, several times slower (reinstall "
-                        "services/placement where gcc and the Python headers are present)", settings.default_policy)
-        return await PlacementService(ctx, settings).start()
-
-    return build
+async def build(ctx: ServiceContext, settings: PlacementSettings) -> dict:
+    if COMPILED_CORE and settings.core != "python":
+        log.info("policy %s; fragmentation-aware scoring by the compiled core", settings.default_policy)
+    elif settings.core == "python":
+        log.info("policy %s; fragmentation-aware scoring by the Python engine (TESSERA_PLACEMENT_CORE=python)",
+                 settings.default_policy)
+    else:
+        log.warning("policy %s; the compiled core (tessera.placement._fgdcore) is not built here: the "
+                    "Python engine makes the same decisions, several times slower (reinstall "
+                    "services/placement where gcc and the Python headers are present)", settings.default_policy)
+    return await PlacementService(ctx, settings).start()

@@ -6,11 +6,12 @@ import sys
 
 from tessera.shared.runner import main as run_service
 
-from tessera.translator.service import configure
+from tessera.translator.service import build
+from tessera.translator.settings import TranslatorSettings
 
 
 def main() -> int:
-    return run_service("translator", configure=configure)
+    return run_service("translator", TranslatorSettings, build)
 
 
 if __name__ == "__main__":

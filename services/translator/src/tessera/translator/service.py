@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-from dataclasses import dataclass
 from typing import Mapping
 
 import msgspec
@@ -30,7 +28,7 @@ from tessera.shared import api, claimpruning, subjects
 from tessera.shared.api import ReleaseRequest, SubmitRequest
 from tessera.shared.bus import KeyNotFoundError
 from tessera.shared.claimstore import ClaimStore
-from tessera.shared.errors import ConfigError, TemporaryError
+from tessera.shared.errors import TemporaryError
 from tessera.shared.events import (
     ClaimRecord,
     ClaimReleaseRequested,
@@ -43,12 +41,12 @@ from tessera.shared.events import (
 from tessera.shared.kubeclaims import TENANT_LABEL, KubeClaimRef
 from tessera.shared.lifecycle import release_route
 from tessera.shared.runner import ServiceContext
-from tessera.shared.settings import env_bool, env_float, env_int, env_str
 from tessera.shared.telemetry import claim_attributes, decided, inject
 
 from tessera.translator import claimflow
 from tessera.translator.certs import ServingCertificate
 from tessera.translator.hami import TranslationError, translate
+from tessera.translator.settings import TranslatorSettings
 from tessera.translator.tenantapi import TenantApi
 from tessera.translator.webhook import make_app
 
@@ -65,47 +63,6 @@ new_claim_id = api.new_claim_id
 # A ``requested`` record this old whose event is not on the stream was left by a translator that
 # stopped (or timed out) between the record and the publish; younger ones may still be on their way.
 REQUESTED_GRACE_SECONDS = 10.0
-
-
-@dataclass(frozen=True)
-class TranslatorSettings:
-    """The admission webhook is served only when a port is set; ``kubernetes`` turns on the
-    Kubernetes side (templates, the namespace's tenant, the ResourceClaim watcher)."""
-
-    webhook_port: int = 0
-    webhook_host: str = "0.0.0.0"
-    webhook_cert: str = ""
-    webhook_key: str = ""
-    # How often the certificate files are looked at for a renewal.
-    cert_poll_seconds: float = 10.0
-    kubernetes: bool = False
-    # Full comparison of the ResourceClaims with the claims bucket: at start and this often.
-    reconcile_seconds: float = 60.0
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "TranslatorSettings":
-        env = os.environ if env is None else env
-        settings = cls(
-            webhook_port=env_int(env, "TESSERA_WEBHOOK_PORT", 0, minimum=0),
-            webhook_host=env_str(env, "TESSERA_WEBHOOK_HOST", cls.webhook_host),
-            webhook_cert=env_str(env, "TESSERA_WEBHOOK_CERT", ""),
-            webhook_key=env_str(env, "TESSERA_WEBHOOK_KEY", ""),
-            cert_poll_seconds=env_float(env, "TESSERA_WEBHOOK_CERT_POLL_SECONDS", cls.cert_poll_seconds),
-            kubernetes=env_bool(env, "TESSERA_KUBERNETES", False),
-            reconcile_seconds=env_float(env, "TESSERA_TRANSLATOR_RECONCILE_SECONDS", cls.reconcile_seconds),
-        )
-        for name in ("cert_poll_seconds", "reconcile_seconds"):
-            if getattr(settings, name) <= 0:
-                var = "TESSERA_WEBHOOK_CERT_POLL_SECONDS" if name == "cert_poll_seconds" else \
-                    "TESSERA_TRANSLATOR_RECONCILE_SECONDS"
-                raise ConfigError(f"{var}={getattr(settings, name)} must be a positive number of seconds")
-        if bool(settings.webhook_cert) != bool(settings.webhook_key):
-            raise ConfigError("set both TESSERA_WEBHOOK_CERT and TESSERA_WEBHOOK_KEY (PEM files), or neither")
-        for name in ("webhook_cert", "webhook_key"):
-            path = getattr(settings, name)
-            if path and not os.path.exists(path):
-                raise ConfigError(f"TESSERA_{name.upper()}={path} does not exist")
-        return settings
 
 
 class TranslatorService:
@@ -473,10 +430,5 @@ class TranslatorService:
                 route.msg_id(record.claim))
 
 
-def configure():
-    settings = TranslatorSettings.from_env()
-
-    async def build(ctx: ServiceContext) -> dict:
-        return await TranslatorService(ctx, settings).start()
-
-    return build
+async def build(ctx: ServiceContext, settings: TranslatorSettings) -> dict:
+    return await TranslatorService(ctx, settings).start()
