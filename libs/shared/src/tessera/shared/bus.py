@@ -5,6 +5,10 @@ every publish carries a ``Nats-Msg-Id`` (deduplicated by the stream) and a W3C `
 consumers are durable pull consumers with an explicit ``max_deliver``; what a handler raises decides
 the fate of the message (see tessera.shared.errors): terminate + dead-letter, redeliver later, or
 retry now. Streams and buckets are created in one place, with production settings.
+
+What a service consumes it declares as a `tessera.shared.subscriptions.Subscription` (or
+``BatchSubscription``) and what it publishes in bulk as `Outgoing` items. The connection and its
+JetStream context are private: what the CLI, tools and tests need of them has a named method.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ __all__ = [
 ]
 
 E = TypeVar("E")
+
 # A handler still running after this fraction of ack_wait tells the server it is working on the
 # message (``+WPI``), so the server does not redeliver it to a peer meanwhile.
 PROGRESS_FRACTION = 1 / 3
@@ -262,14 +267,18 @@ class Bus:
         """Publish without waiting for each ack in turn, then gather the acks (much faster).
         Raises the first failure after every item has been tried."""
         batch = []
-        for item in items:
-            if item.headers is None:
-                headers = self._headers(item.msg_id)
-            else:
-                headers = dict(item.headers)
-                if item.msg_id:
-                    headers["Nats-Msg-Id"] = item.msg_id
-            batch.append((item.subject, encode(item.event), headers))
+        try:
+            for item in items:
+                if item.headers is None:
+                    headers = self._headers(item.msg_id)
+                else:
+                    headers = dict(item.headers)
+                    if item.msg_id:
+                        headers["Nats-Msg-Id"] = item.msg_id
+                batch.append((item.subject, encode(item.event), headers))
+        except AttributeError as exc:
+            raise TypeError(f"publish_many takes Outgoing items, got {type(item).__name__} ({exc}): "
+                            f"write Outgoing(subject, event, msg_id)") from None
         acks = await publisher(self._nc).publish(batch)
         for ack in acks:
             if isinstance(ack, PublishError) and ack.not_now:

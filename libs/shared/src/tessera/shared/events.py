@@ -4,6 +4,10 @@ Every event that crosses NATS is one of these msgspec Structs, JSON on the wire 
 can read it. Each subject family has one tagged union (``kind`` is the tag) and one decoder built once
 per process. Evolution rule: a new field always has a default, a field's type never changes, readers
 skip unknown fields (no ``forbid_unknown_fields`` here; that is for config files and CLI input).
+
+Adding an event: a subclass of its family's base (a claim event of `ClaimEventBase`, which carries
+``claim`` and ``tenant``) with its own ``tag``, added to the family's union below; then regenerate
+docs/asyncapi.json (``tessera asyncapi``; tests/shared checks it is current).
 """
 
 from __future__ import annotations
