@@ -517,7 +517,7 @@ class Bus:
                         break
                     except ConflictError as exc:
                         if attempt == CONFLICT_RETRIES - 1:
-                            raise kept_losing(exc) from exc
+                            raise kept_losing() from exc
                         await asyncio.sleep(0.001 * attempt)
             except asyncio.CancelledError:
                 raise
@@ -643,7 +643,7 @@ class Bus:
         """The server this connection is on now (a parsed URL), None while disconnected."""
         return self._nc.connected_url
 
-    async def flush(self, timeout: float = 10.0) -> None:
+    async def flush(self, timeout: int = 10) -> None:
         """Wait until the server has everything published so far on core NATS."""
         await self._nc.flush(timeout=timeout)
 

@@ -54,7 +54,7 @@ class _Consumer(Generic[E]):
     durable: str
     # The subjects the server delivers to it (the consumer's filter); at least one.
     filter_subjects: Sequence[str]
-    decoder: msgspec.json.Decoder
+    decoder: msgspec.json.Decoder[E]
     batch: int = 64  # messages per fetch
     deliver_new: bool = False  # start at the next message instead of the stream's first
     max_deliver: int | None = None  # None: the bus settings' max_deliver
@@ -113,7 +113,7 @@ class Verdict:
 ACK = Verdict("ack")
 
 
-def kept_losing(exc: ConflictError) -> TemporaryError:
+def kept_losing() -> TemporaryError:
     """The outcome of a message whose handler lost its compare-and-set `CONFLICT_RETRIES` times."""
     return TemporaryError("compare-and-set kept losing", delay=CONFLICT_KEPT_LOSING_DELAY)
 

@@ -360,7 +360,8 @@ class PlacementService:
                             outcomes: list[BaseException | None]) -> None:
         fetched = asyncio.get_running_loop().time()
         seen: set[str] = set()
-        fast, slow = [], []
+        fast: list[int] = []
+        slow: list[int] = []
         for i, (event, delivery) in enumerate(items):
             (fast if self._fast(event, seen, delivery) else slow).append(i)
             seen.add(event.claim)
