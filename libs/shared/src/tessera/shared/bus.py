@@ -400,6 +400,10 @@ class Bus:
     async def consume(self, subscription: Subscription[E], *, ready: asyncio.Event | None = None) -> None:
         """Run ``subscription``'s durable pull consumer forever, one handler call per message;
         returns only by cancellation. ``ready`` is set once the consumer is bound."""
+        if not isinstance(subscription, Subscription):
+            raise TypeError(f"consume takes a Subscription, got {type(subscription).__name__}"
+                            + (": a BatchSubscription goes to consume_batches"
+                               if isinstance(subscription, BatchSubscription) else ""))
         max_deliver = subscription.max_deliver or self.settings.max_deliver
         concurrency = subscription.concurrency
         limiter = asyncio.Semaphore(concurrency)
@@ -422,6 +426,9 @@ class Bus:
         """Run ``subscription``'s durable pull consumer forever, one handler call per fetched batch;
         returns only by cancellation. Each item's outcome settles its message exactly as if a
         handler of one message had raised it (`tessera.shared.subscriptions.verdict`)."""
+        if not isinstance(subscription, BatchSubscription):
+            raise TypeError(f"consume_batches takes a BatchSubscription, got {type(subscription).__name__}"
+                            + (": a Subscription goes to consume" if isinstance(subscription, Subscription) else ""))
         max_deliver = subscription.max_deliver or self.settings.max_deliver
 
         async def handle(msgs: list[Msg]) -> None:
