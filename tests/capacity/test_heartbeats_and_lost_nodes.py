@@ -51,7 +51,7 @@ async def test_a_silent_node_is_marked_lost_and_restored_when_it_speaks_again(na
         if isinstance(event, NodeLost):
             lost_events.append(event)
 
-    sub = await client.bus.nc.subscribe(f"{subjects.INVENTORY}.>", cb=on_msg)
+    sub = await client.bus.listen(f"{subjects.INVENTORY}.>", on_msg)
     try:
         await asyncio.to_thread(cluster.wait_ready, 60)
         state = await client.fleet()

@@ -27,11 +27,11 @@ PAYLOAD = b'{"kind": "requested", "claim": "c-dlq", "tenant": "alpha", "spec": {
 
 
 async def claim_messages(bus: Bus, subject: str) -> list[bytes]:
-    info = await bus.js.stream_info(subjects.STREAM_CLAIMS, subjects_filter=subject)
+    info = await bus.stream_info(subjects.STREAM_CLAIMS, subjects_filter=subject)
     out = []
     for seq in range(info.state.first_seq, info.state.last_seq + 1):
         try:
-            msg = await bus.js.get_msg(subjects.STREAM_CLAIMS, seq)
+            msg = await bus.stored_message(subjects.STREAM_CLAIMS, seq)
         except Exception:
             continue
         if msg.subject == subject:

@@ -193,7 +193,7 @@ async def usage_consumers(url: str, client: Client | None = None) -> set[str]:
     own = client is None
     client = client or await Client.connect(url)
     try:
-        return {c.name for c in await client.bus.js.consumers_info(subjects.STREAM_USAGE)}
+        return {c.name for c in await client.bus.consumers_info(subjects.STREAM_USAGE)}
     finally:
         if own:
             await client.close()

@@ -21,7 +21,7 @@ async def served(bus):
     mgr = await Manager.start(bus, ControlPlaneSettings())
     tasks = [asyncio.create_task(bus.serve(f"{subjects.API_TENANTS}.{verb}", h)) for verb, h in mgr.api.handlers().items()]
     await asyncio.sleep(0.1)
-    await bus.nc.flush()
+    await bus.flush()
     try:
         yield bus.settings.url
     finally:
@@ -78,7 +78,7 @@ async def test_tenant_commands_connect_as_the_user_the_environment_names(tmp_pat
         mgr = await Manager.start(manager_bus, ControlPlaneSettings())
         tasks = [asyncio.create_task(manager_bus.serve(f"{subjects.API_TENANTS}.{verb}", h))
                  for verb, h in mgr.api.handlers().items()]
-        await manager_bus.nc.flush()
+        await manager_bus.flush()
         try:
             secret = tmp_path / "operator-password"
             secret.write_text(passwords["operator"])

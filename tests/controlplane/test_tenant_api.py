@@ -56,7 +56,7 @@ async def test_service_creates_lists_and_deletes_tenants_with_events(bus, manage
     async def collect(msg):
         events.append(tenant_decoder.decode(msg.data))
 
-    sub = await bus.nc.subscribe(f"{subjects.TENANTS}.>", cb=collect)
+    sub = await bus.listen(f"{subjects.TENANTS}.>", collect)
 
     reply = await call(bus, "create", {"name": "team-a", "quota": {"gpus": 4, "memory_mib": 40000}})
     assert reply.ok, reply.error

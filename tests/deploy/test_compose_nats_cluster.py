@@ -76,9 +76,9 @@ async def test_the_member_configs_form_a_working_authenticated_cluster(tmp_path)
                                 "translator")
         try:
             await bus.ensure_topology()
-            info = await bus.js.stream_info(subjects.STREAM_CLAIMS)
+            info = await bus.stream_info(subjects.STREAM_CLAIMS)
             assert info.config.num_replicas == 3
-            assert (await bus.js.stream_info(f"KV_{subjects.KV_CLAIMS}")).config.num_replicas == 3
+            assert (await bus.stream_info(f"KV_{subjects.KV_CLAIMS}")).config.num_replicas == 3
         finally:
             await bus.close()
     finally:

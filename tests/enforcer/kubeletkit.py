@@ -177,7 +177,7 @@ class PluginNode:
     async def consuming(self) -> None:
         """Wait until the enforcer's claims consumer pulls: its start-up reconcile is done by then."""
         for _ in range(600):
-            info = await self.bus.js.consumer_info(subjects.STREAM_CLAIMS, f"enforcer-{NODE}")
+            info = await self.bus.consumer_info(subjects.STREAM_CLAIMS, f"enforcer-{NODE}")
             if info.num_waiting:
                 return
             await asyncio.sleep(0.05)

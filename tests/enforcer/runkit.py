@@ -173,7 +173,7 @@ class UsageListener:
             except msgspec.ValidationError:
                 pass
 
-        self.sub = await self.client.bus.nc.subscribe(f"{subjects.USAGE}.>", cb=on_msg)
+        self.sub = await self.client.bus.listen(f"{subjects.USAGE}.>", on_msg)
         return self
 
     async def __aexit__(self, *exc) -> None:

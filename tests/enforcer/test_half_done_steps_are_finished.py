@@ -73,10 +73,10 @@ async def hold(service: EnforcerService, claim: str, node: str = "n1") -> None:
 
 
 async def events(service: EnforcerService, kind: str) -> list:
-    info = await service.bus.js.stream_info(subjects.STREAM_CLAIMS)
+    info = await service.bus.stream_info(subjects.STREAM_CLAIMS)
     out = []
     for seq in range(info.state.first_seq, info.state.last_seq + 1) if info.state.messages else ():
-        msg = await service.bus.js.get_msg(subjects.STREAM_CLAIMS, seq)
+        msg = await service.bus.stored_message(subjects.STREAM_CLAIMS, seq)
         if subjects.event_name(msg.subject) == kind:
             out.append(claim_decoder.decode(msg.data))
     return out

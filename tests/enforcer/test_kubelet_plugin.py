@@ -168,7 +168,7 @@ async def test_an_allocated_event_for_a_resourceclaims_claim_waits_for_the_kubel
         msg_id=f"{record.claim}:allocated")
     await node.consuming()
     for _ in range(600):  # until the enforcer has handled (acknowledged) the event
-        info = await node.bus.js.consumer_info(subjects.STREAM_CLAIMS, f"enforcer-{NODE}")
+        info = await node.bus.consumer_info(subjects.STREAM_CLAIMS, f"enforcer-{NODE}")
         if info.ack_floor.stream_seq >= ack.seq:
             break
         await asyncio.sleep(0.05)

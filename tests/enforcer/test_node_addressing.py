@@ -18,7 +18,7 @@ from runkit import create_tenant, wait_until
 
 
 async def delivered(client: Client, node: str) -> int:
-    info = await client.bus.js.consumer_info(subjects.STREAM_CLAIMS, f"enforcer-{node}")
+    info = await client.bus.consumer_info(subjects.STREAM_CLAIMS, f"enforcer-{node}")
     return info.delivered.consumer_seq
 
 
@@ -64,9 +64,9 @@ async def test_a_release_of_another_tenants_claim_is_refused_and_the_claim_kept(
                                  ClaimReleaseRequested(claim=theirs, tenant="alpha", reason="stolen"))
 
         async def refused():
-            info = await client.bus.js.stream_info(subjects.STREAM_DLQ)
+            info = await client.bus.stream_info(subjects.STREAM_DLQ)
             for seq in range(info.state.first_seq, info.state.last_seq + 1) if info.state.messages else ():
-                letter = dlq_decoder.decode((await client.bus.js.get_msg(subjects.STREAM_DLQ, seq)).data)
+                letter = dlq_decoder.decode((await client.bus.stored_message(subjects.STREAM_DLQ, seq)).data)
                 if f".{theirs}." in letter.subject:
                     return letter
             return None

@@ -25,7 +25,7 @@ async def test_a_claim_released_before_it_was_prepared_is_released_not_prepared(
     async def on_prepared(msg):
         prepared.append(msg.subject)
 
-    sub = await client.bus.nc.subscribe(subjects.claims_of_kind("prepared"), cb=on_prepared)
+    sub = await client.bus.listen(subjects.claims_of_kind("prepared"), on_prepared)
     os.kill(enforcer.pid, signal.SIGSTOP)
     try:
         claim = (await client.submit(api.SubmitRequest(tenant="alpha", resources={"nvidia.com/gpumem": 500},

@@ -95,14 +95,14 @@ class ClusterRun:
     findings: list[str] = field(default_factory=list)
 
 
-async def leader_of(js, stream: str, *, other_than: str = "", timeout: float = 30.0) -> tuple[str, float]:
+async def leader_of(bus, stream: str, *, other_than: str = "", timeout: float = 30.0) -> tuple[str, float]:
     """The stream's (or bucket's) leader, waiting until there is one other than ``other_than``;
     returns it and the loop time it was first seen."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
         try:
-            info = await js.stream_info(stream)
+            info = await bus.stream_info(stream, timeout=2)
             leader = info.cluster.leader if info.cluster else None
             if leader and leader != other_than:
                 return leader, loop.time()
@@ -173,10 +173,10 @@ async def run(workdir: Path, form: Form, seed: int = 7) -> ClusterRun:
         await asyncio.to_thread(cluster.wait_ready, 120)
         client = await connect(cluster.url)
         auditor = await Auditor.start(cluster.url)
-        js = client.bus.nc.jetstream(timeout=2)
+        bus = client.bus
         try:
             for target, stream in TARGETS:  # R3 everywhere, as the services laid them out
-                info = await js.stream_info(stream)
+                info = await bus.stream_info(stream, timeout=2)
                 assert info.config.num_replicas == 3, f"{stream} is R{info.config.num_replicas}"
             load = Load(client, seed=seed)
             await load.setup()
@@ -184,13 +184,13 @@ async def run(workdir: Path, form: Form, seed: int = 7) -> ClusterRun:
             load.start()
             await asyncio.sleep(form.warmup)
             for n, (target, stream) in enumerate(TARGETS):
-                killed, _ = await leader_of(js, stream)
+                killed, _ = await leader_of(bus, stream)
                 kill = Kill(target, stream, killed)
                 result.kills.append(kill)
                 at = loop.time()
                 cluster.nats.kill(killed)  # SIGKILL, during the burst
                 probe = asyncio.create_task(probe_claim(load, f"probe-{n}", at))
-                kill.new_leader, elected = await leader_of(js, stream, other_than=killed)
+                kill.new_leader, elected = await leader_of(bus, stream, other_than=killed)
                 kill.leader_seconds = elected - at
                 kill.claim_seconds, kill.claim_state = await probe
                 await asyncio.sleep(form.after)  # the burst goes on with one member down

@@ -94,12 +94,12 @@ async def lose_kv_replies(cluster: FaultCluster, ctx) -> None:
 
 async def bad_events(cluster: FaultCluster, ctx) -> None:
     """Duplicate, reordered and malformed events on every subject a tenant may publish on."""
-    js = ctx["client"].bus.nc.jetstream(timeout=5)
+    bus = ctx["client"].bus
     load: Load = ctx["load"]
     records = [r for r in (await ctx["client"].fleet()).claims.values() if r.claim in load.accepted]
 
     async def publish(subject: str, payload: bytes) -> None:
-        await js.publish(subject, payload, headers={"Nats-Msg-Id": uuid.uuid4().hex})
+        await bus.publish_bytes(subject, payload, headers={"Nats-Msg-Id": uuid.uuid4().hex})
 
     for record in records[:6]:  # duplicates: the same request again under new message ids
         again = ClaimRequested(claim=record.claim, tenant=record.tenant, spec=record.spec, source="api")

@@ -60,15 +60,14 @@ class Haystack:
 async def stream_messages(bus) -> dict[str, bytes]:
     """Every message still stored on every stream of the platform account (events, the DLQ, the
     KV buckets' streams), headers and data."""
-    js = bus.nc.jetstream()
     out: dict[str, bytes] = {}
-    for info in await js.streams_info():
+    for info in await bus.streams_info():
         state = info.state
         if not state.messages:
             continue  # (an empty stream reports first_seq 0, which the server refuses to get)
         for seq in range(max(1, state.first_seq), state.last_seq + 1):
             try:
-                msg = await js.get_msg(info.config.name, seq)
+                msg = await bus.stored_message(info.config.name, seq)
             except NotFoundError:
                 continue  # deleted or purged
             headers = b"".join(f"{k}: {v}\n".encode() for k, v in (msg.headers or {}).items())

@@ -21,9 +21,8 @@ from secretscan import Haystack, needles, stream_messages, tenant_secrets
 
 
 async def until_dead_lettered(bus, timeout: float = 60.0) -> None:
-    js = bus.nc.jetstream()
     deadline = asyncio.get_running_loop().time() + timeout
-    while (await js.stream_info(subjects.STREAM_DLQ)).state.messages == 0:
+    while (await bus.stream_info(subjects.STREAM_DLQ)).state.messages == 0:
         assert asyncio.get_running_loop().time() < deadline, "the bad claim event was never dead-lettered"
         await asyncio.sleep(0.2)
 
@@ -43,9 +42,9 @@ async def test_no_secret_appears_in_logs_events_or_spans(start_cluster, otlp_col
         await operator.release(claim)
         await operator.wait_for(claim, {"released"}, timeout=60)
         await operator.call(f"{subjects.API_TENANTS}.delete", api.TenantRequest(name="gamma"), timeout=30)
-        await operator.bus.nc.request(f"{subjects.API_TENANTS}.create", b"{not json", timeout=10)  # a refusal path
-        await operator.bus.nc.publish(subjects.claim("alpha", "bogus", "requested"), b"\xff not a claim")  # to the DLQ
-        await operator.bus.nc.flush()
+        await operator.bus.request(f"{subjects.API_TENANTS}.create", b"{not json", timeout=10)  # a refusal path
+        await operator.bus.send(subjects.claim("alpha", "bogus", "requested"), b"\xff not a claim")  # to the DLQ
+        await operator.bus.flush()
         await until_dead_lettered(operator.bus)
         assert len(secrets) > 3 * 10  # every tenant's keys, password and kubeconfig are looked for
         messages = await stream_messages(operator.bus)

@@ -35,7 +35,7 @@ async def test_an_allocated_record_whose_event_never_went_out_is_announced_again
         async def heard(msg) -> None:
             got.append(claim_decoder.decode(msg.data))
 
-        sub = await svc.bus.nc.subscribe(subjects.claims_of_kind("allocated"), cb=heard)
+        sub = await svc.bus.listen(subjects.claims_of_kind("allocated"), heard)
         await svc.ledger.write_node(NodeLedger(node="n1", entries={"c": entry("c", "n1")}), None)
         await record(svc, "c", "allocated", "n1", [share("n1", 0)])
         done = await svc.reconciler.run_once()

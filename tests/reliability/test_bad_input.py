@@ -29,14 +29,14 @@ def cli(url: str, *args: str) -> subprocess.CompletedProcess:
 
 async def dead_letters(client: Client, wanted: set[str], timeout: float = 30.0) -> dict[str, list]:
     """Read the DLQ stream until a letter mentions each of ``wanted`` (claim ids); by claim id."""
-    js = client.bus.js
+    bus = client.bus
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         found: dict[str, list] = {}
-        info = await js.stream_info(subjects.STREAM_DLQ)
+        info = await bus.stream_info(subjects.STREAM_DLQ)
         if info.state.messages:
             for seq in range(info.state.first_seq, info.state.last_seq + 1):
-                msg = await js.get_msg(subjects.STREAM_DLQ, seq)
+                msg = await bus.stored_message(subjects.STREAM_DLQ, seq)
                 letter = dlq_decoder.decode(msg.data)
                 for claim in wanted:
                     if f".{claim}." in letter.subject:
@@ -81,11 +81,11 @@ async def test_bad_input_everywhere_is_refused_clearly_and_nothing_crashes(start
         assert not reply.ok and reply.error.field == "$.workload_uid", reply.error
 
         # Events straight onto the stream: garbage, and valid JSON that breaks the schema.
-        js = client.bus.js
-        await js.publish(subjects.claim("alpha", "bad-1", "requested"), b"{not json")
-        await js.publish(subjects.claim("alpha", "bad-2", "requested"),
+        bus = client.bus
+        await bus.publish_bytes(subjects.claim("alpha", "bad-1", "requested"), b"{not json")
+        await bus.publish_bytes(subjects.claim("alpha", "bad-2", "requested"),
                          b'{"kind": "requested", "claim": "bad-2", "tenant": "alpha", "spec": {"gpus": 0}}')
-        await js.publish(subjects.claim("alpha", "bad-3", "allocated", "gpu-0"), b'{"kind": "allocated"}')
+        await bus.publish_bytes(subjects.claim("alpha", "bad-3", "allocated", "gpu-0"), b'{"kind": "allocated"}')
         by_claim = await dead_letters(client, {"bad-1", "bad-2", "bad-3"})
         assert set(by_claim) == {"bad-1", "bad-2", "bad-3"}, by_claim
         assert "invalid payload" in by_claim["bad-1"][0][1].reason

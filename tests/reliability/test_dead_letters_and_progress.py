@@ -15,7 +15,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from tessera.shared import subjects
-from tessera.shared.bus import Bus
+from tessera.shared.bus import Bus, Subscription
 from tessera.shared.errors import PermanentError, TemporaryError
 from tessera.shared.events import ClaimReleaseRequested, claim_decoder, dlq_decoder
 from tessera.shared.settings import BusSettings
@@ -39,10 +39,10 @@ async def bus(nats_url):
 
 
 def consumer(bus: Bus, handler) -> asyncio.Task:
-    return asyncio.create_task(bus.consume(
+    return asyncio.create_task(bus.consume(Subscription(
         stream=subjects.STREAM_CLAIMS, durable="probe", filter_subjects=[subjects.claims_of_kind("release")],
         decoder=claim_decoder, handler=handler,
-    ))
+    )))
 
 
 async def until(condition, timeout=20.0) -> None:
@@ -78,10 +78,10 @@ async def refused_until(bus: Bus, claim: str, condition) -> list[int]:
 
 
 async def letters(bus: Bus) -> list:
-    info = await bus.js.stream_info(subjects.STREAM_DLQ)
+    info = await bus.stream_info(subjects.STREAM_DLQ)
     if not info.state.messages:
         return []
-    return [dlq_decoder.decode((await bus.js.get_msg(subjects.STREAM_DLQ, seq)).data)
+    return [dlq_decoder.decode((await bus.stored_message(subjects.STREAM_DLQ, seq)).data)
             for seq in range(info.state.first_seq, info.state.last_seq + 1)]
 
 
@@ -126,7 +126,7 @@ async def test_max_deliver_spent_without_a_verdict_still_leaves_a_dead_letter(bu
     crasher = await Bus.connect(BusSettings(url=nats_url), "crasher")
     found: list = []
     try:
-        sub = await crasher.js.pull_subscribe_bind("probe", stream=subjects.STREAM_CLAIMS)
+        sub = await crasher.pull_subscribe_bind("probe", stream=subjects.STREAM_CLAIMS)
         pulled = 0
         deadline = asyncio.get_running_loop().time() + 20
         while not found and asyncio.get_running_loop().time() < deadline:

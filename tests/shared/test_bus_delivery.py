@@ -9,7 +9,7 @@ import pytest
 from nats.js.errors import NotFoundError
 
 from tessera.shared import subjects
-from tessera.shared.bus import Bus
+from tessera.shared.bus import Bus, Subscription
 from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
 from tessera.shared.events import ClaimReleaseRequested, claim_decoder, dlq_decoder
 from tessera.shared.settings import BusSettings
@@ -31,10 +31,10 @@ def release(claim: str) -> ClaimReleaseRequested:
 async def run_consumer(bus: Bus, handler, until, timeout=15.0, linger=0.5):
     """Consume until ``until()`` holds, then a little longer: the loop must get to ack, nak or
     dead-letter the message it just handled before it is cancelled."""
-    task = asyncio.create_task(bus.consume(
+    task = asyncio.create_task(bus.consume(Subscription(
         stream=subjects.STREAM_CLAIMS, durable="probe", filter_subjects=[subjects.claims_of_kind("release")],
         decoder=claim_decoder, handler=handler,
-    ))
+    )))
     try:
         deadline = asyncio.get_running_loop().time() + timeout
         while not until():
@@ -49,23 +49,23 @@ async def run_consumer(bus: Bus, handler, until, timeout=15.0, linger=0.5):
 async def pull_request_open(bus: Bus, durable: str) -> bool:
     """Whether the consumer exists and a fetch of its loop waits on the server."""
     try:
-        return (await bus.js.consumer_info(subjects.STREAM_CLAIMS, durable)).num_waiting > 0
+        return (await bus.consumer_info(subjects.STREAM_CLAIMS, durable)).num_waiting > 0
     except NotFoundError:
         return False
 
 
 async def dlq(bus: Bus) -> list:
-    info = await bus.js.stream_info(subjects.STREAM_DLQ)
+    info = await bus.stream_info(subjects.STREAM_DLQ)
     out = []
     for seq in range(info.state.first_seq, info.state.last_seq + 1) if info.state.messages else ():
-        out.append(dlq_decoder.decode((await bus.js.get_msg(subjects.STREAM_DLQ, seq)).data))
+        out.append(dlq_decoder.decode((await bus.stored_message(subjects.STREAM_DLQ, seq)).data))
     return out
 
 
 async def test_same_msg_id_is_stored_once(bus):
     for _ in range(3):
         await bus.publish(subjects.claim("t", "c1", "release"), release("c1"), msg_id="c1:release")
-    info = await bus.js.stream_info(subjects.STREAM_CLAIMS)
+    info = await bus.stream_info(subjects.STREAM_CLAIMS)
     assert info.state.messages == 1
 
 
@@ -96,7 +96,7 @@ async def test_conflict_is_retried_at_once_then_acked(bus):
     await run_consumer(bus, handler, lambda: len(calls) >= 3)
     assert calls == [1, 1, 1]  # same delivery, retried in place
     await asyncio.sleep(0.3)
-    info = await bus.js.consumer_info(subjects.STREAM_CLAIMS, "probe")
+    info = await bus.consumer_info(subjects.STREAM_CLAIMS, "probe")
     assert info.num_ack_pending == 0 and info.num_redelivered == 0
 
 
@@ -124,7 +124,7 @@ async def test_permanent_error_and_bad_payload_go_to_dead_letter_once(bus):
         raise PermanentError("tenant is gone")
 
     await bus.publish(subjects.claim("t", "c5", "release"), release("c5"))
-    await bus.js.publish(subjects.claim("t", "c6", "release"), b'{"kind": "release", "claim": 7}')
+    await bus.publish_bytes(subjects.claim("t", "c6", "release"), b'{"kind": "release", "claim": 7}')
     await run_consumer(bus, handler, lambda: calls)
     await asyncio.sleep(0.5)
     letters = await dlq(bus)
@@ -152,16 +152,16 @@ async def test_a_message_fetched_as_its_consumer_stops_neither_blocks_the_drain_
     async def handler(event, delivery):
         seen.append(event.claim)
 
-    task = asyncio.create_task(bus.consume(
+    task = asyncio.create_task(bus.consume(Subscription(
         stream=subjects.STREAM_CLAIMS, durable="probe", filter_subjects=[subjects.claims_of_kind("release")],
         decoder=claim_decoder, handler=handler,
-    ))
+    )))
     while not await pull_request_open(bus, "probe"):
         await asyncio.sleep(0.02)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     await bus.publish(subjects.claim("t", "c9", "release"), release("c9"))
-    info = await bus.js.consumer_info(subjects.STREAM_CLAIMS, "probe")
+    info = await bus.consumer_info(subjects.STREAM_CLAIMS, "probe")
     assert seen == [] and info.num_ack_pending + info.num_pending == 1
 
     with caplog.at_level("WARNING", logger="tessera.bus"):

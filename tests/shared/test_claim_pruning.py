@@ -50,7 +50,7 @@ async def test_released_claims_past_retention_are_removed_and_nothing_else(nats_
         assert (result.removed, result.kept, result.live) == (1, 1, 3)
         assert await live_keys(kv) == ["new-released", "old-failed", "old-running", "old-unschedulable"]
         # Gone from the stream too (history and all, no delete marker left behind).
-        info = await bus.js.stream_info(f"KV_{subjects.KV_CLAIMS}", subjects_filter=f"$KV.{subjects.KV_CLAIMS}.>")
+        info = await bus.stream_info(f"KV_{subjects.KV_CLAIMS}", subjects_filter=f"$KV.{subjects.KV_CLAIMS}.>")
         assert "$KV.claims.old-released" not in (info.state.subjects or {})
         assert (await claimpruning.prune_once(kv, RETENTION, now=NOW)).removed == 0
     finally:

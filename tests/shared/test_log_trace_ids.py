@@ -13,7 +13,7 @@ import re
 import pytest
 
 from tessera.shared import subjects
-from tessera.shared.bus import Bus
+from tessera.shared.bus import Bus, Subscription
 from tessera.shared.events import ClaimReleaseRequested, claim_decoder, encode
 from tessera.shared.runner import log_handler
 from tessera.shared.settings import BusSettings
@@ -53,10 +53,10 @@ async def handle_one(nats_url, telemetry: Telemetry, headers: dict[str, str] | N
     if headers is None:
         await bus.publish(subject, event)
     else:
-        await bus.js.publish(subject, encode(event), headers=headers)
-    task = asyncio.create_task(bus.consume(stream=subjects.STREAM_CLAIMS, durable="probe",
-                                           filter_subjects=[subjects.claims_of_kind("release")],
-                                           decoder=claim_decoder, handler=handler))
+        await bus.publish_bytes(subject, encode(event), headers=headers)
+    task = asyncio.create_task(bus.consume(Subscription(stream=subjects.STREAM_CLAIMS, durable="probe",
+                                                        filter_subjects=[subjects.claims_of_kind("release")],
+                                                        decoder=claim_decoder, handler=handler)))
     try:
         async with asyncio.timeout(15):
             await handled.wait()

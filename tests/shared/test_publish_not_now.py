@@ -32,7 +32,7 @@ async def test_a_publish_not_taken_yet_is_temporary(bus, monkeypatch, code, err_
     async def refused(*args, **kwargs):
         raise APIError(code=code, err_code=err_code, description="duplicate message id is in process")
 
-    monkeypatch.setattr(bus.js, "publish", refused)
+    monkeypatch.setattr(bus._js, "publish", refused)
     with pytest.raises(TemporaryError, match="retry"):
         await bus.publish(subjects.claim("t", "c1", "released", "n"), ClaimReleaseRequested(claim="c1", tenant="t"),
                           msg_id="c1:released")
@@ -48,6 +48,6 @@ async def test_a_publish_refused_for_good_still_raises_what_it_was(bus, monkeypa
     async def refused(*args, **kwargs):
         raise APIError(code=400, err_code=10054, description="maximum messages exceeded")
 
-    monkeypatch.setattr(bus.js, "publish", refused)
+    monkeypatch.setattr(bus._js, "publish", refused)
     with pytest.raises(APIError):
         await bus.publish(subjects.claim("t", "c1", "released", "n"), ClaimReleaseRequested(claim="c1", tenant="t"))

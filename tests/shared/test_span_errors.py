@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from tessera.shared import subjects
-from tessera.shared.bus import Bus
+from tessera.shared.bus import BatchSubscription, Bus, Subscription
 from tessera.shared.errors import PermanentError, TemporaryError
 from tessera.shared.events import ClaimReleaseRequested, claim_decoder
 from tessera.shared.settings import BusSettings
@@ -38,10 +38,11 @@ async def traced(nats_url, otlp_collector):
 
 
 async def consume(bus: Bus, until, *, handler=None, batch_handler=None, timeout=15.0) -> None:
-    task = asyncio.create_task(bus.consume(
-        stream=subjects.STREAM_CLAIMS, durable="probe", filter_subjects=[subjects.claims_of_kind("release")],
-        decoder=claim_decoder, handler=handler, batch_handler=batch_handler,
-    ))
+    what = dict(stream=subjects.STREAM_CLAIMS, durable="probe", filter_subjects=[subjects.claims_of_kind("release")],
+                decoder=claim_decoder)
+    task = asyncio.create_task(
+        bus.consume_batches(BatchSubscription(**what, handler=batch_handler)) if batch_handler is not None
+        else bus.consume(Subscription(**what, handler=handler)))
     try:
         async with asyncio.timeout(timeout):
             while not await until():

@@ -35,12 +35,12 @@ async def test_a_tool_creates_every_declared_stream_and_bucket_with_its_limits(n
     try:
         done = await bus.ensure_topology()
         assert set(done.values()) == {"created"} and set(done) == set(TABLE.streams) | set(TABLE.buckets)
-        claims = (await bus.js.stream_info(subjects.STREAM_CLAIMS)).config
+        claims = (await bus.stream_info(subjects.STREAM_CLAIMS)).config
         assert (claims.max_bytes, claims.max_age, claims.discard) == (64 * 2**20, 7 * 24 * 3600, api.DiscardPolicy.OLD)
-        usage = (await bus.js.stream_info(subjects.STREAM_USAGE)).config
+        usage = (await bus.stream_info(subjects.STREAM_USAGE)).config
         assert (usage.max_age, usage.max_msgs_per_subject) == (600, topology.PER_NODE_MESSAGES)
         for bucket in TABLE.buckets:
-            config = (await bus.js.stream_info(f"KV_{bucket}")).config
+            config = (await bus.stream_info(f"KV_{bucket}")).config
             assert config.max_bytes > 0 and config.max_msgs_per_subject == 5
             assert config.discard == api.DiscardPolicy.NEW  # a full bucket refuses, never drops state
         assert set((await bus.ensure_topology()).values()) == {"unchanged"}
@@ -85,7 +85,7 @@ async def test_a_reader_binds_and_never_creates(nats_url):
     try:
         with pytest.raises(topology.TopologyMissing, match="start the Tessera services first"):
             await bus.kv(subjects.KV_CLAIMS)
-        assert await bus.js.streams_info() == []
+        assert await bus.streams_info() == []
     finally:
         await bus.close()
 
@@ -111,8 +111,8 @@ async def test_a_client_given_several_urls_connects_to_one_that_is_up(nats_url):
     dead = "nats://127.0.0.1:1"
     bus = await Bus.connect(BusSettings(url=f"{dead}, {nats_url}"), "cli")
     try:
-        assert bus.nc.is_connected
-        assert bus.nc.connected_url.port == int(nats_url.rsplit(":", 1)[1])
+        assert bus.connected
+        assert bus.connected_url.port == int(nats_url.rsplit(":", 1)[1])
     finally:
         await bus.close()
 
@@ -146,7 +146,7 @@ async def test_moving_to_three_replicas_brings_existing_buckets_to_r3_too(tmp_pa
                 await bus.ensure_topology()
                 streams, buckets = identities.topology("translator")
                 for name in [*streams, *(f"KV_{b}" for b in buckets)]:
-                    assert (await bus.js.stream_info(name)).config.num_replicas == replicas, name
+                    assert (await bus.stream_info(name)).config.num_replicas == replicas, name
             finally:
                 await bus.close()
     finally:

@@ -68,7 +68,7 @@ async def heal(proxy: FaultProxy, bus: Bus) -> None:
     proxy.passthrough()
     proxy.cut()
     for _ in range(400):
-        if proxy.connections_accepted > before and bus.nc.is_connected:
+        if proxy.connections_accepted > before and bus.connected:
             return
         await asyncio.sleep(0.05)
     raise AssertionError("the client did not reconnect through the proxy")
@@ -79,10 +79,10 @@ def request(claim: str | None = None, mib: int = 1000) -> bytes:
 
 
 async def requested(service: TranslatorService) -> list:
-    info = await service.bus.js.stream_info(subjects.STREAM_CLAIMS)
+    info = await service.bus.stream_info(subjects.STREAM_CLAIMS)
     out = []
     for seq in range(info.state.first_seq, info.state.last_seq + 1) if info.state.messages else ():
-        msg = await service.bus.js.get_msg(subjects.STREAM_CLAIMS, seq)
+        msg = await service.bus.stored_message(subjects.STREAM_CLAIMS, seq)
         if subjects.event_name(msg.subject) == "requested":
             out.append(claim_decoder.decode(msg.data))
     return out

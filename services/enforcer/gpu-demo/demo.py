@@ -81,7 +81,7 @@ async def scenario(cluster: LocalCluster, args, uuid: str) -> list[dict]:
             peaks[event.claim] = max(peaks.get(event.claim, 0), used)
             limits[event.claim] = sum(d.limit_bytes for d in event.devices)
 
-    sub = await client.bus.nc.subscribe(f"{subjects.USAGE}.>", cb=on_usage)
+    sub = await client.bus.listen(f"{subjects.USAGE}.>", on_usage)
     try:
         for tenant in ("team-a", "team-b"):
             await client.call(f"{subjects.API_TENANTS}.create", api.TenantRequest(name=tenant, quota=GpuQuota(gpus=4)),

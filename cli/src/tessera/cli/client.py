@@ -219,7 +219,7 @@ class Client:
             async def on_event(_msg) -> None:
                 changed.set()
 
-            sub = await self.bus.nc.subscribe(f"{subjects.CLAIMS}.*.{subjects.token(claim)}.>", cb=on_event)
+            sub = await self.bus.listen(f"{subjects.CLAIMS}.*.{subjects.token(claim)}.>", on_event)
             task = None
             stop = sub.unsubscribe
         deadline = time.monotonic() + timeout

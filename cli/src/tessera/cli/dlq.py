@@ -68,9 +68,8 @@ def register(sub: argparse._SubParsersAction, output_arg) -> None:
 
 async def read_letters(client: Client, service: str | None = None) -> list[Letter]:
     """The stream's letters with their replay marks, read by a pull consumer (nothing is removed)."""
-    js = client.bus.js
     try:
-        sub = await js.pull_subscribe(
+        sub = await client.bus.pull_subscribe(
             f"{subjects.DLQ}.>", stream=subjects.STREAM_DLQ,
             config=jsapi.ConsumerConfig(ack_policy=jsapi.AckPolicy.NONE, deliver_policy=jsapi.DeliverPolicy.ALL,
                                         mem_storage=True, inactive_threshold=60.0),
@@ -127,9 +126,9 @@ async def cmd_list(args) -> int:
 
 async def replay(client: Client, seq: int, *, force: bool = False) -> dict:
     """Send letter ``seq`` back to its subject once; returns what happened (a JSON-able dict)."""
-    js = client.bus.js
+    bus = client.bus
     try:
-        stored = await js.get_msg(subjects.STREAM_DLQ, seq)
+        stored = await bus.stored_message(subjects.STREAM_DLQ, seq)
     except nats.js.errors.NotFoundError:
         raise CliError(f"no dead letter at sequence {seq} of {subjects.STREAM_DLQ}: see 'tessera dlq list'") from None
     try:
@@ -149,14 +148,14 @@ async def replay(client: Client, seq: int, *, force: bool = False) -> dict:
         return {"seq": seq, "subject": letter.subject, "replayed": False, "already_replayed": True}
     msg_id = f"dlq-replay:{seq}" if not force else f"dlq-replay:{seq}:{time.time_ns()}"
     try:
-        ack = await js.publish(letter.subject, letter.payload.encode(), headers={"Nats-Msg-Id": msg_id}, timeout=5)
+        ack = await bus.publish_bytes(letter.subject, letter.payload.encode(), headers={"Nats-Msg-Id": msg_id})
     except nats.js.errors.NoStreamResponseError:
         raise CliError(f"no stream stores {letter.subject}: the letter cannot be replayed there") from None
     except (nats.errors.TimeoutError, nats.errors.ConnectionClosedError) as exc:
         raise CliError(f"publishing to {letter.subject} failed ({exc!r}): run the replay again (it is sent once)",
                        code=exitcodes.UNAVAILABLE) from None
     mark = DeadLetterReplayed(seq=seq, subject=letter.subject, replayed_seq=ack.seq, stream=ack.stream)
-    await js.publish(mark_subject, encode(mark), headers={"Nats-Msg-Id": f"dlq-replayed:{seq}:{msg_id}"}, timeout=5)
+    await bus.publish_bytes(mark_subject, encode(mark), headers={"Nats-Msg-Id": f"dlq-replayed:{seq}:{msg_id}"})
     duplicate = bool(ack.duplicate)  # a concurrent replay stored it first (same Nats-Msg-Id)
     return {"seq": seq, "subject": letter.subject, "replayed": not duplicate, "already_replayed": duplicate,
             "stream": ack.stream, "stream_seq": ack.seq}

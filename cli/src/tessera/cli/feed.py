@@ -82,8 +82,8 @@ async def _follow_usage(bus: Bus, model: FleetModel):
 
     start = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=USAGE_LOOKBACK_SECONDS)
     try:
-        return await bus.js.subscribe(
-            f"{subjects.USAGE}.>", stream=subjects.STREAM_USAGE, cb=on_msg, ordered_consumer=True,
+        return await bus.subscribe_ordered(
+            f"{subjects.USAGE}.>", stream=subjects.STREAM_USAGE, cb=on_msg,
             config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_TIME,
                                       opt_start_time=start.isoformat().replace("+00:00", "Z")),
         )

@@ -200,7 +200,7 @@ class Run:
                 if self.client.as_tenant:
                     event = await self.client.prepared(self.claim)
                 else:
-                    msg = await self.client.bus.js.get_last_msg(subjects.STREAM_CLAIMS, subject)
+                    msg = await self.client.bus.last_message(subjects.STREAM_CLAIMS, subject)
                     event = claim_decoder.decode(msg.data)
                 if isinstance(event, ClaimPrepared):
                     return event

@@ -5,6 +5,10 @@ every publish carries a ``Nats-Msg-Id`` (deduplicated by the stream) and a W3C `
 consumers are durable pull consumers with an explicit ``max_deliver``; what a handler raises decides
 the fate of the message (see tessera.shared.errors): terminate + dead-letter, redeliver later, or
 retry now. Streams and buckets are created in one place, with production settings.
+
+What a service consumes it declares as a `tessera.shared.subscriptions.Subscription` (or
+``BatchSubscription``) and what it publishes in bulk as `Outgoing` items. The connection and its
+JetStream context are private: what the CLI, tools and tests need of them has a named method.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterable, Mapping
+from typing import Any, Awaitable, Callable, Iterable, Mapping, TypeVar
 from urllib.parse import urlsplit
 
 import msgspec
@@ -23,7 +27,7 @@ from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import Span, SpanKind
 
 from tessera.shared import api as api_replies
 from tessera.shared import identities, subjects, topology
@@ -31,6 +35,17 @@ from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
 from tessera.shared.events import DeadLetter, encode
 from tessera.shared.jspub import PubAck, PublishError, not_now, publisher
 from tessera.shared.settings import BusSettings
+from tessera.shared.subscriptions import (
+    ACK,
+    CONFLICT_RETRIES,
+    BatchHandler,
+    BatchSubscription,
+    Delivery,
+    Handler,
+    Subscription,
+    kept_losing,
+    verdict,
+)
 from tessera.shared.telemetry import Telemetry, claim_attributes, failed, inject
 
 log = logging.getLogger("tessera.bus")
@@ -39,14 +54,20 @@ log = logging.getLogger("tessera.bus")
 DRAIN_SECONDS = 5.0
 
 __all__ = [
+    "BatchHandler",
+    "BatchSubscription",
     "Bus",
     "Delivery",
+    "Handler",
     "KeyNotFoundError",
     "KeyWrongLastSequenceError",
     "KeyValue",
+    "Outgoing",
+    "Subscription",
 ]
 
-CONFLICT_RETRIES = 50
+E = TypeVar("E")
+
 # A handler still running after this fraction of ack_wait tells the server it is working on the
 # message (``+WPI``), so the server does not redeliver it to a peer meanwhile.
 PROGRESS_FRACTION = 1 / 3
@@ -77,18 +98,17 @@ class Delivered:
     node: str
 
 
-@dataclass(frozen=True)
-class Delivery:
-    """What a handler may want to know about the message besides its decoded event."""
+class Outgoing(msgspec.Struct, frozen=True):
+    """One message for `Bus.publish_many`: ``event`` on ``subject``, deduplicated by the stream on
+    ``msg_id``. ``headers``, when given, replace the current span's trace context: a
+    ``traceparent`` captured earlier, when the publish happens outside the span that decided it."""
 
     subject: str
-    headers: Mapping[str, str]
-    data: bytes
-    num_delivered: int
+    event: msgspec.Struct
+    msg_id: str | None = None
+    headers: Mapping[str, str] | None = None
 
 
-Handler = Callable[[Any, Delivery], Awaitable[None]]
-BatchHandler = Callable[[list[tuple[Any, Delivery]]], Awaitable[list[BaseException | None]]]
 ApiHandler = Callable[[bytes, Mapping[str, str]], Awaitable[bytes]]
 
 
@@ -137,8 +157,8 @@ def ride_out_reloads(nc: NatsClient) -> None:
 
 class Bus:
     def __init__(self, nc: NatsClient, settings: BusSettings, service: str, telemetry: Telemetry):
-        self.nc = nc
-        self.js = nc.jetstream()
+        self._nc = nc
+        self._js = nc.jetstream()
         self.settings = settings
         self.service = service
         self.telemetry = telemetry
@@ -201,12 +221,12 @@ class Bus:
     async def close(self) -> None:
         """Drain: finish in-flight handlers' acks and publishes, then close."""
         getattr(self, "_state", {})["closing"] = True
-        if self.nc.is_closed:
+        if self._nc.is_closed:
             return
         try:  # past DRAIN_SECONDS nats-py reports DrainTimeoutError (logged by on_error) and closes
-            await asyncio.wait_for(self.nc.drain(), timeout=DRAIN_SECONDS + 5)
+            await asyncio.wait_for(self._nc.drain(), timeout=DRAIN_SECONDS + 5)
         except Exception:  # already disconnected, or the drain itself stuck: close regardless
-            await self.nc.close()
+            await self._nc.close()
 
     # --- topology --------------------------------------------------------------------------
 
@@ -216,13 +236,13 @@ class Bus:
         when missing, replicas and limits updated when they differ; every one for a tool with no
         entry there. Only services (and tests acting as them) call this; readers only bind."""
         streams, buckets = identities.topology(self.service)
-        return await topology.ensure(self.js, self.declared, streams, buckets)
+        return await topology.ensure(self._js, self.declared, streams, buckets)
 
     async def kv(self, bucket: str) -> KeyValue:
         """Bind to an existing bucket; `topology.TopologyMissing` (start the services first) when absent."""
         kv = self._kv.get(bucket)
         if kv is None:
-            kv = self._kv[bucket] = await topology.bind(self.js, bucket)
+            kv = self._kv[bucket] = await topology.bind(self._js, bucket)
         return kv
 
     # --- publishing ------------------------------------------------------------------------
@@ -235,7 +255,7 @@ class Bus:
 
     async def publish(self, subject: str, event: msgspec.Struct, *, msg_id: str | None = None) -> api.PubAck:
         try:
-            return await self.js.publish(subject, encode(event), headers=self._headers(msg_id), timeout=5)
+            return await self._js.publish(subject, encode(event), headers=self._headers(msg_id), timeout=5)
         except (nats.errors.TimeoutError, nats.errors.ConnectionClosedError, nats.js.errors.NoStreamResponseError) as exc:
             raise TemporaryError(f"publish to {subject} failed: {exc!r}") from exc
         except nats.js.errors.APIError as exc:
@@ -243,35 +263,35 @@ class Bus:
                 raise TemporaryError(f"publish to {subject} not taken yet ({exc.description}); retry later") from exc
             raise
 
-    async def publish_many(self, items: Iterable[tuple]) -> list[PubAck]:
+    async def publish_many(self, items: Iterable[Outgoing]) -> list[PubAck]:
         """Publish without waiting for each ack in turn, then gather the acks (much faster).
-
-        Items are ``(subject, event, msg_id)``, or ``(subject, event, msg_id, headers)`` where
-        ``headers`` carries a traceparent captured earlier (when the publish happens outside the
-        span that decided it). Raises the first failure after every item has been tried."""
+        Raises the first failure after every item has been tried."""
         batch = []
-        for item in items:
-            subject, event, msg_id = item[:3]
-            if len(item) > 3:
-                headers = dict(item[3])
-                if msg_id:
-                    headers["Nats-Msg-Id"] = msg_id
-            else:
-                headers = self._headers(msg_id)
-            batch.append((subject, encode(event), headers))
-        acks = await publisher(self.nc).publish(batch)
+        try:
+            for item in items:
+                if item.headers is None:
+                    headers = self._headers(item.msg_id)
+                else:
+                    headers = dict(item.headers)
+                    if item.msg_id:
+                        headers["Nats-Msg-Id"] = item.msg_id
+                batch.append((item.subject, encode(item.event), headers))
+        except AttributeError as exc:
+            raise TypeError(f"publish_many takes Outgoing items, got {type(item).__name__} ({exc}): "
+                            f"write Outgoing(subject, event, msg_id)") from None
+        acks = await publisher(self._nc).publish(batch)
         for ack in acks:
             if isinstance(ack, PublishError) and ack.not_now:
                 raise TemporaryError(f"{ack}: not taken yet; retry later") from ack
             if isinstance(ack, Exception):
                 raise ack
-        return acks
+        return acks  # type: ignore[return-value]  # none is an exception here
 
     async def stored(self, stream: str, subject: str) -> bool:
         """Whether ``stream`` holds a message on exactly ``subject`` (a reconciler asking whether an
         event it owes was ever published)."""
         try:
-            await self.js.get_last_msg(stream, subject)
+            await self._js.get_last_msg(stream, subject)
             return True
         except NotFoundError:
             return False
@@ -283,7 +303,7 @@ class Bus:
         """Watch ``subject`` on core NATS (no storage, no acks) and hand each event and its headers
         to ``on_event``; runs until cancelled. For signs of life and hints that every replica
         follows: what does not decode is skipped here (the streams' consumers dead-letter it)."""
-        sub = await self.nc.subscribe(subject)
+        sub = await self._nc.subscribe(subject)
         try:
             async for msg in sub.messages:
                 try:
@@ -322,7 +342,7 @@ class Bus:
             try:
                 advisory = _exhausted.decode(msg.data)
                 try:
-                    stored = await self.js.get_msg(stream, advisory.stream_seq)
+                    stored = await self._js.get_msg(stream, advisory.stream_seq)
                     subject, data, headers = stored.subject or "", stored.data or b"", dict(stored.headers or {})
                 except NotFoundError:  # aged out of the stream meanwhile: the letter says where it was
                     subject, data, headers = "", b"", {}
@@ -334,7 +354,7 @@ class Bus:
             except Exception as exc:  # the next replica's watch, or the operator's log, has it
                 log.error("cannot dead-letter an exhausted message of %s/%s: %r", stream, durable, exc)
 
-        sub = await self.nc.subscribe(MAX_DELIVERIES_ADVISORY.format(stream=stream, consumer=durable),
+        sub = await self._nc.subscribe(MAX_DELIVERIES_ADVISORY.format(stream=stream, consumer=durable),
                                       cb=on_advisory)
         try:
             await asyncio.Event().wait()
@@ -377,60 +397,71 @@ class Bus:
 
     # --- consuming -------------------------------------------------------------------------
 
-    async def consume(
-        self,
-        *,
-        stream: str,
-        durable: str,
-        filter_subjects: list[str],
-        decoder: msgspec.json.Decoder,
-        handler: Handler,
-        batch: int = 64,
-        concurrency: int = 1,
-        deliver_new: bool = False,
-        max_deliver: int | None = None,
-        ready: asyncio.Event | None = None,
-        batch_handler: BatchHandler | None = None,
-    ) -> None:
-        """Run a durable pull-consumer loop forever; returns only by cancellation.
-
-        ``concurrency`` > 1 handles the messages of one fetched batch concurrently; handlers must
-        then be safe to run side by side (they are idempotent and use compare-and-set anyway).
-        ``batch_handler``, when given, receives each fetched batch whole (decoded; invalid payloads
-        are already dead-lettered) and returns one outcome per item: None to ack, or the exception
-        that decides the message's fate exactly as if a single handler had raised it.
-        """
-        max_deliver = max_deliver or self.settings.max_deliver
-        config = api.ConsumerConfig(
-            durable_name=durable,
-            ack_policy=api.AckPolicy.EXPLICIT,
-            ack_wait=self.settings.ack_wait,
-            max_deliver=max_deliver,
-            filter_subjects=filter_subjects,
-            deliver_policy=api.DeliverPolicy.NEW if deliver_new else api.DeliverPolicy.ALL,
-            max_ack_pending=max(1000, batch * 4),
-        )
-        sub = await self._bind(stream, config)
-        self.consumers[(stream, durable)] = None
-        watch = asyncio.create_task(self.watch_exhausted(stream, durable))
-        try:
-            await self._consume_loop(sub, stream, config, decoder, handler, batch, concurrency, max_deliver,
-                                     ready, batch_handler)
-        finally:
-            watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
-
-    async def _consume_loop(self, sub, stream, config, decoder, handler, batch, concurrency, max_deliver,
-                            ready, batch_handler) -> None:
-        durable = config.durable_name
-        if ready is not None:
-            ready.set()
+    async def consume(self, subscription: Subscription[E], *, ready: asyncio.Event | None = None) -> None:
+        """Run ``subscription``'s durable pull consumer forever, one handler call per message;
+        returns only by cancellation. ``ready`` is set once the consumer is bound."""
+        if not isinstance(subscription, Subscription):
+            raise TypeError(f"consume takes a Subscription, got {type(subscription).__name__}"
+                            + (": a BatchSubscription goes to consume_batches"
+                               if isinstance(subscription, BatchSubscription) else ""))
+        max_deliver = subscription.max_deliver or self.settings.max_deliver
+        concurrency = subscription.concurrency
         limiter = asyncio.Semaphore(concurrency)
 
         async def one(msg: Msg) -> None:
             async with limiter:
-                await self._handle(msg, decoder, handler, max_deliver)
+                await self._handle(msg, subscription, max_deliver)
 
+        async def handle(msgs: list[Msg]) -> None:
+            if concurrency == 1:
+                for msg in msgs:
+                    await self._handle(msg, subscription, max_deliver)
+            else:
+                await asyncio.gather(*(one(m) for m in msgs), return_exceptions=True)
+
+        await self._consume(subscription, max_deliver, handle, ready)
+
+    async def consume_batches(self, subscription: BatchSubscription[E], *,
+                              ready: asyncio.Event | None = None) -> None:
+        """Run ``subscription``'s durable pull consumer forever, one handler call per fetched batch;
+        returns only by cancellation. Each item's outcome settles its message exactly as if a
+        handler of one message had raised it (`tessera.shared.subscriptions.verdict`)."""
+        if not isinstance(subscription, BatchSubscription):
+            raise TypeError(f"consume_batches takes a BatchSubscription, got {type(subscription).__name__}"
+                            + (": a Subscription goes to consume" if isinstance(subscription, Subscription) else ""))
+        max_deliver = subscription.max_deliver or self.settings.max_deliver
+
+        async def handle(msgs: list[Msg]) -> None:
+            await self._handle_batch(msgs, subscription, max_deliver)
+
+        await self._consume(subscription, max_deliver, handle, ready)
+
+    async def _consume(self, subscription: Subscription[Any] | BatchSubscription[Any], max_deliver: int,
+                       handle: Callable[[list[Msg]], Awaitable[None]], ready: asyncio.Event | None) -> None:
+        stream = subscription.stream
+        config = api.ConsumerConfig(
+            durable_name=subscription.durable,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=self.settings.ack_wait,
+            max_deliver=max_deliver,
+            filter_subjects=list(subscription.filter_subjects),
+            deliver_policy=api.DeliverPolicy.NEW if subscription.deliver_new else api.DeliverPolicy.ALL,
+            max_ack_pending=max(1000, subscription.batch * 4),
+        )
+        sub = await self._bind(stream, config)
+        self.consumers[(stream, subscription.durable)] = None
+        watch = asyncio.create_task(self.watch_exhausted(stream, subscription.durable))
+        try:
+            await self._consume_loop(sub, stream, config, subscription.batch, handle, ready)
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+
+    async def _consume_loop(self, sub, stream: str, config: api.ConsumerConfig, batch: int,
+                            handle: Callable[[list[Msg]], Awaitable[None]], ready: asyncio.Event | None) -> None:
+        durable = config.durable_name
+        if ready is not None:
+            ready.set()
         try:
             while True:
                 try:
@@ -455,13 +486,7 @@ class Bus:
                 # The whole fetched batch is signalled, not only the message in hand: the ones still
                 # waiting their turn would otherwise outlive ack_wait behind a slow one.
                 async with self._progress(msgs):
-                    if batch_handler is not None:
-                        await self._handle_batch(msgs, decoder, batch_handler, max_deliver)
-                    elif concurrency == 1:
-                        for msg in msgs:
-                            await self._handle(msg, decoder, handler, max_deliver)
-                    else:
-                        await asyncio.gather(*(one(m) for m in msgs), return_exceptions=True)
+                    await handle(msgs)
         finally:
             # A pull request still open on the server delivers into this inbox after we stop reading
             # it, and a drain waits for a queue nobody empties; unacked, those messages are redelivered.
@@ -471,75 +496,101 @@ class Bus:
     async def _bind(self, stream: str, config: api.ConsumerConfig):
         while True:
             try:
-                await self.js.add_consumer(stream, config)
-                return await self.js.pull_subscribe_bind(config.durable_name, stream=stream)
+                await self._js.add_consumer(stream, config)
+                return await self._js.pull_subscribe_bind(config.durable_name, stream=stream)
             except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError) as exc:
                 log.warning("cannot create consumer %s yet (%r); retrying", config.durable_name, exc)
                 await asyncio.sleep(0.5)
 
-    async def _handle(
-        self, msg: Msg, decoder: msgspec.json.Decoder, handler: Handler, max_deliver: int
-    ) -> None:
-        headers = dict(msg.headers or {})
-        try:
-            delivered = msg.metadata.num_delivered
-        except Exception:
-            delivered = 1
-        delivery = Delivery(msg.subject, headers, msg.data, delivered)
+    async def _handle(self, msg: Msg, subscription: Subscription[Any], max_deliver: int) -> None:
+        """One message in a span of its own: decode, run the handler (a lost compare-and-set runs it
+        again at once), settle."""
+        delivery = self._delivery(msg)
         with self.telemetry.span(
             f"{self.service} handle {subjects.event_name(msg.subject)}",
-            parent_headers=headers,
+            parent_headers=delivery.headers,
             kind=SpanKind.CONSUMER,
             attributes={"messaging.system": "nats", "messaging.destination": msg.subject},
         ) as span:
+            event = None
+            outcome: BaseException | None = None
             try:
-                try:
-                    event = decoder.decode(msg.data)
-                except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                    raise PermanentError(f"invalid payload: {exc}") from exc
+                event = self._decode(subscription.decoder, delivery)
                 if span.is_recording():
                     span.set_attributes(claim_attributes(event))
                 for attempt in range(CONFLICT_RETRIES):
                     try:
-                        await handler(event, delivery)
+                        await subscription.handler(event, delivery)
                         break
-                    except ConflictError:
+                    except ConflictError as exc:
                         if attempt == CONFLICT_RETRIES - 1:
-                            raise TemporaryError("compare-and-set kept losing", delay=0.1)
+                            raise kept_losing() from exc
                         await asyncio.sleep(0.001 * attempt)
-                await msg.ack()
-                log.debug("acked %s", msg.subject)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                letter = await self._settle_failure(msg, exc, delivered, max_deliver)
-                failed(span, exc, dead_letter=letter)
+                outcome = exc
+            await self._settle(msg, delivery, event, outcome, max_deliver, span)
 
-    async def _handle_batch(
-        self, msgs: list[Msg], decoder: msgspec.json.Decoder, handler: BatchHandler, max_deliver: int
-    ) -> None:
+    async def _handle_batch(self, msgs: list[Msg], subscription: BatchSubscription[Any], max_deliver: int) -> None:
+        """One fetched batch: decode each (what does not decode is settled at once), hand the
+        rest to the batch handler, settle each by its outcome."""
         items: list[tuple[Any, Delivery]] = []
         kept: list[Msg] = []
         for msg in msgs:
             delivery = self._delivery(msg)
             try:
-                items.append((decoder.decode(msg.data), delivery))
+                items.append((self._decode(subscription.decoder, delivery), delivery))
                 kept.append(msg)
-            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                error = PermanentError(f"invalid payload: {exc}")
-                letter = await self._give_up(msg, str(error), delivery.num_delivered)
-                self._letter_span(delivery, None, error, letter)
+            except PermanentError as error:
+                await self._settle(msg, delivery, None, error, max_deliver, None)
         if not items:
             return
-        outcomes = await handler(items)
+        outcomes = list(await subscription.handler(items))
+        if len(outcomes) != len(items):
+            log.error("the batch handler of %s returned %d outcomes for %d messages; the rest are redelivered",
+                      subscription.durable, len(outcomes), len(items))
+            missing = TemporaryError(f"the batch handler of {subscription.durable} returned no outcome for it")
+            outcomes = (outcomes + [missing] * len(items))[: len(items)]
         for msg, (event, delivery), outcome in zip(kept, items, outcomes):
-            if outcome is None:
+            await self._settle(msg, delivery, event, outcome, max_deliver, None)
+
+    @staticmethod
+    def _decode(decoder: msgspec.json.Decoder, delivery: Delivery) -> Any:
+        try:
+            return decoder.decode(delivery.data)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise PermanentError(f"invalid payload: {exc}") from exc
+
+    async def _settle(self, msg: Msg, delivery: Delivery, event: Any, outcome: BaseException | None,
+                      max_deliver: int, span: Span | None) -> None:
+        """Ack, redeliver or dead-letter ``msg`` as `verdict` says for ``outcome``, and put a
+        failure on the message's trace: on ``span`` when the bus handled the message in one, else
+        (a batch handler's spans have ended) on a span of its own when it was dead-lettered."""
+        decided = verdict(outcome, delivery.num_delivered, max_deliver)
+        if decided is ACK:
+            try:
                 await msg.ack()
-            elif isinstance(outcome, ConflictError):
-                await msg.nak(delay=0.01)  # re-read and retry at once, through a redelivery
+            except Exception as exc:  # connection gone: the server redelivers after ack_wait
+                log.warning("ack of %s not sent (%r); it is redelivered after ack_wait", msg.subject, exc)
+                if span is not None:
+                    failed(span, exc)
             else:
-                letter = await self._settle_failure(msg, outcome, delivery.num_delivered, max_deliver)
-                self._letter_span(delivery, event, outcome, letter)
+                log.debug("acked %s", msg.subject)
+            return
+        assert outcome is not None
+        letter = None
+        if decided.action == "dead-letter":
+            letter = await self._give_up(msg, decided.reason, delivery.num_delivered)
+        else:
+            (log.debug if decided.routine else log.warning)(
+                "retrying %s in %.2fs (%s)", msg.subject, decided.delay, decided.reason)
+            with contextlib.suppress(Exception):  # connection gone: the server redelivers after ack_wait
+                await msg.nak(delay=decided.delay)
+        if span is not None:
+            failed(span, outcome, dead_letter=letter)
+        else:
+            self._letter_span(delivery, event, outcome, letter)
 
     def _letter_span(self, delivery: Delivery, event: Any, exc: BaseException, letter: str | None) -> None:
         """A batch handler's spans end before the bus settles its messages, so a message it
@@ -567,22 +618,6 @@ class Bus:
             delivered = 1
         return Delivery(msg.subject, dict(msg.headers or {}), msg.data, delivered)
 
-    async def _settle_failure(self, msg: Msg, exc: BaseException, delivered: int, max_deliver: int) -> str | None:
-        """Decide a failed message's fate from what its handler raised; the dead-letter reason when
-        it was dead-lettered (None: it comes back)."""
-        if isinstance(exc, PermanentError):
-            return await self._give_up(msg, str(exc), delivered)
-        reason = str(exc) if isinstance(exc, TemporaryError) else f"{type(exc).__name__}: {exc}"
-        if delivered >= max_deliver:
-            return await self._give_up(msg, f"gave up after {delivered} deliveries: {reason}", delivered)
-        delay = exc.delay if isinstance(exc, TemporaryError) else min(0.2 * 2**delivered, 10)
-        log.warning("retrying %s in %.1fs (%s)", msg.subject, delay, reason)
-        try:
-            await msg.nak(delay=delay)
-        except Exception:  # connection gone: the server redelivers after ack_wait
-            pass
-        return None
-
     async def _give_up(self, msg: Msg, reason: str, delivered: int) -> str | None:
         """Dead-letter, then terminate; a message whose letter was not stored is not terminated
         (it comes back, and is dead-lettered then), so nothing is dropped without its letter.
@@ -602,6 +637,84 @@ class Bus:
             await msg.term()
         return reason
 
+    # --- the connection and the server's state, by name (the CLI, tools, tests) -------------
+    # The connection and its JetStream context stay private; what callers outside the bus need of
+    # them is named here. These raise nats' own errors unchanged (callers tell them apart).
+
+    @property
+    def connected(self) -> bool:
+        return self._nc.is_connected
+
+    @property
+    def connected_url(self):
+        """The server this connection is on now (a parsed URL), None while disconnected."""
+        return self._nc.connected_url
+
+    async def flush(self, timeout: int = 10) -> None:
+        """Wait until the server has everything published so far on core NATS."""
+        await self._nc.flush(timeout=timeout)
+
+    async def send(self, subject: str, data: bytes, headers: dict[str, str] | None = None) -> None:
+        """Core-NATS publish of raw bytes: no stream acknowledgement, no message id, no trace."""
+        await self._nc.publish(subject, data, headers=headers)
+
+    async def listen(self, subject: str, cb: Callable[[Msg], Awaitable[None]]):
+        """Subscribe ``cb`` to ``subject`` on core NATS; returns the subscription (call its
+        ``unsubscribe``). `follow` is the decoding, self-cleaning form."""
+        return await self._nc.subscribe(subject, cb=cb)
+
+    async def publish_bytes(self, subject: str, data: bytes, *, headers: dict[str, str] | None = None,
+                            timeout: float = 5.0) -> api.PubAck:
+        """A stream publish of raw bytes (a replayed letter, a test's malformed event), headers as
+        given: no trace context or message id is added."""
+        return await self._js.publish(subject, data, headers=headers, timeout=timeout)
+
+    async def publish_async(self, subject: str, data: bytes, *, headers: dict[str, str] | None = None):
+        """A stream publish of raw bytes whose ack is not awaited here (a benchmark's fixed-rate
+        load); returns the ack's future."""
+        return await self._js.publish_async(subject, data, headers=headers)
+
+    async def stream_info(self, stream: str, *, subjects_filter: str | None = None,
+                          timeout: float | None = None) -> api.StreamInfo:
+        if timeout is None:
+            return await self._js.stream_info(stream, subjects_filter=subjects_filter)
+        return await self._nc.jetstream(timeout=timeout).stream_info(stream, subjects_filter=subjects_filter)
+
+    async def streams_info(self) -> list[api.StreamInfo]:
+        return await self._js.streams_info()
+
+    async def consumer_info(self, stream: str, durable: str) -> api.ConsumerInfo:
+        return await self._js.consumer_info(stream, durable)
+
+    async def consumers_info(self, stream: str) -> list[api.ConsumerInfo]:
+        return await self._js.consumers_info(stream)
+
+    async def stored_message(self, stream: str, seq: int) -> api.RawStreamMsg:
+        """The message at ``seq`` of ``stream`` (`NotFoundError` when there is none)."""
+        return await self._js.get_msg(stream, seq)
+
+    async def last_message(self, stream: str, subject: str) -> api.RawStreamMsg:
+        """The last message ``stream`` holds on ``subject`` (`NotFoundError` when there is none)."""
+        return await self._js.get_last_msg(stream, subject)
+
+    async def pull_subscribe(self, subject: str, *, stream: str, config: api.ConsumerConfig):
+        """An ephemeral pull consumer on ``stream`` (a CLI reading a stream through once)."""
+        return await self._js.pull_subscribe(subject, stream=stream, config=config)
+
+    async def pull_subscribe_bind(self, durable: str, *, stream: str):
+        """Bind to an existing durable pull consumer (a test acting as a second consumer process)."""
+        return await self._js.pull_subscribe_bind(durable, stream=stream)
+
+    async def subscribe_ordered(self, subject: str, *, stream: str, cb: Callable[[Msg], Awaitable[None]],
+                                config: api.ConsumerConfig):
+        """An ordered push consumer on ``stream`` delivering to ``cb`` (a viewer following a stream)."""
+        return await self._js.subscribe(subject, stream=stream, cb=cb, ordered_consumer=True, config=config)
+
+    async def delete_bucket(self, bucket: str) -> None:
+        """Delete a KV bucket (`BucketNotFoundError` / `NotFoundError` when it does not exist)."""
+        await self._js.delete_key_value(bucket)
+        self._kv.pop(bucket, None)
+
     # --- what the metrics read (tessera.shared.metrics) ------------------------------------
 
     async def consumer_lag(self, timeout: float = 2.0) -> list[tuple[tuple[str, str], tuple[int, int, int]]]:
@@ -610,7 +723,7 @@ class Bus:
         out = []
         for stream, durable in list(self.consumers):
             try:
-                info = await self.js.consumer_info(stream, durable, timeout=timeout)
+                info = await self._js.consumer_info(stream, durable, timeout=timeout)
             except (nats.errors.TimeoutError, NotFoundError, nats.errors.ConnectionClosedError) as exc:
                 log.debug("no consumer info for %s/%s: %r", stream, durable, exc)
                 continue
@@ -621,7 +734,7 @@ class Bus:
     async def dead_letters(self, service: str) -> int:
         """How many dead letters of ``service`` the DLQ stream holds."""
         subject = subjects.dlq(service)
-        info = await self.js.stream_info(subjects.STREAM_DLQ, subjects_filter=subject)
+        info = await self._js.stream_info(subjects.STREAM_DLQ, subjects_filter=subject)
         return sum((info.state.subjects or {}).values()) if info.state.messages else 0
 
     # --- request / reply -------------------------------------------------------------------
@@ -659,7 +772,7 @@ class Bus:
             inflight.add(task)
             task.add_done_callback(inflight.discard)
 
-        sub = await self.nc.subscribe(subject, queue=queue or f"tessera-{self.service}", cb=on_msg)
+        sub = await self._nc.subscribe(subject, queue=queue or f"tessera-{self.service}", cb=on_msg)
         try:
             await asyncio.Event().wait()
         finally:
@@ -672,7 +785,7 @@ class Bus:
 
     async def request(self, subject: str, payload: bytes, timeout: float = 5.0) -> bytes:
         try:
-            msg = await self.nc.request(subject, payload, timeout=timeout, headers=inject({}))
+            msg = await self._nc.request(subject, payload, timeout=timeout, headers=inject({}))
         except nats.errors.NoRespondersError:
             raise TemporaryError(f"no service answers on {subject}: is it running?") from None
         except nats.errors.TimeoutError:

@@ -4,6 +4,10 @@ Every event that crosses NATS is one of these msgspec Structs, JSON on the wire 
 can read it. Each subject family has one tagged union (``kind`` is the tag) and one decoder built once
 per process. Evolution rule: a new field always has a default, a field's type never changes, readers
 skip unknown fields (no ``forbid_unknown_fields`` here; that is for config files and CLI input).
+
+Adding an event: a subclass of its family's base (a claim event of `ClaimEventBase`, which carries
+``claim`` and ``tenant``) with its own ``tag``, added to the family's union below; then regenerate
+docs/asyncapi.json (``tessera asyncapi``; tests/shared checks it is current).
 """
 
 from __future__ import annotations
@@ -120,9 +124,18 @@ class ClaimSpec(Struct, frozen=True, kw_only=True):
     workload_uid: Uid | None = None
 
 
-class ClaimRequested(Event, tag="requested"):
+class ClaimEventBase(Event):
+    """Base of the claim family: every claim event names its claim and the tenant that owns it.
+
+    Inheriting keeps the wire format: msgspec puts a base's fields first, and ``claim`` and
+    ``tenant`` were already every claim event's first two fields (and a JSON object's keys are
+    matched by name when decoded anyway). Code that holds any claim event reads ``event.claim``."""
+
     claim: ClaimId
     tenant: TenantName
+
+
+class ClaimRequested(ClaimEventBase, tag="requested"):
     spec: ClaimSpec
     source: str = "api"
     # Revision of the claim's record in the ``claims`` bucket when this was published (0: unknown).
@@ -133,27 +146,21 @@ class ClaimRequested(Event, tag="requested"):
     ts: float = field(default_factory=now)
 
 
-class ClaimAllocated(Event, tag="allocated"):
-    claim: ClaimId
-    tenant: TenantName
+class ClaimAllocated(ClaimEventBase, tag="allocated"):
     node: NodeName
     devices: list[DeviceShare]
     spec: ClaimSpec = ClaimSpec()
     ts: float = field(default_factory=now)
 
 
-class ClaimUnschedulable(Event, tag="unschedulable"):
-    claim: ClaimId
-    tenant: TenantName
+class ClaimUnschedulable(ClaimEventBase, tag="unschedulable"):
     reason: str
     # constraint name -> number of nodes it ruled out, e.g. {"memory": 5, "gpu-type": 1}
     filtered: dict[str, int] = {}
     ts: float = field(default_factory=now)
 
 
-class ClaimPrepared(Event, tag="prepared"):
-    claim: ClaimId
-    tenant: TenantName
+class ClaimPrepared(ClaimEventBase, tag="prepared"):
     node: NodeName
     env: dict[str, str]
     cache_path: str = ""
@@ -161,32 +168,24 @@ class ClaimPrepared(Event, tag="prepared"):
     ts: float = field(default_factory=now)
 
 
-class ClaimRunning(Event, tag="running"):
-    claim: ClaimId
-    tenant: TenantName
+class ClaimRunning(ClaimEventBase, tag="running"):
     node: NodeName
     pids: list[int] = []
     ts: float = field(default_factory=now)
 
 
-class ClaimReleaseRequested(Event, tag="release"):
-    claim: ClaimId
-    tenant: TenantName
+class ClaimReleaseRequested(ClaimEventBase, tag="release"):
     reason: str = "requested"
     ts: float = field(default_factory=now)
 
 
-class ClaimReleased(Event, tag="released"):
-    claim: ClaimId
-    tenant: TenantName
+class ClaimReleased(ClaimEventBase, tag="released"):
     node: str = ""
     reason: str = "requested"
     ts: float = field(default_factory=now)
 
 
-class ClaimFailed(Event, tag="failed"):
-    claim: ClaimId
-    tenant: TenantName
+class ClaimFailed(ClaimEventBase, tag="failed"):
     reason: str
     node: str = ""
     ts: float = field(default_factory=now)

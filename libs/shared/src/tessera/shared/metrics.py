@@ -98,7 +98,7 @@ class BusLag:
         self.refreshed = 0.0
 
     async def refresh(self, bus) -> None:
-        self.connected = bus.nc.is_connected
+        self.connected = bus.connected
         if not self.connected:
             return
         self.consumers = dict(await bus.consumer_lag())

@@ -75,7 +75,7 @@ async def _probe_server(ctx: ServiceContext) -> None:
         return web.json_response({"status": "ok", "service": ctx.settings.service})
 
     async def readyz(_: web.Request) -> web.Response:
-        connected = ctx.bus.nc.is_connected
+        connected = ctx.bus.connected
         ok = connected and ctx.ready
         body = {"ready": ok, "nats": connected, "gates": ctx.gates}
         return web.json_response(body, status=200 if ok else 503)

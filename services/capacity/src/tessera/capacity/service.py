@@ -27,6 +27,7 @@ import msgspec
 
 from tessera.capacity.metrics import CapacityMetrics
 from tessera.shared import subjects
+from tessera.shared.bus import Outgoing
 from tessera.shared.events import (
     NodeHeartbeat,
     NodeInventory,
@@ -136,7 +137,7 @@ class CapacityService:
             await self._publish_slices(verify=True)
             try:
                 await self.bus.publish_many(
-                    (subjects.inventory(inv.node), NodeHeartbeat(node=inv.node, seq=seq), None) for inv in self.nodes
+                    Outgoing(subjects.inventory(inv.node), NodeHeartbeat(node=inv.node, seq=seq)) for inv in self.nodes
                 )
             except Exception as exc:  # NATS restarting: the next beat goes out once it is back
                 log.warning("heartbeat %d not published: %r", seq, exc)

@@ -27,7 +27,7 @@ import time
 import msgspec
 
 from tessera.shared import subjects
-from tessera.shared.bus import Delivery
+from tessera.shared.bus import Delivery, Outgoing, Subscription
 from tessera.shared.claimstore import ClaimStore
 from tessera.shared.errors import ConfigError, TemporaryError
 from tessera.shared.events import (
@@ -37,6 +37,7 @@ from tessera.shared.events import (
     ClaimReleased,
     ClaimReleaseRequested,
     ClaimRunning,
+    ClaimEvent,
     claim_decoder,
 )
 from tessera.shared.ledger import Ledger
@@ -120,7 +121,7 @@ class EnforcerService:
 
     async def _consume(self) -> None:
         await self.reconcile()
-        await self.bus.consume(
+        await self.bus.consume(Subscription(
             stream=subjects.STREAM_CLAIMS,
             durable=f"enforcer-{subjects.token(self.node.replace('.', '_'))}",
             # Only this node's events: the server filters on the subject's node token.
@@ -131,7 +132,7 @@ class EnforcerService:
             ],
             decoder=claim_decoder,
             handler=self.handle,
-        )
+        ))
 
     async def _reconcile_loop(self) -> None:
         """The start-up reconcile again, periodically: a step that failed after its record changed
@@ -191,7 +192,7 @@ class EnforcerService:
         ``allocated``: preparing it here too would bring back what the kubelet unprepared."""
         return self.settings.kubernetes and record.kube is not None
 
-    async def handle(self, event, delivery: Delivery) -> None:
+    async def handle(self, event: ClaimEvent, delivery: Delivery) -> None:
         match event:
             case ClaimAllocated() if event.node == self.node:
                 record, _ = await self.claims.get(event.claim)
@@ -346,17 +347,17 @@ class EnforcerService:
         return view
 
     async def _publish_usage(self, view: NodeView, usages) -> None:
-        items = [(subjects.usage(self.node), u, f"usage:{self.node}:{u.claim}:{time.time_ns()}")
+        items = [Outgoing(subjects.usage(self.node), u, f"usage:{self.node}:{u.claim}:{time.time_ns()}")
                  for u in usages if self.gate.due(u.claim, u)]
         total = node_usage(view, usages)
         if self.gate.due("", total):
-            items.append((subjects.usage(self.node), total, f"usage:{self.node}:{time.time_ns()}"))
+            items.append(Outgoing(subjects.usage(self.node), total, f"usage:{self.node}:{time.time_ns()}"))
         self.gate.forget_except({u.claim for u in usages} | {""})
         if items:
             try:
                 await self.bus.publish_many(items)
             except Exception as exc:  # usage is a report, not state: the next change or heartbeat resends it
-                for name in [getattr(e, "claim", "") for _, e, _ in items]:
+                for name in [getattr(o.event, "claim", "") for o in items]:  # "": the node's total
                     self.gate.last.pop(name, None)
                 log.warning("usage publish failed: %r", exc)
 

@@ -35,7 +35,7 @@ from statistics import median
 import msgspec
 
 from tessera.shared import subjects
-from tessera.shared.bus import Bus
+from tessera.shared.bus import Bus, Outgoing
 from tessera.shared.claimstore import ClaimStore
 from tessera.shared.events import ClaimRecord, ClaimRequested, ClaimSpec, NodeInventory, TenantRecord, encode
 from tessera.shared.natsserver import NatsServer, die_with_parent, free_port
@@ -223,7 +223,7 @@ async def run_fleet(kind: str, args, progress, model: str = "default") -> dict:
         progress(f"{kind}: starting {args.replicas} placement process(es)")
         placers = await asyncio.to_thread(start_placers, server.url, args.replicas, workdir, MODELS[model])
         decisions = Decisions()
-        subs = [await bus.nc.subscribe(subjects.claims_of_kind(k), cb=decisions.on_msg)
+        subs = [await bus.listen(subjects.claims_of_kind(k), decisions.on_msg)
                 for k in ("allocated", "unschedulable")]
         scraper = Scraper([m for *_, m in placers if m]).start()
         try:
@@ -234,7 +234,7 @@ async def run_fleet(kind: str, args, progress, model: str = "default") -> dict:
             start = time.perf_counter()
             cpu0 = sum(cpu_seconds(p.pid) for p, *_ in placers)
             for chunk in range(0, len(events), 500):
-                await bus.publish_many((subjects.claim("bench", e.claim, "requested"), e, f"{e.claim}:requested")
+                await bus.publish_many(Outgoing(subjects.claim("bench", e.claim, "requested"), e, f"{e.claim}:requested")
                                        for e in events[chunk: chunk + 500])
             await wait_for(decisions, [e.claim for e in events], timeout=600)
             elapsed = max(decisions.at[e.claim] for e in events) - start
@@ -255,8 +255,8 @@ async def run_fleet(kind: str, args, progress, model: str = "default") -> dict:
                 if delay > 0:
                     await asyncio.sleep(delay)
                 sent[e.claim] = time.perf_counter()
-                await bus.js.publish_async(subjects.claim("bench", e.claim, "requested"), encode(e),
-                                           headers={"Nats-Msg-Id": f"{e.claim}:requested"})
+                await bus.publish_async(subjects.claim("bench", e.claim, "requested"), encode(e),
+                                        headers={"Nats-Msg-Id": f"{e.claim}:requested"})
             achieved = len(rest) / (time.perf_counter() - t0)
             await wait_for(decisions, list(sent), timeout=300)
             lat = sorted((decisions.at[c] - t) * 1000 for c, t in sent.items())

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from tessera.shared import subjects
+from tessera.shared.bus import Outgoing
 from tessera.shared.events import ClaimAllocated, ClaimRecord, ClaimRequested, ClaimUnschedulable, LedgerEntry
 from tessera.shared.lifecycle import ON_NODE, UNPLACED
 
@@ -45,10 +46,6 @@ class Refusal:
     revision: int | None
     headers: dict[str, str] | None = None
     first: bool = True  # the claim was not waiting here before (so it is news even if unchanged)
-
-
-def _announcement(subject: str, event, msg_id: str | None, headers: dict[str, str] | None) -> tuple:
-    return (subject, event, msg_id) if headers is None else (subject, event, msg_id, headers)
 
 
 class OutcomeWriter:
@@ -89,7 +86,7 @@ class OutcomeWriter:
             svc.counts["allocated"] += 1
             latency(now - event.ts)
             svc._kube_allocated(event.claim, event.tenant, a.node, a.entry.shares, event.kube or record.kube)
-            announce.append(_announcement(
+            announce.append(Outgoing(
                 subjects.claim(event.tenant, event.claim, "allocated", a.node),
                 ClaimAllocated(claim=event.claim, tenant=event.tenant, node=a.node, devices=list(a.entry.shares),
                                spec=event.spec),
@@ -152,7 +149,7 @@ class OutcomeWriter:
                     svc._forget(r.event.claim)
                     continue
             svc._kube_unschedulable(r.event.claim, r.event.kube or r.record.kube, r.reason)
-            announce.append(_announcement(
+            announce.append(Outgoing(
                 subjects.claim(r.event.tenant, r.event.claim, "unschedulable"),
                 ClaimUnschedulable(claim=r.event.claim, tenant=r.event.tenant, reason=r.reason, filtered=r.filtered),
                 None, r.headers))

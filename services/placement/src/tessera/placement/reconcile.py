@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tessera.shared import subjects
+from tessera.shared.bus import Outgoing
 from tessera.shared.errors import ConflictError
 from tessera.shared.events import ClaimAllocated, ClaimRecord, ClaimRequested, LedgerEntry, NodeLedger
 from tessera.shared.ledger import check_fit, claim_quota
@@ -100,9 +101,9 @@ class Reconciler:
         if not records:
             return
         await self.svc.bus.publish_many([
-            (subjects.claim(r.tenant, r.claim, "allocated", r.node),
-             ClaimAllocated(claim=r.claim, tenant=r.tenant, node=r.node, devices=list(r.devices), spec=r.spec),
-             f"{r.claim}:allocated")
+            Outgoing(subjects.claim(r.tenant, r.claim, "allocated", r.node),
+                     ClaimAllocated(claim=r.claim, tenant=r.tenant, node=r.node, devices=list(r.devices), spec=r.spec),
+                     f"{r.claim}:allocated")
             for r, _ in records])
         self.announced.update((r.claim, revision) for r, revision in records)
         self.repairs["allocated republished"] += len(records)

@@ -30,14 +30,16 @@ import asyncio
 import logging
 import time
 import uuid
+from typing import Sequence
 
 import msgspec
 
 from tessera.shared import subjects
-from tessera.shared.bus import Bus, Delivery
+from tessera.shared.bus import BatchSubscription, Bus, Delivery
 from tessera.shared.claimstore import ClaimStore
 from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
 from tessera.shared.events import (
+    ClaimEvent,
     ClaimRecord,
     ClaimReleaseRequested,
     ClaimRequested,
@@ -197,17 +199,14 @@ class PlacementService:
             await asyncio.sleep(0.05)
         await self._load_pending()
         idlework.settle_collector()  # (the young passes then run between decisions: `idlework`)
-        await self.bus.consume(
+        await self.bus.consume_batches(BatchSubscription(
             stream=subjects.STREAM_CLAIMS,
             durable="placement",
             filter_subjects=[subjects.claims_of_kind("requested"), subjects.claims_of_kind("release")],
             decoder=claim_decoder,
-            handler=self.handle,
+            handler=self.handle_batch,
             batch=self.settings.batch,
-            concurrency=self.settings.concurrency,
-            ready=ready,
-            batch_handler=self.handle_batch,
-        )
+        ), ready=ready)
 
     async def _follow_unschedulable(self) -> None:
         """Every replica retries every waiting claim, not only those it decided itself, so a claim
@@ -238,9 +237,9 @@ class PlacementService:
 
     # --- handling --------------------------------------------------------------------------
 
-    async def handle(self, event, delivery: Delivery) -> None:
+    async def handle(self, event: ClaimEvent, delivery: Delivery) -> None:
         tenant, _, _, node = subjects.claim_subject_parts(delivery.subject)
-        if getattr(event, "tenant", tenant) != tenant:  # a tenant may publish only under its own name
+        if event.tenant != tenant:  # a tenant may publish only under its own name
             raise PermanentError(f"{type(event).__name__} for tenant {event.tenant!r} published under {tenant!r}")
         match event:
             case ClaimRequested():
@@ -274,7 +273,7 @@ class PlacementService:
             and not has_limits(self.quotas.get(event.tenant))
         )
 
-    async def handle_batch(self, items: list) -> list[BaseException | None]:
+    async def handle_batch(self, items: Sequence[tuple[ClaimEvent, Delivery]]) -> list[BaseException | None]:
         """A fetched batch at once: decide fresh claims one by one in memory, then write the ledger
         once per node, the claim records and the ``allocated`` events pipelined. Everything else
         (releases, redeliveries, quota-limited tenants) takes the one-claim path.
@@ -289,16 +288,18 @@ class PlacementService:
             log.exception("placement batch of %d failed; its unsettled claims are redelivered", len(items))
             error = TemporaryError(f"placement batch failed: {exc!r}", delay=1.0)
             outcomes = [error if outcome is None else outcome for outcome in outcomes]
-            self.view.unbook_all({getattr(event, "claim", "") for event, _ in items})
+            self.view.unbook_all({event.claim for event, _ in items})
         return outcomes
 
-    async def _handle_batch(self, items: list, outcomes: list[BaseException | None]) -> None:
+    async def _handle_batch(self, items: Sequence[tuple[ClaimEvent, Delivery]],
+                            outcomes: list[BaseException | None]) -> None:
         fetched = asyncio.get_running_loop().time()
         seen: set[str] = set()
-        fast, slow = [], []
+        fast: list[int] = []
+        slow: list[int] = []
         for i, (event, delivery) in enumerate(items):
             (fast if self._fast(event, seen, delivery) else slow).append(i)
-            seen.add(getattr(event, "claim", ""))
+            seen.add(event.claim)
 
         # The placing leases of the fresh claims go out first and their acknowledgements come back
         # while the claims are decided (in memory): the lease costs a write, not a round trip.
@@ -381,7 +382,7 @@ class PlacementService:
             except ConflictError:
                 if raise_conflict:
                     raise
-                outcomes[i] = ConflictError(f"{getattr(event, 'claim', '?')}: compare-and-set kept losing")
+                outcomes[i] = ConflictError(f"{event.claim}: compare-and-set kept losing")
             except Exception as exc:
                 outcomes[i] = exc
 

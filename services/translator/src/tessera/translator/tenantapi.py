@@ -115,7 +115,7 @@ class TenantApi:
     async def _prepared(self, record: ClaimRecord) -> ClaimPrepared | None:
         subject = subjects.claim(record.tenant, record.claim, "prepared", subjects.ANY_NODE)
         try:
-            msg = await self.bus.js.get_last_msg(subjects.STREAM_CLAIMS, subject)
+            msg = await self.bus.last_message(subjects.STREAM_CLAIMS, subject)
         except Exception:  # not on the stream (yet): the caller asks again
             return None
         event = claim_decoder.decode(msg.data)

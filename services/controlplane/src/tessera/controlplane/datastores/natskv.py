@@ -172,7 +172,7 @@ class NatsKvDriver:
     async def remove(self, tenant: str) -> None:
         if self.users is None:
             try:
-                await self.bus.js.delete_key_value(bucket_name(tenant))
+                await self.bus.delete_bucket(bucket_name(tenant))
             except (BucketNotFoundError, NotFoundError):
                 pass
             return
