@@ -81,13 +81,13 @@ class Client:
     sends requests and decodes their replies (a refusal: exit 1, ``unavailable``: exit 4), reads
     the buckets, and watches claims."""
 
-    def __init__(self, bus: Bus, *, user: str | None = None) -> None:
+    def __init__(self, bus: Bus, claims_kv=None, *, user: str | None = None) -> None:
         self.bus = bus
-        self.user = user  # the NATS user connected as (None: the server's default)
+        self.user = user  # the NATS user connected as (None: the URL's, or the server's default)
         # A tenant's account has no claims bucket: it asks the translator, which answers for its
-        # own claims. A platform identity reads the bucket (`claims_bucket`).
+        # own claims. A platform identity reads the bucket (given, or bound by `claims_bucket`).
         self.as_tenant = identities.is_tenant_user(user)
-        self.claims_kv = None
+        self.claims_kv = claims_kv
 
     @classmethod
     async def connect(cls, url: str | None = None, *, user: str | None = None,
