@@ -1,7 +1,9 @@
 """`make images`: every image the compose set runs, built with Podman on this machine.
 
 The five Tessera images come from services/<name>/Dockerfile with the repository root as context,
-tagged as deploy/compose/compose.yaml names them (tessera/<name>:0.1.0). Their base is the upstream
+tagged as deploy/compose/compose.yaml names them (tessera/<name>:0.1.0). Those Dockerfiles are
+written from one template (deploy/images/dockerfiles.py, `make dockerfiles`); one that is not what
+the template writes is refused here, before anything is built. Their base is the upstream
 python:3.11-slim-bookworm when it can be pulled (or is already here); on a machine that reaches no
 registry it is python-base.Containerfile built on Debian's minbase (podmanhost.debian_base), passed
 as ``--build-arg PYTHON_IMAGE=``. The images compose.local.yaml swaps in (nats, prometheus, the
@@ -31,6 +33,8 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "images"))
+import dockerfiles  # noqa: E402
 import podmanhost  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,6 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"no such image: {', '.join(sorted(unknown))} (known: {', '.join([*services, *local])})")
     wanted = set(args.names) or set(services) | set(local)
+    generated = {image.service: image.path() for image in dockerfiles.IMAGES}
+    if set(services) - set(generated):
+        parser.error(f"compose.yaml builds {', '.join(sorted(set(services) - set(generated)))}, which "
+                     f"deploy/images/dockerfiles.py has no entry for: add one")
+    stale = [path for path in dockerfiles.stale() if path.parent.name in wanted]
+    if stale:
+        print(f"make images: {', '.join(str(p.relative_to(ROOT)) for p in stale)} not what the template writes: "
+              f"run 'make dockerfiles' (or edit deploy/images/ instead of the generated file)", file=sys.stderr)
+        return 1
     try:
         builder = Builder()
         if wanted & (set(services) | {"otlp-sink"}):
@@ -147,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"PYTHON_IMAGE={python}", flush=True)
         for service, tag in services.items():
             if service in wanted:
-                builder.build(service, tag, ROOT / "services" / service / "Dockerfile", ROOT, {"PYTHON_IMAGE": python})
+                builder.build(service, tag, generated[service], ROOT, {"PYTHON_IMAGE": python})
         for name, tag in local.items():
             if name not in wanted:
                 continue

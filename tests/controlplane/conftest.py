@@ -43,10 +43,6 @@ def call_api():
     return call
 
 
-async def start_manager(bus: Bus, settings: ControlPlaneSettings | None = None, **kw) -> Manager:
-    return await Manager.start(bus, settings or ControlPlaneSettings(), **kw)
-
-
 PLATFORM = ("platform", "platform-secret")
 
 

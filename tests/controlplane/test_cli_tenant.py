@@ -40,28 +40,28 @@ def parse(*argv: str) -> argparse.Namespace:
 async def test_create_list_get_delete_with_tables(served, capsys):
     url = served
     args = parse("tenant", "create", "alpha", "--gpus", "4", "--memory-mib", "40000", "--size", "medium", "--nats", url)
-    assert await args.run(args) == 0
+    assert await args.func(args) == 0
     assert "Phase" in capsys.readouterr().out
     args = parse("tenant", "list", "--nats", url)
-    assert await args.run(args) == 0
+    assert await args.func(args) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[:2] == ["NAME", "PHASE"]
     assert out[1].split()[:6] == ["alpha", "Ready", "4", "40000", "-", "medium"]
     args = parse("tenant", "get", "alpha", "--nats", url)
-    assert await args.run(args) == 0
+    assert await args.func(args) == 0
     assert "gpus=4 memory_mib=40000" in capsys.readouterr().out
     args = parse("tenant", "delete", "alpha", "--nats", url)
-    assert await args.run(args) == 0
+    assert await args.func(args) == 0
     assert "deleted" in capsys.readouterr().out
 
 
 async def test_refusals_name_the_field_and_exit_nonzero(served, capsys):
     args = parse("tenant", "create", "Bad_Name", "--nats", served)
-    assert await args.run(args) == 1
+    assert await args.func(args) == 1
     err = capsys.readouterr().err
     assert "[name]" in err and "lowercase" in err
     args = parse("tenant", "get", "nobody", "--nats", served)
-    assert await args.run(args) == 1
+    assert await args.func(args) == 1
     assert "not-found" in capsys.readouterr().err
 
 
@@ -85,7 +85,7 @@ async def test_tenant_commands_connect_as_the_user_the_environment_names(tmp_pat
             monkeypatch.setenv("TESSERA_NATS_USER", "operator")
             monkeypatch.setenv("TESSERA_NATS_PASSWORD_FILE", str(secret))
             args = parse("tenant", "list", "--nats", srv.url)  # no credentials in the URL
-            assert await args.run(args) == 0, capsys.readouterr().err
+            assert await args.func(args) == 0, capsys.readouterr().err
             assert capsys.readouterr().out.split()[:2] == ["NAME", "PHASE"]
         finally:
             for t in tasks:

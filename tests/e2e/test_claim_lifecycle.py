@@ -15,14 +15,6 @@ from tessera.shared.events import GpuQuota
 from tessera.cli.client import Client
 
 
-async def wait_for_spans(collector, predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate(collector.spans):
-            return
-        await asyncio.sleep(0.2)
-
-
 async def ledger_empties(client: Client, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -24,7 +24,6 @@ import scenarios  # noqa: E402
 SHORT_FORM = ["bad-events", "lost-kv-reply"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", SHORT_FORM)
 async def test_no_claim_is_lost_duplicated_or_overcommitted_under_the_fault(name, tmp_path):
     row = await scenarios.run(name, tmp_path / name, scenarios.Form.short())

@@ -20,7 +20,6 @@ import clusterfaults  # noqa: E402
 # StreamWriter is reported at garbage collection. That one warning, from the test's own clients, is
 # not this test's subject; any other stays an error.
 @pytest.mark.filterwarnings("ignore:Exception ignored in. <function StreamWriter.__del__:pytest.PytestUnraisableExceptionWarning")
-@pytest.mark.slow
 async def test_killing_the_stream_and_kv_leaders_loses_and_duplicates_no_claim(tmp_path):
     result = await clusterfaults.run(tmp_path / "cluster", clusterfaults.Form.short())
     print(clusterfaults.table(result))

@@ -24,38 +24,33 @@ from tessera.shared.errors import ConfigError, TemporaryError
 from tessera.shared.events import ClaimPrepared, ClaimRecord, NodeInventory, NodeLedger
 from tessera.shared.settings import BusSettings
 
-from tessera.cli import exitcodes, feed
+from tessera.cli import checkout, exitcodes, feed
+from tessera.cli.errors import CliError
 from tessera.cli.fleetmodel import FleetModel
 
 _encoder = msgspec.json.Encoder()
 
-
-class CliError(Exception):
-    """Something the user should read: printed without a traceback, exit code 1 (or .code, one of
-    `tessera.cli.exitcodes`)."""
-
-    def __init__(self, message: str, code: int = exitcodes.FAILED) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-LOCAL_URL_FILE = Path(__file__).resolve().parents[4] / ".run" / "nats-url"
-# The read-only identity's URL that `make up` leaves beside it (`identities.VIEWER`).
-LOCAL_VIEWER_URL_FILE = LOCAL_URL_FILE.with_name("nats-url-viewer")
+DEFAULT_URL = "nats://127.0.0.1:4222"
+# What a running `make up` leaves in the checkout's .run/: the operator's URL, and the read-only
+# identity's beside it (`identities.VIEWER`).
+LOCAL_URL_FILE = Path(".run") / "nats-url"
+LOCAL_VIEWER_URL_FILE = Path(".run") / "nats-url-viewer"
 
 
 def nats_url(explicit: str | None = None, *, read_only: bool = False) -> str:
-    """--nats, else $TESSERA_NATS_URL, else the URL a running `make up` left in .run/nats-url
-    (for a command that only reads, ``read_only``: the viewer's, in .run/nats-url-viewer)."""
+    """--nats, else $TESSERA_NATS_URL, else the URL a running `make up` left in the checkout's
+    .run/nats-url (for a command that only reads, ``read_only``: the viewer's, in
+    .run/nats-url-viewer), else the default local server."""
     if explicit or os.environ.get("TESSERA_NATS_URL"):
         return explicit or os.environ["TESSERA_NATS_URL"]
-    files = (LOCAL_VIEWER_URL_FILE, LOCAL_URL_FILE) if read_only else (LOCAL_URL_FILE,)
-    for file in files:
+    root = checkout.find()
+    names = (LOCAL_VIEWER_URL_FILE, LOCAL_URL_FILE) if read_only else (LOCAL_URL_FILE,)
+    for file in (root / name for name in names) if root is not None else ():
         try:
             return file.read_text().strip()
         except OSError:
             continue
-    return "nats://127.0.0.1:4222"
+    return DEFAULT_URL
 
 
 @dataclass
@@ -81,24 +76,25 @@ def identity(user: str | None = None, password_file: str | None = None) -> dict:
     return {"user": bus.user, "password": bus.password, "creds_file": bus.creds_file}
 
 
-def add_identity_args(parser) -> None:
-    parser.add_argument("--nats", default=None, help="NATS URL (default: $TESSERA_NATS_URL or nats://127.0.0.1:4222)")
-    parser.add_argument("--user", default=None,
-                        help="NATS user to connect as, e.g. a tenant's (default: $TESSERA_NATS_USER, else the URL's)")
-    parser.add_argument("--password-file", default=None,
-                        help="file holding that user's password (default: $TESSERA_NATS_PASSWORD_FILE)")
-
-
 class Client:
-    def __init__(self, bus: Bus, claims_kv=None) -> None:
+    """The one client every command uses: connects (exit 4 when NATS or Tessera is not there),
+    sends requests and decodes their replies (a refusal: exit 1, ``unavailable``: exit 4), reads
+    the buckets, and watches claims."""
+
+    def __init__(self, bus: Bus, claims_kv=None, *, user: str | None = None) -> None:
         self.bus = bus
-        # The claims bucket, for the platform's identities; None for a tenant, whose account has
-        # no such bucket: it asks the translator, which answers for its own claims.
+        self.user = user  # the NATS user connected as (None: the URL's, or the server's default)
+        # A tenant's account has no claims bucket: it asks the translator, which answers for its
+        # own claims. A platform identity reads the bucket (given, or bound by `claims_bucket`).
+        self.as_tenant = identities.is_tenant_user(user)
         self.claims_kv = claims_kv
 
     @classmethod
     async def connect(cls, url: str | None = None, *, user: str | None = None,
-                      password_file: str | None = None, read_only: bool = False) -> "Client":
+                      password_file: str | None = None, read_only: bool = False,
+                      claims: bool = True) -> "Client":
+        """``claims``: bind the claims bucket now (a platform identity's commands read claims); the
+        tenant commands, which only ask the control-plane manager, pass False."""
         settings = BusSettings(url=nats_url(url, read_only=read_only), max_reconnect_attempts=3,
                                **identity(user, password_file))
         try:
@@ -107,35 +103,45 @@ class Client:
             raise CliError(f"{exc}\nIs Tessera running? Start it with 'make up', or set TESSERA_NATS_URL.",
                            code=exitcodes.UNAVAILABLE) from None
         user = settings.user or urlsplit(settings.url).username
-        if identities.is_tenant_user(user):
-            return cls(bus, None)
-        try:
-            claims_kv = await bus.kv(subjects.KV_CLAIMS)  # binds only: a reader never creates a bucket
-        except TemporaryError as exc:  # TopologyMissing (start the services first) or NATS not answering
-            await bus.close()
-            raise CliError(f"{exc}; is Tessera running against this server?", code=exitcodes.UNAVAILABLE) from None
-        except Exception as exc:
-            await bus.close()
-            raise CliError(f"cannot read the claims bucket as NATS user {user or '(none)'}: {exc!r}") from None
-        return cls(bus, claims_kv)
+        client = cls(bus, user=user)
+        if claims and not client.as_tenant:
+            try:
+                await client.claims_bucket()
+            except CliError:
+                await bus.close()
+                raise
+        return client
+
+    async def claims_bucket(self):
+        """The claims bucket (a platform identity's), bound on first use: a reader never creates it."""
+        if self.claims_kv is None:
+            try:
+                self.claims_kv = await self.bus.kv(subjects.KV_CLAIMS)
+            except TemporaryError as exc:  # TopologyMissing (start the services first) or NATS not answering
+                raise CliError(f"{exc}; is Tessera running against this server?", code=exitcodes.UNAVAILABLE) from None
+            except Exception as exc:
+                raise CliError(f"cannot read the claims bucket as NATS user {self.user or '(none)'}: {exc!r}") from None
+        return self.claims_kv
 
     @classmethod
-    async def from_args(cls, args, *, read_only: bool = False) -> "Client":
-        return await cls.connect(args.nats, user=args.user, password_file=args.password_file, read_only=read_only)
-
-    @property
-    def as_tenant(self) -> bool:
-        return self.claims_kv is None
+    async def from_args(cls, args, *, read_only: bool = False, claims: bool = True) -> "Client":
+        return await cls.connect(args.nats, user=args.user, password_file=args.password_file, read_only=read_only,
+                                 claims=claims)
 
     async def close(self) -> None:
         await self.bus.close()
 
-    async def call(self, subject: str, request: msgspec.Struct, timeout: float = 10.0):
+    async def request(self, subject: str, request: msgspec.Struct, timeout: float = 10.0) -> api.Reply:
+        """The decoded reply, refusal or not; no answer (NATS away, no service) is exit 4."""
         try:
             data = await self.bus.request(subject, _encoder.encode(request), timeout=timeout)
         except TemporaryError as exc:
             raise CliError(str(exc), code=exitcodes.UNAVAILABLE) from None
-        return self._result(api.decode_reply(data))
+        return api.decode_reply(data)
+
+    async def call(self, subject: str, request: msgspec.Struct, timeout: float = 10.0):
+        """The reply's result; a refusal is a CliError (exit 1, or 4 for ``unavailable``)."""
+        return self._result(await self.request(subject, request, timeout))
 
     @staticmethod
     def _result(reply: api.Reply):
@@ -189,7 +195,7 @@ class Client:
                     return None
                 raise
             return msgspec.convert(found["record"], ClaimRecord)
-        record, _ = await ClaimStore(self.claims_kv).get(claim)
+        record, _ = await ClaimStore(await self.claims_bucket()).get(claim)
         return record
 
     async def prepared(self, claim: str) -> ClaimPrepared | None:
@@ -206,8 +212,8 @@ class Client:
         account sees those, not the bucket); each change is re-read, and the first read happens
         after the watch is in place, so no change between the two is missed."""
         changed = asyncio.Event()
-        if self.claims_kv is not None:
-            watcher = await self.claims_kv.watch(subjects.token(claim))
+        if not self.as_tenant:
+            watcher = await (await self.claims_bucket()).watch(subjects.token(claim))
 
             async def drain() -> None:
                 async for _ in watcher:

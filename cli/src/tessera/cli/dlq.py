@@ -28,7 +28,9 @@ from tessera.shared import subjects
 from tessera.shared.events import DeadLetter, DeadLetterReplayed, dlq_decoder, encode
 
 from tessera.cli import exitcodes
-from tessera.cli.client import Client, CliError, add_identity_args
+from tessera.cli.client import Client
+from tessera.cli.errors import CliError
+from tessera.cli.options import add_identity_args, add_output_arg
 
 console = Console()
 FETCH = 256
@@ -50,19 +52,19 @@ class Letter(msgspec.Struct, kw_only=True):
     replayed_seq: int | None = None
 
 
-def register(sub: argparse._SubParsersAction, output_arg) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     dlq = sub.add_parser("dlq", help="list and replay dead letters (messages a service gave up on)")
     verbs = dlq.add_subparsers(dest="dlq_command", metavar="{list,replay}", required=True)
     lst = verbs.add_parser("list", help="every dead letter still in the stream, oldest first")
     add_identity_args(lst)
     lst.add_argument("--service", help="only the letters of this service (e.g. placement)")
-    output_arg(lst)
+    add_output_arg(lst)
     lst.set_defaults(func=cmd_list)
     rep = verbs.add_parser("replay", help="send letters back to their subjects, once each")
     add_identity_args(rep)
     rep.add_argument("seq", nargs="+", type=int, help="the letters' sequence numbers (from 'tessera dlq list')")
     rep.add_argument("--force", action="store_true", help="send again a letter that was already replayed")
-    output_arg(rep)
+    add_output_arg(rep)
     rep.set_defaults(func=cmd_replay)
 
 

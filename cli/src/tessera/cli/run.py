@@ -42,11 +42,14 @@ from rich.console import Console
 
 from tessera.shared import api, subjects
 from tessera.shared.events import ClaimPrepared, ClaimRecord, ClaimRunning, claim_decoder
+from tessera.shared.hami_names import GPU, GPU_POLICY, GPUCORES, GPUMEM, GPUMEM_PERCENTAGE, USE_GPUUUID
 from tessera.shared.workload import OWNER_LOCK_VAR, RUN_CLAIM_PREFIX
 
 from tessera.cli import exitcodes
-from tessera.cli.client import Client, CliError, add_identity_args
-from tessera.cli.gpuflags import resources_from
+from tessera.cli.client import Client
+from tessera.cli.errors import CliError
+from tessera.cli.gpuflags import annotations_from, resources_from
+from tessera.cli.options import add_identity_args
 
 err = Console(stderr=True)
 
@@ -66,28 +69,19 @@ def register(sub) -> None:
         epilog="example: tessera run --tenant alpha --gpumem 8000 --gpucores 30 -- python train.py",
     )
     p.add_argument("--tenant", required=True)
-    p.add_argument("--gpus", type=int, default=1, help="nvidia.com/gpu: number of GPUs (default 1)")
+    p.add_argument("--gpus", type=int, default=1, help=f"{GPU}: number of GPUs (default 1)")
     mem = p.add_mutually_exclusive_group()
-    mem.add_argument("--gpumem", type=int, help="nvidia.com/gpumem: MiB per GPU")
-    mem.add_argument("--gpumem-percent", type=int, help="nvidia.com/gpumem-percentage: percent of each card's memory")
-    p.add_argument("--gpucores", type=int, help="nvidia.com/gpucores: percent of SMs per GPU (100 = exclusive)")
-    p.add_argument("--use-gpuuuid", help="nvidia.com/use-gpuuuid: only these GPUs (comma-separated UUIDs)")
-    p.add_argument("--gpu-policy", help="hami.io/gpu-scheduler-policy: binpack | spread | ...")
+    mem.add_argument("--gpumem", type=int, help=f"{GPUMEM}: MiB per GPU")
+    mem.add_argument("--gpumem-percent", type=int, help=f"{GPUMEM_PERCENTAGE}: percent of each card's memory")
+    p.add_argument("--gpucores", type=int, help=f"{GPUCORES}: percent of SMs per GPU (100 = exclusive)")
+    p.add_argument("--use-gpuuuid", help=f"{USE_GPUUUID}: only these GPUs (comma-separated UUIDs)")
+    p.add_argument("--gpu-policy", help=f"{GPU_POLICY}: binpack | spread | ...")
     p.add_argument("--node", help="the node to run on (default: $TESSERA_NODE, else the hostname)")
     add_identity_args(p)
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the claim to be prepared")
     p.add_argument("--quiet", "-q", action="store_true", help="no status lines on stderr")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     p.set_defaults(func=cmd_run)
-
-
-def _annotations(args) -> dict[str, str]:
-    annotations = {}
-    if args.use_gpuuuid:
-        annotations["nvidia.com/use-gpuuuid"] = args.use_gpuuuid
-    if args.gpu_policy:
-        annotations["hami.io/gpu-scheduler-policy"] = args.gpu_policy
-    return annotations
 
 
 def child_env(base: dict[str, str], prepared: dict[str, str]) -> dict[str, str]:
@@ -150,7 +144,7 @@ class Run:
 
     async def submit(self) -> None:
         await self.client.submit(api.SubmitRequest(
-            tenant=self.args.tenant, resources=resources_from(self.args), annotations=_annotations(self.args),
+            tenant=self.args.tenant, resources=resources_from(self.args), annotations=annotations_from(self.args),
             claim=self.claim, node=self.node,
             # the uid CMD will run as: the enforcer lets it alone write the claim's accounting file
             workload_uid=os.geteuid(),

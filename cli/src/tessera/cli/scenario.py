@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from tessera.shared import api, subjects
 from tessera.shared.events import GpuQuota
+from tessera.shared.hami_names import GPU, GPU_POLICY, GPUCORES, GPUMEM, GPUMEM_PERCENTAGE, USE_GPUTYPE
 
-from tessera.cli.client import Client, CliError
+from tessera.cli.client import Client
+from tessera.cli.errors import CliError
 
 TENANTS = {
     "vision": GpuQuota(gpus=24, memory_mib=900_000, cores=1500),
@@ -19,15 +21,15 @@ TENANTS = {
 
 # (tenant, resources, annotations, how many)
 WORKLOAD: list[tuple[str, dict, dict, int]] = [
-    ("vision", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 10000, "nvidia.com/gpucores": 25}, {}, 8),
-    ("vision", {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 50, "nvidia.com/gpucores": 50}, {}, 4),
-    ("vision", {"nvidia.com/gpu": 2, "nvidia.com/gpucores": 100}, {"nvidia.com/use-gputype": "H100"}, 2),
-    ("nlp", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 20000, "nvidia.com/gpucores": 30}, {}, 6),
-    ("nlp", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 16000}, {"nvidia.com/use-gputype": "A100"}, 4),
-    ("nlp", {"nvidia.com/gpu": 4, "nvidia.com/gpumem": 40000, "nvidia.com/gpucores": 50},
-     {"hami.io/gpu-scheduler-policy": "spread"}, 1),
+    ("vision", {GPU: 1, GPUMEM: 10000, GPUCORES: 25}, {}, 8),
+    ("vision", {GPU: 1, GPUMEM_PERCENTAGE: 50, GPUCORES: 50}, {}, 4),
+    ("vision", {GPU: 2, GPUCORES: 100}, {USE_GPUTYPE: "H100"}, 2),
+    ("nlp", {GPU: 1, GPUMEM: 20000, GPUCORES: 30}, {}, 6),
+    ("nlp", {GPU: 1, GPUMEM: 16000}, {USE_GPUTYPE: "A100"}, 4),
+    ("nlp", {GPU: 4, GPUMEM: 40000, GPUCORES: 50},
+     {GPU_POLICY: "spread"}, 1),
     # More than nlp's quota allows: stays unschedulable with the reason.
-    ("nlp", {"nvidia.com/gpu": 8, "nvidia.com/gpucores": 100}, {}, 1),
+    ("nlp", {GPU: 8, GPUCORES: 100}, {}, 1),
 ]
 
 

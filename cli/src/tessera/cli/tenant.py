@@ -1,15 +1,14 @@
 """`tessera tenant create|get|list|delete`: a client of the control-plane manager's NATS API.
 
 The CLI knows the manager only through its public request/reply subjects
-(tessera.api.tenants.<verb>) and the shared request/reply types; it never imports the manager.
-Replies are shown as a table (or JSON with --json); a refusal prints the manager's message and the
-field it names, and exits non-zero.
+(tessera.api.tenants.<verb>) and the shared request/reply types; it never imports the manager. It
+asks through the same `Client` as every other command. Replies are shown as a table (or JSON with
+--json); a refusal prints the manager's message and the field it names, and exits non-zero.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
@@ -19,30 +18,24 @@ from typing import Any, Sequence
 import msgspec
 import yaml
 
-from tessera.shared import api, subjects
+from tessera.shared import subjects
 from tessera.shared.api import TenantRequest
-from tessera.shared.bus import Bus, redact
-from tessera.shared.errors import TemporaryError
 from tessera.shared.events import GpuQuota
-from tessera.shared.settings import BusSettings
 
 from tessera.cli import exitcodes
-from tessera.cli.client import identity
-from tessera.cli.client import nats_url as resolve_url
-
-DEFAULT_URL = "nats://127.0.0.1:4222"
-EXIT_OK, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE = exitcodes.OK, exitcodes.FAILED, exitcodes.UNAVAILABLE, exitcodes.USAGE
+from tessera.cli.client import Client
+from tessera.cli.errors import CliError
+from tessera.cli.options import add_identity_args
 
 
-def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add ``tenant`` with its four subcommands; each sets ``run`` to an ``async def run(args) -> int``."""
-    tenant = subparsers.add_parser("tenant", help="create, inspect and delete tenants")
+def register(sub: argparse._SubParsersAction) -> None:
+    """``tenant`` with its four subcommands, each with its handler as ``func``."""
+    tenant = sub.add_parser("tenant", help="create, inspect and delete tenants")
     verbs = tenant.add_subparsers(dest="tenant_command", metavar="{create,get,list,delete}")
     verbs.required = True
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--nats", dest="tenant_nats", default=None,
-                       help=f"NATS URL (default: $TESSERA_NATS_URL or {DEFAULT_URL})")
+        add_identity_args(p)
         p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the manager")
         p.add_argument("--json", action="store_true", help="print the raw reply as JSON (the same as -o json)")
         p.add_argument("-o", "--output", choices=("table", "json"), default="table",
@@ -59,22 +52,21 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     create.add_argument("--kubernetes-version", help="e.g. v1.33.1")
     create.add_argument("--spec", type=Path, help="a TenantControlPlane spec (YAML or JSON); flags override it")
     common(create)
-    create.set_defaults(run=run_create)
+    create.set_defaults(func=run_create)
 
     get = verbs.add_parser("get", help="show one tenant")
     get.add_argument("name")
     common(get)
-    get.set_defaults(run=run_get)
+    get.set_defaults(func=run_get)
 
     lst = verbs.add_parser("list", help="list tenants")
     common(lst)
-    lst.set_defaults(run=run_list)
+    lst.set_defaults(func=run_list)
 
     delete = verbs.add_parser("delete", help="delete a tenant and everything it owns")
     delete.add_argument("name")
     common(delete)
-    delete.set_defaults(run=run_delete)
-    return tenant
+    delete.set_defaults(func=run_delete)
 
 
 # --- handlers --------------------------------------------------------------------------------
@@ -85,7 +77,7 @@ async def run_create(args: argparse.Namespace) -> int:
         spec = _spec_from_args(args)
     except ValueError as exc:
         print(f"tessera tenant create: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exitcodes.USAGE
     quota = None
     if any(v is not None for v in (args.gpus, args.memory_mib, args.cores)):
         quota = GpuQuota(gpus=args.gpus, memory_mib=args.memory_mib, cores=args.cores)
@@ -115,42 +107,31 @@ async def run_delete(args: argparse.Namespace) -> int:
 # --- plumbing --------------------------------------------------------------------------------
 
 
-def nats_url(args: argparse.Namespace) -> str:
-    """--nats, else the CLI-wide rule ($TESSERA_NATS_URL, then a running `make up`)."""
-    return resolve_url(getattr(args, "tenant_nats", None) or getattr(args, "nats", None))
-
-
 async def _call(args: argparse.Namespace, verb: str, req: TenantRequest, show) -> int:
-    url = nats_url(args)
-    # Who connects: $TESSERA_NATS_USER with its password (file), as for every other command, else the URL's.
-    settings = BusSettings(url=url, max_reconnect_attempts=1, reconnect_time_wait=0.2, **identity())
+    """Ask the manager; print its reply (``show``, or JSON) or its refusal; the exit code."""
     try:
-        bus = await asyncio.wait_for(
-            Bus.connect(settings, "cli", connect_timeout=2.0),
-            timeout=10,
-        )
-    except (TemporaryError, asyncio.TimeoutError) as exc:
-        print(f"tessera tenant {verb}: cannot reach NATS at {redact(url)}: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
+        client = await Client.from_args(args, claims=False)  # the manager only: no bucket to bind
+    except CliError as exc:
+        print(f"tessera tenant {verb}: {exc}", file=sys.stderr)
+        return exc.code
     try:
-        data = await bus.request(f"{subjects.API_TENANTS}.{verb}", msgspec.json.encode(req), timeout=args.timeout)
-    except TemporaryError as exc:
+        reply = await client.request(f"{subjects.API_TENANTS}.{verb}", req, timeout=args.timeout)
+    except CliError as exc:
         print(f"tessera tenant {verb}: {exc} (is tessera-controlplane running?)", file=sys.stderr)
-        return EXIT_UNAVAILABLE
+        return exc.code
     finally:
-        await bus.close()
-    reply = api.decode_reply(data)
-    if args.json or getattr(args, "output", "table") == "json":
+        await client.close()
+    if args.json or args.output == "json":
         print(json.dumps(msgspec.to_builtins(reply), indent=2, sort_keys=True))
-        return EXIT_OK if reply.ok else EXIT_REFUSED
+        return exitcodes.OK if reply.ok else exitcodes.FAILED
     if not reply.ok:
         err = reply.error
         where = f" [{err.field}]" if err and err.field else ""
         print(f"tessera tenant {verb}: {err.code if err else 'error'}{where}: {err.message if err else ''}",
               file=sys.stderr)
-        return EXIT_REFUSED
+        return exitcodes.FAILED
     show(reply.result)
-    return EXIT_OK
+    return exitcodes.OK
 
 
 def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -7,6 +7,7 @@ redrawn on each change; `ui` as the page of `tessera.cli.webui`.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import signal
@@ -15,11 +16,23 @@ from rich.console import Console, Group
 from rich.live import Live
 
 from tessera.cli import exitcodes, feed, views, webui
-from tessera.cli.client import Client, CliError
+from tessera.cli.client import Client
+from tessera.cli.errors import CliError
 from tessera.cli.fleetmodel import FleetModel
+from tessera.cli.options import client_command
 
 console = Console()
 err = Console(stderr=True)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    tp = client_command(sub, "top", "the live fleet in the terminal, redrawn on every change")
+    tp.add_argument("--screen", action="store_true", help="use the whole terminal (alternate screen)")
+    tp.set_defaults(func=cmd_top)
+    ui = client_command(sub, "ui", "serve the live fleet view (a web page) until Ctrl-C")
+    ui.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    ui.add_argument("--port", type=int, default=8470, help="port (default 8470; 0: any free one)")
+    ui.set_defaults(func=cmd_ui)
 
 
 @contextlib.asynccontextmanager

@@ -225,10 +225,6 @@ class Bucket(Generic[T]):
 
         return await retry_cas(once, attempts, f"update of {self.name}/{key}")
 
-    async def overwrite(self, key: str, value: T) -> int:
-        with answering(self.name, key):
-            return await self.kv.put(key, self.encode(value, key))
-
     async def delete(self, key: str) -> None:
         try:
             with answering(self.name, key):

@@ -160,18 +160,6 @@ class _NameOnly(Struct, forbid_unknown_fields=True):
     name: TenantName
 
 
-_record_decoder = msgspec.json.Decoder(TenantControlPlane)
-_encoder = msgspec.json.Encoder()
-
-
-def encode_record(record: TenantControlPlane) -> bytes:
-    return _encoder.encode(record)
-
-
-def decode_record(data: bytes) -> TenantControlPlane:
-    return _record_decoder.decode(data)
-
-
 def check_name(name: str) -> str:
     try:
         msgspec.convert({"name": name}, _NameOnly)

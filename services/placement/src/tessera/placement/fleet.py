@@ -18,8 +18,6 @@ for the simulator and tests.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-
 from tessera.shared.events import GpuDevice, LedgerEntry, NodeInventory, NodeLedger
 
 __all__ = ["DeviceState", "Fleet", "Node", "NodeClass", "DeviceStates"]
@@ -291,12 +289,6 @@ class Fleet:
         self._reclassify(n)
 
     # --- views ----------------------------------------------------------------------------------
-
-    def candidate_classes(self) -> Iterable[NodeClass]:
-        return self.classes.values()
-
-    def live_nodes(self) -> Iterator[Node]:
-        return (n for n in self.nodes.values() if not n.lost)
 
     def node_count(self) -> int:
         return len(self.nodes)

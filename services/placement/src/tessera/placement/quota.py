@@ -10,10 +10,6 @@ from __future__ import annotations
 from tessera.shared.events import GpuQuota
 
 
-def claim_amount(gpus: int, memory_mib_per_gpu: int, cores_per_gpu: int) -> GpuQuota:
-    return GpuQuota(gpus=gpus, memory_mib=gpus * memory_mib_per_gpu, cores=gpus * cores_per_gpu)
-
-
 def over_quota(quota: GpuQuota, held: GpuQuota, amount: GpuQuota) -> str | None:
     """A human reason when ``held + amount`` exceeds ``quota`` in any dimension, else None."""
     problems = []

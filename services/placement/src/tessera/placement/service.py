@@ -128,7 +128,6 @@ class PlacementService:
         open_inventory = self.ctx.gate("inventory")
         open_ledger = self.ctx.gate("ledger")
         open_tenants = self.ctx.gate("tenants")
-        consumer_ready = asyncio.Event()
         tasks = {}
         if self.settings.kubernetes:
             from tessera.placement.kube import KubeWriter  # only here: the client costs start-up time
@@ -141,7 +140,7 @@ class PlacementService:
             "watch-inventory": self._watch(subjects.KV_INVENTORY, self.view.on_inventory, open_inventory),
             "watch-ledger": self._watch(subjects.KV_LEDGER, self.view.on_ledger, open_ledger),
             "watch-tenants": self._watch(subjects.KV_TENANTS, self.view.on_tenant, open_tenants),
-            "claims": self._consume_when_ready(consumer_ready),
+            "claims": self._consume_when_ready(),
             "retry-unschedulable": self._retry_loop(),
             "follow-unschedulable": self._follow_unschedulable(),
             "report": self._report(),
@@ -194,7 +193,7 @@ class PlacementService:
         finally:
             await watcher.stop()
 
-    async def _consume_when_ready(self, ready: asyncio.Event) -> None:
+    async def _consume_when_ready(self) -> None:
         while not self.ctx.ready:  # the fleet view must be loaded before the first decision
             await asyncio.sleep(0.05)
         await self._load_pending()
@@ -206,7 +205,7 @@ class PlacementService:
             decoder=claim_decoder,
             handler=self.handle_batch,
             batch=self.settings.batch,
-        ), ready=ready)
+        ))
 
     async def _follow_unschedulable(self) -> None:
         """Every replica retries every waiting claim, not only those it decided itself, so a claim

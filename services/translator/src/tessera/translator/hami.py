@@ -57,27 +57,19 @@ from typing import get_args
 import msgspec
 
 from tessera.shared.events import ClaimSpec, Policy
-
-GPU = "nvidia.com/gpu"
-GPUMEM = "nvidia.com/gpumem"
-GPUMEM_PERCENTAGE = "nvidia.com/gpumem-percentage"
-GPUCORES = "nvidia.com/gpucores"
-PRIORITY = "nvidia.com/priority"
-RESOURCE_NAMES: tuple[str, ...] = (GPU, GPUMEM, GPUMEM_PERCENTAGE, GPUCORES, PRIORITY)
-
-USE_GPUTYPE = "nvidia.com/use-gputype"
-NOUSE_GPUTYPE = "nvidia.com/nouse-gputype"
-USE_GPUUUID = "nvidia.com/use-gpuuuid"
-NOUSE_GPUUUID = "nvidia.com/nouse-gpuuuid"
-NODE_POLICY = "hami.io/node-scheduler-policy"
-GPU_POLICY = "hami.io/gpu-scheduler-policy"
-ANNOTATION_NAMES: tuple[str, ...] = (
-    USE_GPUTYPE,
-    NOUSE_GPUTYPE,
-    USE_GPUUUID,
-    NOUSE_GPUUUID,
-    NODE_POLICY,
+from tessera.shared.hami_names import (
+    GPU,
     GPU_POLICY,
+    GPUCORES,
+    GPUMEM,
+    GPUMEM_PERCENTAGE,
+    NODE_POLICY,
+    NOUSE_GPUTYPE,
+    NOUSE_GPUUUID,
+    PRIORITY,
+    RESOURCE_NAMES,
+    USE_GPUTYPE,
+    USE_GPUUUID,
 )
 
 MAX_GPUS = 16  # ClaimSpec.gpus
