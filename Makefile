@@ -16,7 +16,7 @@ PYPROJECTS := pyproject.toml $(addsuffix /pyproject.toml,$(PROJECTS))
 help:
 	@echo "make up     install what is missing, run Tessera on a simulated fleet with a live table and the"
 	@echo "            fleet view in a browser (it prints the URL; Ctrl-C stops)"
-	@echo "make test   install what is missing, build native/vgpu, check layering, run the test suite"
+	@echo "make test   install what is missing, build native/vgpu, lint (make lint), run the test suite"
 	@echo "make bench  run the benchmarks and print their tables"
 	@echo "make demo   run the demo scenario to the end and print a summary"
 	@echo "make gpu-wheels  download to .whl/ what a GPU machine without network needs (tests/gpu/run.sh)"
@@ -41,8 +41,12 @@ native:
 
 SRC_PATHS := $(subst $(eval) ,:,$(addsuffix /src,$(PROJECTS)))
 
+# The three checks that guard the house, each configured in pyproject.toml: the import contracts
+# (import-linter), ruff's bug-finding rules over the checkout, mypy on libs/shared and the services.
 lint: $(STAMP)
 	PYTHONPATH=$(SRC_PATHS) $(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check --quiet .
+	$(VENV)/bin/mypy
 
 # Podman, runc and debootstrap for tests/containers (a real runtime applies the CDI specs), from
 # Debian's packages when missing.

@@ -253,7 +253,7 @@ def prometheus_scrapes_every_service_and_the_claims(environment, claims: list[di
     for record in claims:
         claim, node = record["claim"], record["node"]
 
-        def claim_series():
+        def claim_series(claim=claim, node=node):
             result = instant(environment, f'hami_vgpu_memory_limit_bytes{{pod="{claim}"}}')
             series = [(s["metric"].get("job"), s["metric"].get("instance"), s["metric"].get("namespace"),
                        float(s["value"][1])) for s in result]

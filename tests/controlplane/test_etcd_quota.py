@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tessera.controlplane.datastores import DatastoreUnavailable
 from tessera.controlplane.datastores.etcd import EtcdClient, EtcdDriver, EtcdError, prefix
 from tessera.controlplane.datastores.etcd_dedicated import DedicatedEtcdDriver
 from tessera.controlplane.settings import ControlPlaneSettings
@@ -152,7 +153,7 @@ async def test_dedicated_servers_outlive_the_manager_come_back_when_dead_and_go_
     await restarted.remove("gamma")  # harmless twice
     assert not (tmp_path / "tenants" / "gamma").exists()
     probe = EtcdClient(creds.endpoint)
-    with pytest.raises(Exception):
+    with pytest.raises(DatastoreUnavailable):  # its server is gone
         await probe.call("maintenance/status", {})
     await probe.close()
     await restarted.close()

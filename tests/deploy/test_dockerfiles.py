@@ -22,7 +22,7 @@ def _dockerfile(service: str) -> Dockerfile:
 
 def _dockerignore() -> list[str]:
     lines = (ROOT / ".dockerignore").read_text().splitlines()
-    return [l.strip() for l in lines if l.strip() and not l.startswith("#")]
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
 def _ignored(path: str) -> bool:

@@ -24,7 +24,6 @@ from tessera.shared.events import (
     LedgerEntry,
     NodeInventory,
     NodeLedger,
-    TenantUsage,
     claim_decoder,
     encode,
 )

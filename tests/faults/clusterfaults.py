@@ -175,7 +175,7 @@ async def run(workdir: Path, form: Form, seed: int = 7) -> ClusterRun:
         auditor = await Auditor.start(cluster.url)
         bus = client.bus
         try:
-            for target, stream in TARGETS:  # R3 everywhere, as the services laid them out
+            for _, stream in TARGETS:  # R3 everywhere, as the services laid them out
                 info = await bus.stream_info(stream, timeout=2)
                 assert info.config.num_replicas == 3, f"{stream} is R{info.config.num_replicas}"
             load = Load(client, seed=seed)

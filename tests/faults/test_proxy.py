@@ -112,7 +112,7 @@ async def test_drop_from_loses_the_marked_write_itself(nats_url):
                 await kv.put("marked", b"never arrives")
             assert proxy.triggered.is_set()
             assert proxy.directions[UPSTREAM].bytes_dropped > 0
-            with pytest.raises(Exception):  # the server never saw it
+            with pytest.raises(nats.js.errors.KeyNotFoundError):  # the server never saw it
                 await direct_kv.get("marked")
         finally:
             proxy.passthrough()

@@ -149,7 +149,7 @@ async def test_a_tenant_flood_stops_at_its_account_limit_and_platform_ledger_wri
             await js.add_stream(name="THIRD", subjects=["third.>"])
 
         ledger = await placement.nc.jetstream().key_value(subjects.KV_LEDGER)
-        for i in range(20):
+        for _ in range(20):
             assert await ledger.put(subjects.ledger_node_key("gpu-0"), b'{"node": "gpu-0", "entries": {}}') > 0
     finally:
         await tenant.close()

@@ -81,7 +81,7 @@ async def test_a_tenant_and_an_enforcer_are_refused_and_the_raw_bucket_is_cipher
                 await nc.request(subject, b"", timeout=3)
             await nc.flush()
         assert sum("permissions violation" in r for r in refusals) == 3, refusals
-        with pytest.raises(Exception):
+        with pytest.raises(nats.errors.TimeoutError):
             await nc.jetstream().key_value(KV_SECRETS)
     finally:
         await nc.close()

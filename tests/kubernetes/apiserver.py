@@ -679,9 +679,9 @@ class ApiServer:
             elif media == "application/strategic-merge-patch+json":
                 patched = kube_patches.strategic_merge(old, patch)
             else:
-                raise ApiError(415, f"the body of the request was in an unknown format - accepted media types "
-                                    f"include: application/json-patch+json, application/merge-patch+json, "
-                                    f"application/apply-patch+yaml, application/strategic-merge-patch+json")
+                raise ApiError(415, "the body of the request was in an unknown format - accepted media types "
+                                    "include: application/json-patch+json, application/merge-patch+json, "
+                                    "application/apply-patch+yaml, application/strategic-merge-patch+json")
         except kube_patches.PatchError as exc:
             raise ApiError(exc.status, str(exc)) from None
         if isinstance(patch, dict):

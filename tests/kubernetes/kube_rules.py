@@ -46,11 +46,11 @@ def metadata_errors(kind: str, meta: dict) -> Errors:
                                      f"alphanumeric character"))
     for key, value in (meta.get("labels") or {}).items():
         if not qualified_name(key):
-            out.append((f"metadata.labels", f'Invalid value: "{key}": name part must consist of alphanumeric '
+            out.append(("metadata.labels", f'Invalid value: "{key}": name part must consist of alphanumeric '
                                             f"characters, '-', '_' or '.', and must start and end with an "
                                             f"alphanumeric character (at most 63, with an optional DNS prefix)"))
         if len(str(value)) > 63 or not LABEL_VALUE.match(str(value)):
-            out.append((f"metadata.labels", f'Invalid value: "{value}": a valid label must be an empty string or '
+            out.append(("metadata.labels", f'Invalid value: "{value}": a valid label must be an empty string or '
                                             f"consist of alphanumeric characters, '-', '_' or '.', and must "
                                             f"start and end with an alphanumeric character (at most 63)"))
     for key in (meta.get("annotations") or {}):

@@ -102,9 +102,9 @@ async def start_services(workdir: Path, nats_url: str, apiserver_url: str, *, pr
         replicas = placement_replicas if name == "placement" else 1
         for i in range(replicas):
             cluster.spawn(name, instance=f"{name}-{i}" if replicas > 1 else name)
-    for node in cluster.nodes():
-        cluster.spawn("enforcer", instance=f"enforcer-{node}",
-                      env={"TESSERA_NODE": node, **cluster.kubelet(node).env()})
+    for node_name in cluster.nodes():
+        cluster.spawn("enforcer", instance=f"enforcer-{node_name}",
+                      env={"TESSERA_NODE": node_name, **cluster.kubelet(node_name).env()})
     try:
         await asyncio.to_thread(cluster.wait_ready, 90)
     except BaseException:

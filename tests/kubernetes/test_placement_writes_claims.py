@@ -170,17 +170,17 @@ async def test_two_placement_replicas_racing_never_overcommit_and_every_status_m
             assert totals.memory_mib <= CARD_MIB and totals.cores <= 100
     consumed: dict[tuple[str, str], int] = {}
     for record, (pod, claim) in allocated:
-        written = await eventually(lambda: allocation_of(apiserver, claim))
+        written = await eventually(lambda claim=claim: allocation_of(apiserver, claim))
         assert same_allocation(written, allocation(record.claim, record.node, nodes[record.node].entries[record.claim].shares))
         for result in written["devices"]["results"]:
             key = (result["pool"], result["device"])
             consumed[key] = consumed.get(key, 0) + int(result["consumedCapacity"]["memory"].removesuffix("Mi"))
-        assert await eventually(lambda: SCHEDULING_GATE not in gates(apiserver, pod))
+        assert await eventually(lambda pod=pod: SCHEDULING_GATE not in gates(apiserver, pod))
     assert max(consumed.values()) <= CARD_MIB and len(consumed) == 4
     for record, (pod, claim) in zip(records, pods):
         if record.state == "unschedulable":
             assert allocation_of(apiserver, claim) is None and gates(apiserver, pod) == [SCHEDULING_GATE]
-            assert await eventually(lambda: events_on(apiserver, pod, "Unschedulable"))
+            assert await eventually(lambda pod=pod: events_on(apiserver, pod, "Unschedulable"))
 
 
 async def test_an_unreachable_api_server_is_waited_for_then_the_allocation_is_given_back(world, apiserver):

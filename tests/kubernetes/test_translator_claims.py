@@ -211,8 +211,9 @@ async def test_periodic_reconcile_keeps_reporting_nothing_new(nats_url, apiserve
     async with kube_translator(nats_url, apiserver, tmp_path / "tls", reconcile_seconds=period) as translator:
         await translator.add_tenant("alpha")
         _, _, cid = await requested_claim(apiserver, translator, "trainer")
-        lists = lambda: sum(1 for m, p, q in apiserver.requests if m == "GET" and p.endswith("/resourceclaims")
-                            and "watch" not in q)
+        def lists() -> int:
+            return sum(1 for m, p, q in apiserver.requests if m == "GET" and p.endswith("/resourceclaims")
+                       and "watch" not in q)
         before = lists()
         await wait_until(lambda: lists() >= before + 3)
         assert len(translator.events("requested", cid)) == 1 and translator.events("release") == []

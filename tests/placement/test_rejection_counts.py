@@ -45,7 +45,7 @@ def test_counts_survive_the_move_log_being_trimmed():
     h = Harness(*nodes)
     spec = dict(memory_mib=50000)
     assert isinstance(h.place(**spec), Rejection)
-    for i in range(3000):  # enough commit/release churn to drop the front of the log
+    for _ in range(3000):  # enough commit/release churn to drop the front of the log
         p = h.claim(memory_mib=1000)
         h.fleet.release(p.node, f"c{h._n}")
     assert h.fleet.moves_base > 0

@@ -12,7 +12,10 @@ from tessera.translator import claimflow, dra
 UID = "6f1c2a4e-8b3d-4c5e-9f7a-1b2c3d4e5f60"
 
 
-def claim(spec: ClaimSpec = ClaimSpec(gpus=2, memory_mib=8000, cores=30), uid: str = UID, **metadata) -> dict:
+TWO_GPUS = ClaimSpec(gpus=2, memory_mib=8000, cores=30)
+
+
+def claim(spec: ClaimSpec = TWO_GPUS, uid: str = UID, **metadata) -> dict:
     doc = dra.resource_claim(spec, "trainer-main-x7k2p", "ml")
     doc["metadata"].update(uid=uid, ownerReferences=[
         {"apiVersion": "v1", "kind": "Pod", "name": "trainer", "uid": "0d2f3c4b-1111-2222-3333-444455556666",

@@ -33,7 +33,7 @@ def shown_default(declared: Setting, f: dataclasses.Field) -> str:
         return "required"
     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
         raise ValueError(f"{declared.variable}: no default to show; declare shown=")
-    value = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+    value = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
     if isinstance(declared.choices, Mapping):
         value = next(word for word, meant in declared.choices.items() if meant == value)
     if value is None or value == "":

@@ -27,8 +27,10 @@ from __future__ import annotations
 import json
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import bcrypt
 
@@ -74,7 +76,7 @@ def tenant_user(tenant: str) -> str:
 
 def is_tenant_user(user: str | None) -> bool:
     """Whether ``user`` is a tenant's (its account holds none of the platform's buckets)."""
-    return bool(user) and user.startswith(TENANT_USER_PREFIX)
+    return user is not None and user.startswith(TENANT_USER_PREFIX)
 
 
 def inbox_prefix(user: str) -> str:
@@ -309,10 +311,10 @@ PLATFORM_EXPORTS = [
 ]
 
 
-def platform_users(passwords: dict[str, str], nodes: list[str] = ()) -> list[dict]:
+def platform_users(passwords: dict[str, str], nodes: Sequence[str] = ()) -> list[dict[str, Any]]:
     """User entries of account TESSERA. ``passwords``: user -> bcrypt hash (or plain, for tests);
     the operator gets the whole account; a service one entry per `user_for`."""
-    users = [{"user": OPERATOR, "password": passwords[OPERATOR]}]
+    users: list[dict[str, Any]] = [{"user": OPERATOR, "password": passwords[OPERATOR]}]
     if VIEWER in passwords:
         users.append({"user": VIEWER, "password": passwords[VIEWER], "permissions": viewer_permissions()})
     for service in SERVICES:
@@ -325,7 +327,7 @@ def platform_users(passwords: dict[str, str], nodes: list[str] = ()) -> list[dic
     return users
 
 
-def platform_user_names(nodes: list[str] = ()) -> list[str]:
+def platform_user_names(nodes: Sequence[str] = ()) -> list[str]:
     names = [OPERATOR, VIEWER]
     for service in SERVICES:
         names += [user_for(service, n) for n in nodes] if service == "enforcer" and nodes else [service]
@@ -385,7 +387,7 @@ def k8s_platform_account(operator: str = "tessera") -> str:
     """Account TESSERA as deploy/k8s/nats.yaml includes it: the operator, one user per service
     (one ``enforcer`` for the whole DaemonSet) and the read-only viewer (dashboards, the fleet view),
     passwords as environment references."""
-    users = [{"user": operator, "password": f"${password_env(OPERATOR)}"}]
+    users: list[dict[str, Any]] = [{"user": operator, "password": f"${password_env(OPERATOR)}"}]
     users += [{"user": s, "password": f"${password_env(s)}", "permissions": permissions(s)} for s in SERVICES]
     users.append({"user": VIEWER, "password": f"${password_env(VIEWER)}", "permissions": viewer_permissions()})
     body = json.dumps({"jetstream": "enabled", "users": users, "exports": PLATFORM_EXPORTS}, indent=1)

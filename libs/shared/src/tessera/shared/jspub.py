@@ -18,6 +18,7 @@ from typing import Sequence
 
 import msgspec
 from nats.aio.client import Client
+from nats.aio.subscription import Subscription
 
 WRONG_LAST_SEQUENCE = 10071  # JetStream's err_code for a failed Nats-Expected-Last-*-Sequence check
 # A publish not taken *yet*: the same Nats-Msg-Id is still being stored (a retry racing its first
@@ -71,7 +72,7 @@ class Publisher:
         self.nc = nc
         self.timeout = timeout
         self._prefix = ""
-        self._sub = None
+        self._sub: Subscription | None = None
         self._next = 0
         self._waiting: dict[str, tuple[asyncio.Future, str]] = {}
         self._starting = asyncio.Lock()

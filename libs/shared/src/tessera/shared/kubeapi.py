@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Literal
 
 import aiohttp
@@ -226,7 +226,7 @@ class KubeApi:
 
     async def watch(self, path: str, resource_version: str | None = None, *, label_selector: str | None = None,
                     field_selector: str | None = None, timeout_seconds: int = 300,
-                    max_backoff: float = 5.0) -> AsyncIterator[tuple[str, dict]]:
+                    max_backoff: float = 5.0) -> AsyncGenerator[tuple[str, dict], None]:
         """(event type, object) for the collection at ``path``, forever, as an informer sees it.
 
         Without ``resource_version`` it lists first (an ADDED for each object). When the server

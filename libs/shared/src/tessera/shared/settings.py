@@ -165,7 +165,7 @@ def _has_default(f: dataclasses.Field) -> bool:
 
 
 def _default(f: dataclasses.Field) -> Any:
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]
 
 
 class _Unchanged(Exception):
@@ -330,6 +330,7 @@ def _within(declared: Setting, raw: str, value: float) -> float:
             raise ConfigError(f"{name}={raw.strip()} is out of range; use {_number(low)} to {_number(high)}")
         if low is not None:
             raise ConfigError(f"{name}={raw.strip()} is below the minimum {_number(low)}; use {_number(low)} or more")
+        assert high is not None  # (no minimum, so the maximum is what failed)
         raise ConfigError(f"{name}={raw.strip()} is above the maximum {_number(high)}; use {_number(high)} or less")
     if declared.above is not None and value <= declared.above:
         raise ConfigError(f"{name}={raw.strip()} must be more than {_number(declared.above)}")

@@ -211,12 +211,12 @@ def _parse(path: str, fd: int, m: bytes) -> VgpuSnapshot:
         mem_limit, sm_limit, dflags, uuid, _tat = DEVICE.unpack_from(m, DEVICES_OFFSET + i * DEVICE.size)
         if i >= device_count and not mem_limit and not sm_limit:
             continue
-        used = sum(p.used_bytes[i] for p in processes if p.alive)
+        device_used = sum(p.used_bytes[i] for p in processes if p.alive)
         devices.append(DeviceUsage(
             index=i,
             uuid=uuid.split(b"\0", 1)[0].decode("ascii", "replace") if dflags & DEVICE_UUID_SET else None,
             limit_bytes=mem_limit or None,
             sm_limit_percent=sm_limit or None,
-            used_bytes=used,
+            used_bytes=device_used,
         ))
     return VgpuSnapshot(path=path, version=version, devices=tuple(devices), processes=tuple(processes))

@@ -10,6 +10,7 @@ changes nothing.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 import uuid
 from typing import Awaitable, Callable, Mapping
@@ -201,7 +202,7 @@ class TenantApi:
                 continue
         raise ConflictError(f"tenant {name!r} kept changing; retry")
 
-    async def _all(self) -> list[TenantControlPlane]:
+    async def _all(self) -> builtins.list[TenantControlPlane]:
         records = []
         for key in await self.store.controlplanes.keys():
             stored = await self.store.controlplanes.get(key)

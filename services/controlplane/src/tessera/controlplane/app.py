@@ -74,7 +74,7 @@ class Manager:
         if hasattr(host, "tenant_control_planes"):  # a Kubernetes host: serve its TenantControlPlane objects
             from tessera.controlplane.resources import TenantResources
 
-            resources = TenantResources(tenants, store, host.tenant_control_planes())  # type: ignore[attr-defined]
+            resources = TenantResources(tenants, store, host.tenant_control_planes())
         return cls(store, reconciler, tenants, drivers, host, settings, resources)
 
     async def resync_forever(self, on_first: Callable[[], None] | None = None) -> None:

@@ -31,11 +31,11 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
     if "anyOf" in node:
         options = [o for o in node["anyOf"] if o.get("type") != "null"]
         if len(options) == 1 and len(options) < len(node["anyOf"]):
-            out = _structural(options[0], defs)
-            out["nullable"] = True
+            nullable = _structural(options[0], defs)
+            nullable["nullable"] = True
             if "default" in node:
-                out["default"] = node["default"]
-            return out
+                nullable["default"] = node["default"]
+            return nullable
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in ("title", "$defs", "additionalProperties") and not (key == "additionalProperties" and "properties" not in node):

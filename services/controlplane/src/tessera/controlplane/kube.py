@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import builtins
 import logging
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -119,7 +120,7 @@ class TenantControlPlanes:
     async def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self.kube.get(self.path(namespace, name))
 
-    async def set_finalizers(self, obj: dict[str, Any], finalizers: list[str]) -> dict[str, Any]:
+    async def set_finalizers(self, obj: dict[str, Any], finalizers: builtins.list[str]) -> dict[str, Any]:
         meta = obj["metadata"]
         patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
         return await self.kube.patch(self.path(meta["namespace"], meta["name"]), patch)

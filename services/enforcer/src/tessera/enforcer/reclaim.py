@@ -84,8 +84,7 @@ class Reclaimer:
         actions: list[Action] = []
         for claim, cv in view.claims.items():
             record = cv.record
-            mine = record is not None and record.node == view.node
-            if mine and cv.live:
+            if record is not None and record.node == view.node and cv.live:  # a live claim of this node
                 if record.release_requested:
                     actions.append(Release(claim, record.reason or "requested", kill_first=False))
                     continue

@@ -29,7 +29,7 @@ import msgspec
 from tessera.shared import subjects
 from tessera.shared.bus import Delivery, Outgoing, Subscription
 from tessera.shared.claimstore import ClaimStore
-from tessera.shared.errors import ConfigError, TemporaryError
+from tessera.shared.errors import TemporaryError
 from tessera.shared.events import (
     ClaimAllocated,
     ClaimPrepared,

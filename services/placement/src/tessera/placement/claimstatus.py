@@ -98,4 +98,4 @@ def _essence(allocation: dict) -> tuple:
 def same_allocation(written: dict | None, wanted: dict) -> bool:
     """Whether a claim's allocation already says what ``wanted`` says: the same devices, shares,
     capacities and node (the timestamp, and fields the API server adds, aside)."""
-    return bool(written) and _essence(written) == _essence(wanted)
+    return written is not None and bool(written) and _essence(written) == _essence(wanted)

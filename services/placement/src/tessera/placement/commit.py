@@ -109,11 +109,13 @@ class GroupCommit:
         ledger, revision = self.view.ledger_of(node)
         inventory = self.view.inventories.get(node)
         entries = dict(ledger.entries)
-        accepted, refused = [], []
+        accepted: list[asyncio.Future] = []
+        refused: list[tuple[asyncio.Future, str]] = []
         now = time.time()
         for q in batch:
             candidate = NodeLedger(node=node, entries=entries)
             elsewhere = self.view.claim_nodes.get(q.entry.claim, node)
+            why: str | None
             if elsewhere != node:  # never a second node's entry for one claim, not even for a revision
                 why = f"already placed on {elsewhere}"
             elif not lease.live(q.leased_until, now):  # a peer may hold the claim by now

@@ -707,7 +707,7 @@ class Placer:
         if self.paper_ties == "random":  # (the Kubernetes scheduler's rule: see `paperfgd`)
             sizes = [len(w.members) if isinstance(w, NodeClass) else 1 for w, _ in cands]
             pick = self.rng.randrange(sum(sizes))
-            for (where, positions), size in zip(cands, sizes):
+            for (where, positions), size in zip(cands, sizes):  # noqa: B007 (read after the break)
                 if pick < size:
                     node = list(where.members.values())[pick] if isinstance(where, NodeClass) else where
                     break

@@ -116,7 +116,8 @@ class PlacementMetrics:
         self.nodes: dict[str, NodeFigures] = {}
         self._memo: dict[tuple, float] = {}  # node state -> fragmentation, for one mix version
         self._memo_version = -1
-        self._mix_version, self._mix_adopted, self._kinds = -1, float("-inf"), []  # the mix the figures use
+        self._mix_version, self._mix_adopted = -1, float("-inf")  # the mix the figures use
+        self._kinds: list[tuple[tuple, float]] = []
         # node -> (uuid -> (GPU state, its lines), claim -> (ledger entry, its lines)): `_lines`' cache
         self._pieces: dict[str, tuple[dict, dict]] = {}
         self.text = Exposition(FRAGMENTATION + HAMI_DEVICE + (HAMI_LEGACY if legacy else ()))

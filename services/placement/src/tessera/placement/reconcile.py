@@ -155,8 +155,8 @@ class Reconciler:
         usages = await self.svc.ledger.all_tenants()
         for tenant, (usage, _) in usages.items():
             for claim in usage.claims:
-                record = snap.records.get(claim)
-                if self._busy(claim) or (record is not None and record[0].state != "released"):
+                held = snap.records.get(claim)
+                if self._busy(claim) or (held is not None and held[0].state != "released"):
                     continue
                 current, _ = await self.svc.claims.get(claim)  # the fence
                 if (current is None or current.state == "released") and claim not in snap.where:

@@ -32,14 +32,17 @@ class Releases:
         svc._forget(event.claim)
         if record is not None and record.tenant != event.tenant:
             raise PermanentError(f"release of {event.claim} by tenant {event.tenant!r}: the claim is not theirs")
-        route = release_route(record.state, record.node) if record is not None else None
+        if record is None:
+            spans.settled(event, "unchanged", "no such claim")
+            return
+        route = release_route(record.state, record.node)
         if route is None or route.owner != "placement":
             if route is not None and not addressed:
                 await svc.bus.publish(route.subject(record.tenant, record.claim), event,
                                       msg_id=route.msg_id(record.claim))
                 spans.settled(event, "forwarded", f"the claim is {record.state} on {record.node}", node=record.node)
             else:
-                spans.settled(event, "unchanged", "the node's enforcer releases it" if record else "no such claim")
+                spans.settled(event, "unchanged", "the node's enforcer releases it")
             return  # on a node: the enforcer releases it
         if record.state not in UNPLACED:
             spans.settled(event, "unchanged", f"the claim is {record.state}: nothing of it is held")

@@ -71,9 +71,10 @@ class FleetView:
         if op in _GONE or not value:
             ledger = NodeLedger(node=node)
         else:
-            ledger = _node_ledgers.decode_or_skip(key, value)
-            if ledger is None:
+            decoded = _node_ledgers.decode_or_skip(key, value)
+            if decoded is None:
                 return False  # keep what we knew; a commit to this node re-reads (and refuses) it
+            ledger = decoded
         released = known is not None and any(c not in ledger.entries for c in known[0].entries)
         self.remember(node, ledger, revision)
         return released

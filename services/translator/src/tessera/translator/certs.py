@@ -25,7 +25,7 @@ Stamp = tuple[tuple[str, int, int, int] | None, ...]
 
 
 def _stamp(paths: tuple[str, ...]) -> Stamp:
-    out = []
+    out: list[tuple[str, int, int, int] | None] = []
     for path in paths:
         try:
             st = os.stat(path)

@@ -72,7 +72,7 @@ def is_tessera_claim(claim: Mapping) -> bool:
 def claim_ref(claim: Mapping) -> KubeClaimRef:
     """The ResourceClaim's identity, with the pod that owns it (the resourceclaim controller's owner)."""
     metadata = claim.get("metadata") or {}
-    owner = next(
+    owner: dict = next(
         (o for o in metadata.get("ownerReferences") or [] if o.get("kind") == "Pod" and o.get("apiVersion") == "v1"),
         {},
     )

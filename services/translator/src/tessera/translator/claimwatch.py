@@ -119,8 +119,8 @@ class ClaimWatcher:
                          record.claim)
                 await self.sink.resend_release(record)
             self.started = True
-        for claim in repairs.request:
-            await self.admit(claim)
+        for requested in repairs.request:
+            await self.admit(requested)
         return version
 
     async def on_change(self, kind: str, claim: Mapping) -> None:

@@ -273,7 +273,7 @@ def is_gpu_request(resources: Mapping[str, object]) -> bool:
 
 
 def translate(
-    resources: Mapping[str, str | int],
+    resources: Mapping[str, object],
     annotations: Mapping[str, str] = {},  # noqa: B006 - read-only
     *,
     where: str = "",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from tessera.shared.kubeapi import AlreadyExists, KubeApi, object_path
 from tessera.shared.kubeclaims import RESOURCE_API_VERSION
@@ -74,7 +74,7 @@ class Cluster:
         """Every ResourceClaim of the cluster, and the resourceVersion to watch from."""
         return await self.kube.list(CLAIMS)
 
-    def watch_claims(self, resource_version: str, timeout: float) -> AsyncIterator[tuple[str, dict]]:
+    def watch_claims(self, resource_version: str, timeout: float) -> AsyncGenerator[tuple[str, dict], None]:
         """ResourceClaim changes after ``resource_version`` as (ADDED|MODIFIED|DELETED, object),
         resumed across dropped connections and 410s by ``KubeApi.watch`` (which re-lists)."""
         return self.kube.watch(CLAIMS, resource_version, timeout_seconds=max(1, int(timeout)))

@@ -64,9 +64,11 @@ new_claim_id = api.new_claim_id
 # stopped (or timed out) between the record and the publish; younger ones may still be on their way.
 REQUESTED_GRACE_SECONDS = 10.0
 
+DEFAULT_SETTINGS = TranslatorSettings()  # (frozen: one instance serves every default)
+
 
 class TranslatorService:
-    def __init__(self, ctx: ServiceContext, settings: TranslatorSettings = TranslatorSettings(),
+    def __init__(self, ctx: ServiceContext, settings: TranslatorSettings = DEFAULT_SETTINGS,
                  kube_api=None) -> None:
         """``kube_api``: a ``tessera.shared.kubeapi.KubeApi`` to use in Kubernetes mode (tests point
         it at an emulator); by default one configured in-cluster or from ~/.kube/config."""

@@ -85,7 +85,7 @@ class TenantApi:
                 return owned
         return await self.translator.release(msgspec.json.encode(body), headers)
 
-    async def _own_record(self, data: bytes, tenant: str | None) -> api.ClaimRequest | ClaimRecord | bytes:
+    async def _own_record(self, data: bytes, tenant: str | None) -> ClaimRecord | bytes:
         try:
             request = _claim_request.decode(data)
             subjects.token(request.claim)
