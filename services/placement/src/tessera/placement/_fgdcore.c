@@ -370,6 +370,12 @@ static PyObject *q9(double x) {
     return PyFloat_FromDouble(floor(x * 1e9 + 0.5) / 1e9);
 }
 
+/* engine._tied: the score's resolution, engine.TIE_STEPS (keep the two equal). */
+#define TIE_STEPS 40.0
+static PyObject *tied(double x) {
+    return PyFloat_FromDouble(floor(x * TIE_STEPS + 0.5) / TIE_STEPS);
+}
+
 /* --- the GPU choice: engine.Placer._gpu_choice / _choose_gpus, fragmentation-aware GPU policy --- */
 
 static PyObject *state_of(Ctx *c, PyObject *sid) { /* borrowed */
@@ -718,13 +724,12 @@ static int entry_of(Ctx *c, PyObject *cls, PyObject **entry) {
         double fl;
         if (fluid(c, PyTuple_GET_ITEM(r, 3), bc2, bm2, mf - c->hostmem, &fl) < 0)
             goto out;
-        delta = q9(PyFloat_AsDouble(PyTuple_GET_ITEM(r, 0)) + fl - before);
-        if (!delta)
-            goto out;
+        delta = tied(PyFloat_AsDouble(PyTuple_GET_ITEM(r, 0)) + fl - before);
     } else {
-        delta = PyTuple_GET_ITEM(r, 0);
-        Py_INCREF(delta);
+        delta = tied(PyFloat_AsDouble(PyTuple_GET_ITEM(r, 0)));
     }
+    if (!delta)
+        goto out;
     if (!(cid = PyObject_GetAttr(cls, s_id))) {
         Py_DECREF(delta);
         goto out;
