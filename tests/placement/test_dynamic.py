@@ -1,7 +1,7 @@
 """The dynamic replay (pods arrive and leave, waiting pods retried): behaviour on a tiny trace."""
 
-from tessera.placement import bench, dynamic
-from tessera.placement.trace import TraceNode, TracePod
+from tessera.placement.benchmarks import dynamic, packing as bench
+from tessera.placement.benchmarks.trace import TraceNode, TracePod
 
 NODES = [TraceNode(f"n{i}", 32000, 262144, 2, "G2") for i in range(2)]
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from tessera.placement import families
-from tessera.placement.trace import TraceNode, TracePod
+from tessera.placement.benchmarks import families
+from tessera.placement.benchmarks.trace import TraceNode, TracePod
 
 NODES = [TraceNode("a", 96000, 262144, 8, "G2"), TraceNode("b", 32000, 262144, 2, "T4")]
 PODS = ([TracePod(f"w{i}", 8000, 16384, 1, 1000) for i in range(6)]

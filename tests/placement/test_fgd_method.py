@@ -4,7 +4,7 @@ import json
 import subprocess
 import sys
 
-from tessera.placement import bench
+from tessera.placement.benchmarks import packing as bench
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(
     f"n{i},{32000 if i % 3 else 96000},262144,{8 if i % 2 else 2},{'G2' if i % 2 else 'T4'}\n" for i in range(12))
@@ -48,7 +48,7 @@ def test_cli_writes_json_and_table(tmp_path):
     (tmp_path / "p.csv").write_text(PODS)
     out = tmp_path / "out.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "tessera.placement.bench", "placement", "--nodes", str(tmp_path / "n.csv"),
+        [sys.executable, "-m", "tessera.placement.benchmarks.packing", "placement", "--nodes", str(tmp_path / "n.csv"),
          "--pods", str(tmp_path / "p.csv"), "--policy", "binpack,fragmentation-aware", "--seeds", "1-2",
          "--jobs", "1", "--json", str(out)],
         capture_output=True, text=True, timeout=120, check=True)
@@ -63,7 +63,7 @@ def test_cli_reports_bad_trace(tmp_path):
     (tmp_path / "n.csv").write_text(NODES)
     (tmp_path / "p.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\nx,1,1,3,500\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "tessera.placement.bench", "placement", "--nodes", str(tmp_path / "n.csv"),
+        [sys.executable, "-m", "tessera.placement.benchmarks.packing", "placement", "--nodes", str(tmp_path / "n.csv"),
          "--pods", str(tmp_path / "p.csv")], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "p.csv:2:" in proc.stderr
 
@@ -73,7 +73,7 @@ def test_families_table_puts_ours_and_the_papers_fgd_side_by_side(tmp_path):
     (tmp_path / "p.csv").write_text(PODS)
     md = tmp_path / "families.md"
     proc = subprocess.run(
-        [sys.executable, "-m", "tessera.placement.bench", "placement", "--families", "--nodes",
+        [sys.executable, "-m", "tessera.placement.benchmarks.packing", "placement", "--families", "--nodes",
          str(tmp_path / "n.csv"), "--pods", str(tmp_path / "p.csv"), "--seeds", "1-2", "--jobs", "1",
          "--cpu-only", "3", "--gpu-share", "50", "--gpu-spec", "50", "--multi-gpu", "2,3", "--md", str(md)],
         capture_output=True, text=True, timeout=300, check=True)
@@ -89,7 +89,7 @@ def test_families_refuse_a_bad_level(tmp_path):
     (tmp_path / "n.csv").write_text(NODES)
     (tmp_path / "p.csv").write_text(PODS)
     proc = subprocess.run(
-        [sys.executable, "-m", "tessera.placement.bench", "placement", "--families", "--nodes",
+        [sys.executable, "-m", "tessera.placement.benchmarks.packing", "placement", "--families", "--nodes",
          str(tmp_path / "n.csv"), "--pods", str(tmp_path / "p.csv"), "--gpu-share", "150"],
         capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "percentages" in proc.stderr

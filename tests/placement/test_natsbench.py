@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from tessera.placement import natsbench
+from tessera.placement.benchmarks import through_nats as natsbench
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(
     f"n{i},{64000 if i % 2 else 96000},262144,{8 if i % 3 else 2},{'G2' if i % 2 else 'T4'}\n" for i in range(20))

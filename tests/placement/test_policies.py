@@ -5,7 +5,8 @@ import typing
 import pytest
 from fleetkit import inventory
 
-from tessera.placement import bench, settings
+from tessera.placement import settings
+from tessera.placement.benchmarks import packing as bench
 from tessera.placement.engine import Placement, Placer, ledger_entry
 from tessera.placement.fleet import Fleet
 from tessera.placement.policies import BENCH_COLUMNS, NAMES, POLICY, SERVICE_NAMES, policy

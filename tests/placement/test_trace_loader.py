@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tessera.placement.trace import (
+from tessera.placement.benchmarks.trace import (
     GPU_MEMORY_MIB, TraceError, load_nodes, load_pods, node_inventory, pod_demand,
 )
 

@@ -121,11 +121,11 @@ def cmd_asyncapi(args) -> int:
 def cmd_bench(args) -> int:
     """Benchmarks live with the code they measure; the CLI runs them as separate programs."""
     targets = {
-        "placement": [sys.executable, "-m", "tessera.placement.bench", "placement"],
-        "placement-speed": [sys.executable, "-m", "tessera.placement.bench", "speed"],
-        "placement-families": [sys.executable, "-m", "tessera.placement.bench", "placement", "--families"],
-        "placement-dynamic": [sys.executable, "-m", "tessera.placement.bench", "dynamic"],
-        "placement-nats": [sys.executable, "-m", "tessera.placement.natsbench"],
+        "placement": [sys.executable, "-m", "tessera.placement.benchmarks.packing", "placement"],
+        "placement-speed": [sys.executable, "-m", "tessera.placement.benchmarks.packing", "speed"],
+        "placement-families": [sys.executable, "-m", "tessera.placement.benchmarks.packing", "placement", "--families"],
+        "placement-dynamic": [sys.executable, "-m", "tessera.placement.benchmarks.packing", "dynamic"],
+        "placement-nats": [sys.executable, "-m", "tessera.placement.benchmarks.through_nats"],
         "tenants": [sys.executable, "-m", "tessera.controlplane.bench"],
     }
 

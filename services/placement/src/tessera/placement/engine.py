@@ -104,8 +104,8 @@ def _q9(x: float) -> float:
 # The expectation is over a sampled mix, and the host-memory term makes it continuous: without a
 # band, differences of a few thousandths of a GPU outranked a fit that leaves a whole GPU free, and
 # every GPU pod sharing a GPU (the gpu-share family at 100%) fell behind the paper's FGD, whose
-# integer scores tie far more (bench/placement_families.md). 1/40 is half the smallest share
-# openb's claims ask (0.05 GPU); bands from 1/20 to 1/100 measured alike.
+# integer scores tie far more. 1/40 is half the smallest share openb's claims ask (0.05 GPU); the
+# bands tried are in bench/placement_families.md.
 TIE_STEPS = 40.0
 
 
@@ -137,8 +137,7 @@ class Placer:
         self.mix = mix if mix is not None else WorkloadMix()
         self.learn = learn
         # Count host memory's gradual stranding of GPUs in the fragmentation (`_fluid`): packs better
-        # on openb (4.33% vs 4.64% unallocated, seeds 42-51) but place() is ~2.5x slower; off until
-        # that is bought back (bench/placement_sim.md).
+        # and costs decision time (both measured in bench/placement_sim.md); the service turns it on.
         self.fluid_memory = fluid_memory
         # The compiled fragmentation-aware core where built (None: if built; False: the Python one).
         if compiled and _core is None:

@@ -1,6 +1,6 @@
 """The dynamic placement benchmark: the trace replayed with pods that arrive and leave.
 
-The FGD paper's method (bench.py) only ever adds tasks. Here each pod of the list arrives at its own
+The FGD paper's method (packing.py) only ever adds tasks. Here each pod of the list arrives at its own
 creation time and, once placed, runs for its own lifetime (deletion - creation) and leaves. A pod
 that does not fit waits; whenever pods leave, every waiting pod is retried in arrival order, as the
 placement service retries its unschedulable claims on every change (a shape that failed in a pass
@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 from tessera.shared.events import LedgerEntry
 
-from .engine import Placement, Placer
-from .fleet import Fleet
-from .mix import WorkloadMix
-from .paperfgd import POLICY as PAPER_FGD, TypicalPods
+from ..engine import Placement, Placer
+from ..fleet import Fleet
+from ..mix import WorkloadMix
+from ..paperfgd import POLICY as PAPER_FGD, TypicalPods
 from .trace import TraceNode, TracePod, pod_demand
 
 __all__ = ["replay", "compression", "window", "ReplayResult"]

@@ -11,7 +11,7 @@ fresh nats-server and fresh placement process(es); the figures of one run are me
   CPU         CPU time of the placement process(es) per claim in the throughput phase (steadier
               than claims/s where other work shares the machine)
 
-Run: python -m tessera.placement.natsbench [--fleet openb|5000|both] [--claims 4000] [--replicas 1]
+Run: python -m tessera.placement.benchmarks.through_nats [--fleet openb|5000|both] [--claims 4000] [--replicas 1]
      [--repeat 3] [--models default,python-core]  (each fleet and model is measured --repeat times,
      interleaved; the table shows medians: one run moves ±20-30% on a shared 2-core box)
 """
@@ -42,9 +42,20 @@ from tessera.shared.natsserver import NatsServer, die_with_parent, free_port
 from tessera.shared.runner import is_ready
 from tessera.shared.settings import BusSettings
 
-from tessera.placement.trace import load_nodes, load_pods, node_inventory
+from tessera.placement.benchmarks.trace import load_nodes, load_pods, node_inventory
 
-DEFAULT_DATA = Path(os.environ.get("TESSERA_OPENB_DIR") or Path(__file__).resolve().parents[5].parent / "shared" / "data" / "openb")
+def _openb_dir() -> Path:
+    """The openb trace: $TESSERA_OPENB_DIR, else shared/data/openb beside the checkout (the directory
+    above the one holding the Makefile and services/)."""
+    if os.environ.get("TESSERA_OPENB_DIR"):
+        return Path(os.environ["TESSERA_OPENB_DIR"])
+    for d in Path(__file__).resolve().parents:
+        if (d / "Makefile").is_file() and (d / "services").is_dir():
+            return d.parent / "shared" / "data" / "openb"
+    return Path("shared/data/openb")
+
+
+DEFAULT_DATA = _openb_dir()
 
 
 def fleet(kind: str, nodes_csv: Path) -> list[NodeInventory]:

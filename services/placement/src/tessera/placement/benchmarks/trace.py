@@ -37,7 +37,7 @@ from pathlib import Path
 
 from tessera.shared.events import GpuDevice, NodeInventory
 
-from .mix import Demand
+from ..mix import Demand
 
 __all__ = ["GPU_MEMORY_MIB", "TraceError", "TraceNode", "TracePod", "load_nodes", "load_pods",
            "node_inventory", "pod_demand"]
