@@ -57,7 +57,7 @@ async def settle(client: Client, claims: list[str], timeout: float = 60) -> dict
 async def test_placers_racing_never_overcommit(start_cluster, replicas):
     # Small fetches, so that the claims spread over the replicas instead of one taking them all.
     cluster = await start_cluster("race.yaml", placement_replicas=replicas,
-                                  extra_env={"TESSERA_PLACEMENT_BATCH": "2", "TESSERA_PLACEMENT_CONCURRENCY": "2"})
+                                  extra_env={"TESSERA_PLACEMENT_BATCH": "2"})
     client = await Client.connect(cluster.url)
     watch = None
     try:

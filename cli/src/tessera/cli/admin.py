@@ -126,7 +126,7 @@ def cmd_bench(args) -> int:
         "placement-families": [sys.executable, "-m", "tessera.placement.benchmarks.packing", "placement", "--families"],
         "placement-dynamic": [sys.executable, "-m", "tessera.placement.benchmarks.packing", "dynamic"],
         "placement-nats": [sys.executable, "-m", "tessera.placement.benchmarks.through_nats"],
-        "tenants": [sys.executable, "-m", "tessera.controlplane.bench"],
+        "tenants": [sys.executable, "-m", "tessera.controlplane.benchmarks.tenants"],
     }
 
     def command(name: str, rest: list[str]) -> list[str]:

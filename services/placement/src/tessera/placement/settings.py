@@ -39,9 +39,6 @@ class PlacementSettings(FromEnv):
         "decision (`idlework`); `false` only to measure what that buys "
         "(`tessera bench placement-nats --models default,no-idle-work`)", True)
     batch: int = setting("TESSERA_PLACEMENT_BATCH", "requested claims fetched and decided per batch", 256, minimum=1)
-    concurrency: int = setting(
-        "TESSERA_PLACEMENT_CONCURRENCY", "claims of the careful one-by-one path (releases, redeliveries, "
-        "quota-limited tenants) handled at once", 32, minimum=1)
     # The reconciler (tessera.placement.reconcile): how often it checks placement's invariants, and
     # how old a record or ledger entry must be before it is repaired (younger: maybe mid-commit).
     reconcile_seconds: float = setting(

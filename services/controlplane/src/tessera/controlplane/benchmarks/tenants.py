@@ -8,7 +8,7 @@ temporary directory, and creates tenants over the public request/reply API with 
 requests in flight. Readiness here means the manager's Ready phase: datastore, credentials,
 certificates and validated manifests in place (no kube-apiserver pods are started).
 
-    python -m tessera.controlplane.bench --tenants 100
+    python -m tessera.controlplane.benchmarks.tenants --tenants 100
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ async def run(tenants: int, concurrency: int, workdir: Path) -> dict[str, float]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tessera.controlplane.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tessera.controlplane.benchmarks.tenants", description=__doc__.split("\n")[0])
     parser.add_argument("--tenants", type=int, default=100)
     parser.add_argument("--concurrency", type=int, default=8, help="create requests in flight")
     args = parser.parse_args(argv)
