@@ -24,8 +24,7 @@ class PlacementSettings(FromEnv):
     # The host-memory term of the fragmentation model.
     fluid_memory: bool = setting(
         "TESSERA_PLACEMENT_FLUID_MEMORY", "count how host memory strands GPUs in the fragmentation model: better "
-        "packing (openb 4.33% unallocated instead of 4.64%), about 2-3 times the decision time "
-        "(`bench/placement_sim.md`)", True)
+        "packing, for more decision time (both measured in `bench/placement_sim.md`)", True)
     # Which fragmentation-aware scoring runs: the compiled core where it is built (auto), the compiled
     # core or refuse to start (compiled), or the Python reference engine (python): same decisions.
     core: str = setting(
