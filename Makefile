@@ -77,11 +77,13 @@ bench: $(STAMP) $(CORE) native
 clean:
 	rm -rf $(VENV) .run var native/vgpu/build
 
-# docs/configuration.md, generated from the settings' declarations (each service's settings.py);
-# tests/shared/test_configuration_doc.py fails if it is stale.
+# The generated documents: docs/configuration.md from the settings' declarations (each service's
+# settings.py), docs/asyncapi.json from the events' unions (tessera.shared.events);
+# tests/shared/test_configuration_doc.py and test_asyncapi_current.py fail if either is stale.
 .PHONY: docs
 docs: $(STAMP)
 	$(PY) docs/configuration.py
+	$(VENV)/bin/tessera asyncapi
 
 # The enforcer's kubelet-plugin gRPC modules, generated from services/enforcer/proto/**/*.proto and
 # committed (an install needs no protoc); tests/enforcer/test_kubelet_plugin_protos.py fails if stale.

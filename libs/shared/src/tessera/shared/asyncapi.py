@@ -2,7 +2,9 @@
 
 External tools subscribe to Tessera's subjects; this document is their contract. It is rendered from
 events.py, api.py and subjects.py (never written by hand) into docs/asyncapi.json by
-``tessera asyncapi``; a test fails when the checked-in document differs from what the code says.
+``tessera asyncapi`` (or `make docs`); a test fails when the checked-in document differs from what
+the code says. An event added to a family's union in events.py appears here by itself (its message,
+its schema, the claim channel's list of kinds); `FAMILIES` changes only with a new subject family.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ FAMILIES = [
     ("inventory", "tessera.inventory.{node}", subjects.STREAM_INVENTORY, events.InventoryEvent,
      "Node GPU inventory snapshots, heartbeats and lost-node notices (capacity publisher)."),
     ("claims", "tessera.claims.{tenant}.{claim}.{event}.{node}", subjects.STREAM_CLAIMS, events.ClaimEvent,
-     "Claim lifecycle: requested, allocated, unschedulable, prepared, running, release, released, failed. "
+     f"Claim lifecycle: {', '.join(events.CLAIM_EVENT_KINDS)}. "
      "The last token is the node the event concerns ('_' while none: requested, unschedulable, a release "
      "before allocation), so a node's enforcer consumes only its own node's events."),
     ("usage", "tessera.usage.{node}", subjects.STREAM_USAGE, events.UsageEvent,
@@ -94,14 +96,10 @@ KV = {
 }
 
 
-def _members(union) -> list[type]:
-    return list(getattr(union, "__args__", (union,)))
-
-
 def render() -> str:
     types: list[type] = []
     for *_, union, _ in FAMILIES:
-        types += _members(union)
+        types += events.members(union)
     types += [t for _, _, t, _ in REQUESTS] + [api.Reply, events.ClaimRecord, events.NodeLedger,
                                                 events.TenantUsage, events.TenantRecord]
     _, components = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
@@ -112,7 +110,7 @@ def render() -> str:
         params = {p.strip("{}"): {"description": PARAMETERS.get(p.strip("{}"), p.strip("{}"))}
                   for p in address.split(".") if p.startswith("{")}
         refs = {}
-        for member in _members(union):
+        for member in events.members(union):
             name = member.__name__
             kind = member.__struct_config__.tag
             messages[name] = {

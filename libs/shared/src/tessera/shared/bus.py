@@ -129,7 +129,7 @@ def ride_out_reloads(nc: NatsClient) -> None:
     """Retry JetStream requests that find no responder while nats-server reloads its accounts.
 
     With accounts in the config (one per tenant: `tessera.shared.identities`), every reload (each
-    tenant created or deleted) re-registers each account's JetStream API, and for ~0.2 s requests
+    tenant created or deleted) re-registers each account's JetStream API, and for a moment requests
     to it get "JetStream not enabled for account" or no responder, and so do publishes to streams
     (nats-py: ServiceUnavailableError, NoStreamResponseError). Nothing was stored, so sending again is safe (stream publishes carry
     message ids as well). The request/reply APIs (``tessera.api.*``) are not retried: there "no

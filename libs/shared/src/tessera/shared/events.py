@@ -5,9 +5,12 @@ can read it. Each subject family has one tagged union (``kind`` is the tag) and 
 per process. Evolution rule: a new field always has a default, a field's type never changes, readers
 skip unknown fields (no ``forbid_unknown_fields`` here; that is for config files and CLI input).
 
-Adding an event: a subclass of its family's base (a claim event of `ClaimEventBase`, which carries
-``claim`` and ``tenant``) with its own ``tag``, added to the family's union below; then regenerate
-docs/asyncapi.json (``tessera asyncapi``; tests/shared checks it is current).
+Adding an event to a family is one place, this module: a subclass of its family's base (a claim
+event of `ClaimEventBase`, which carries ``claim`` and ``tenant``) with its own ``tag``, written into
+the family's union below. The family's decoder, `kinds`, the AsyncAPI document's messages and the
+lists the tests draw from all follow from the union; then `make docs` regenerates docs/asyncapi.json
+(tests/shared/test_event_registry.py fails when a declared event is in no union, and
+tests/shared/test_asyncapi_current.py when the document or the README's subjects table is stale).
 """
 
 from __future__ import annotations
@@ -37,6 +40,17 @@ def now() -> float:
 
 class Event(Struct, tag_field="kind", kw_only=True):
     """Base of every bus event: the ``kind`` field names the variant within its subject family."""
+
+
+def members(union: object) -> tuple[type[Event], ...]:
+    """The event types of a family's union (a family of one type is that type), in its order."""
+    return tuple(getattr(union, "__args__", (union,)))
+
+
+def kinds(union: object) -> tuple[str, ...]:
+    """The ``kind`` of each event of a family's union, in its order: what its subjects' event token,
+    its decoder and the AsyncAPI document name."""
+    return tuple(str(t.__struct_config__.tag) for t in members(union))
 
 
 class GpuDevice(Struct, frozen=True, kw_only=True):
@@ -202,7 +216,7 @@ ClaimEvent = (
     | ClaimFailed
 )
 
-CLAIM_EVENT_KINDS: tuple[str, ...] = tuple(t.__struct_config__.tag for t in ClaimEvent.__args__)
+CLAIM_EVENT_KINDS: tuple[str, ...] = kinds(ClaimEvent)
 
 
 # --- usage: tessera.usage.<node> -----------------------------------------------------------------

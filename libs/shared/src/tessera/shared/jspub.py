@@ -2,10 +2,10 @@
 
 The hot paths (placement's ledger, claim-record and ``allocated`` writes; the enforcer's and capacity
 publisher's event batches) publish hundreds of messages and then wait for all of their acks. nats-py's
-``publish_async`` costs about 47 µs of CPU per message on a 2-core box (a future per call behind a
-semaphore, a JSON ack turned into a dataclass) and ``KeyValue.update`` more (a request with its own
-timer). Here every publish carries a reply subject under one wildcard inbox, acks are matched to a
-counter token and decoded with msgspec: about half the CPU. The wire protocol is JetStream's own: a
+``publish_async`` spends its CPU per message on a future per call behind a semaphore and a JSON ack
+turned into a dataclass, and ``KeyValue.update`` more (a request with its own timer). Here every
+publish carries a reply subject under one wildcard inbox, acks are matched to a counter token and
+decoded with msgspec: about half the CPU of a publish (measured in bench/placement_sim.md). The wire protocol is JetStream's own: a
 publish with a reply subject, answered by the stream with a PubAck or an API error (and by the server
 with a 503 status when no stream listens on the subject).
 """

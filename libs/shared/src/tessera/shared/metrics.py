@@ -63,8 +63,8 @@ def line(name: str, labels: str, value: float) -> str:
 class Exposition:
     """Gauge families a service writes as Prometheus text itself, in parts (one per node) that are
     rebuilt only when that part changed. For series too many to build as objects on every scrape:
-    prometheus-client spends some 35 us a sample, and placement's per-GPU HAMi series at a thousand
-    nodes of eight GPUs are over a hundred thousand samples, seconds of a loop that decides claims."""
+    prometheus-client pays for each sample, and placement's per-GPU HAMi series at a thousand nodes
+    of eight GPUs are over a hundred thousand samples, too long a stall of a loop that decides claims."""
 
     def __init__(self, families: Iterable[tuple[str, str]]) -> None:
         self.families = dict(families)  # name -> help

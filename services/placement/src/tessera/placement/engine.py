@@ -15,8 +15,7 @@ The fragmentation-aware scoring of a class (`_fgd_entry` and what it calls) also
 `_fgdcore.c`: the same arithmetic in the same order on the same memo tables, bit-identical
 (tests/placement/test_compiled_core.py), reading the mix's tables from one object (`fragtables`).
 This Python is the reference and runs where the core was not built or `compiled=False` asks for it;
-through NATS the core takes the service from ~1,500 to ~2,500 claims/s on openb
-(bench/placement_sim.md).
+what the core buys through NATS on openb, against this engine, is measured in bench/placement_sim.md.
 
 Policies (the registry, with the baseline scorers themselves, is `policies`):
 
@@ -67,7 +66,7 @@ _FCACHE_CAP = 120_000
 _node_name = attrgetter("name")
 _SWEEP = 2048  # retired memo entries freed per decision
 _WARM_SHAPES = HEAPS_CAP  # shapes indexed again ahead after a republish: all with a live index
-_WARM_STEP = 8  # class evaluations per `warm` call (~1-2 ms on a cold memo with the host-memory term)
+_WARM_STEP = 8  # class evaluations per `warm` call: a short step even on a cold memo (bench/placement_sim.md)
 
 # The fragmentation-aware index entries compiled (_fgdcore.c: same arithmetic, same memo tables,
 # bit-identical entries); None where it was not built, and the Python below runs instead.
@@ -384,7 +383,7 @@ class Placer:
     def warm(self, budget: int = _WARM_STEP) -> int:
         """Spend up to `budget` class evaluations building, ahead of their next claim, the index of
         shapes asked for under the previous mix (a republished mix voids every index, and a shape's
-        first index scores the whole fleet: ~1-20 ms each, all at once after a republish). Meant for
+        first index scores the whole fleet, all of them at once after a republish). Meant for
         idle moments (the service calls it between decisions); a claim that comes first finishes
         the index itself. The result is the same index either way. Returns the class evaluations
         it spent (0: nothing was left to do).
@@ -407,7 +406,7 @@ class Placer:
         old = self.tables
         self.tables = FragTables.of_mix(self.mix.kinds(), (self._token, self._epoch, "own"), self.fluid_memory)
         # Every score of the old mix is void. Its tables can hold a few hundred thousand entries,
-        # whose freeing took ~30 ms on openb, all inside one claim's decision: they are swapped for
+        # whose freeing was the slowest decision on openb (bench/placement_sim.md): they are swapped for
         # empty ones here and freed a little at a time by the decisions that follow (`_sweep`).
         self._trash += [(t, False) for t in (self._memo, *old.memos())]
         # The shapes asked for lately are indexed again ahead of their claims (`warm`), the most

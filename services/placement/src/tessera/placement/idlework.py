@@ -1,14 +1,14 @@
 """What the placement process does between decisions, so that no claim's decision pays for it.
 
-Two costs used to land inside a decision and make the latency tail (p99 at 500 claims/s 41-77 ms
-with the default model, bench/placement_sim.md):
+Two costs used to land inside a decision and make the latency tail (the p99 at 500 claims/s with
+the default model; what they cost and what moving them bought are in bench/placement_sim.md):
 
 - a republished workload mix voids every shape's index, and the next claim of each shape scored
-  the whole fleet (1-20 ms per shape, dozens of shapes right after a republish): `Placer.warm`
-  rebuilds the indexes of the shapes asked for lately, a few classes per step, ahead of them;
-- the cyclic garbage collector's passes: automatic every 20,000 tracked allocations, 10-40 ms each in
+  the whole fleet (dozens of shapes right after a republish): `Placer.warm` rebuilds the indexes
+  of the shapes asked for lately, a few classes per step, ahead of them;
+- the cyclic garbage collector's passes: automatic every 20,000 tracked allocations, each long in
   the service (the engine's index entries and memo tables are young containers that survive, and
-  every 20th pass walks 400,000 of them again). They run here instead, in passes a tenth that
+  every 20th pass walks hundreds of thousands of them again). They run here instead, in passes a tenth that
   size: what a pass walks is what was allocated since the one before, so the total is the same,
   cut into steps of a few milliseconds. The indexes rebuilt after a republish (tens of thousands
   of entries that live until the next one) are frozen out of the collector's walks once built

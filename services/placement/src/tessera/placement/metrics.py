@@ -45,7 +45,8 @@ CONTAINER = ["namespace", "node", "pod", "container_index", "device_uuid", "zone
 LEGACY_CONTAINER = ["podnamespace", "nodename", "podname", "containeridx", "deviceuuid", "zone"]
 
 
-# Nodes rebuilt between two yields to the event loop (about 30 ms at eight GPUs a node).
+# Nodes rebuilt between two yields to the event loop (few enough, at eight GPUs a node, that the
+# decisions waiting on the loop are not held up long).
 YIELD_EVERY = 50
 # The figures take up a republished workload mix at most this often (seconds).
 MIX_SECONDS = 60.0

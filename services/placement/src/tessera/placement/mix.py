@@ -191,8 +191,8 @@ class WorkloadMix:
         the evidence behind it at least doubled since the published mix (the estimate's error falls
         by a factor of 1.4 or more) or the move is well beyond what sampling an unchanged workload
         gives (the workload shifted). Moves within sampling noise alone are common while a mix of a
-        hundred kinds is learned: on openb's claims they republished 18 times in the first 4,000
-        claims, each one costing a full re-scoring of the fleet for every claim shape.
+        hundred kinds is learned: on openb's claims every republish of the old rule was one
+        (bench/placement_sim.md), each costing a full re-scoring of the fleet for every claim shape.
         """
         kinds = self._build(self._counts)
         self._seen_at_build = seen = self._seen

@@ -25,9 +25,10 @@ The published definitions, restated:
 
 Equal scores are common (the integer score moves in steps of about 0.04 GPU near zero, so most
 whole-GPU placements tie). Among them we take the node first by name. The Kubernetes scheduler's
-own rule, a uniformly random one, does not reproduce the paper: on openb at 100% arrival (seed 42)
-random ties leave 9.8% of GPUs unallocated, first-by-name 4.8% against the published 4.77, so the
-published runs must have broken ties in a fixed node order (bench/placement_families.md).
+own rule, a uniformly random one, does not reproduce the paper: on openb at 100% arrival random
+ties leave far more GPUs unallocated than published and first-by-name lands near the published
+figure (bench/placement_sim.md, "fgd-paper tie rule"), so the published runs must have broken ties
+in a fixed node order.
 
 Feasibility is the engine's own (CPU, host memory, per-GPU fit, type selectors, share limits), so
 both policies face the same filters. A GPU's capacity left is its `free` (GPU units) in milli.

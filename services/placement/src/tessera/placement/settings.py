@@ -13,19 +13,19 @@ from tessera.placement.policies import SERVICE_NAMES
 from tessera.shared.settings import FromEnv, setting
 
 POLICIES = SERVICE_NAMES  # (`policies`: those the service offers)
+_POLICY_WORDS = ", ".join(f"`{p}`" for p in POLICIES[:-1]) + f" or `{POLICIES[-1]}`"
 CORES = ("auto", "compiled", "python")
 
 
 @dataclass(frozen=True, kw_only=True)
 class PlacementSettings(FromEnv):
     default_policy: str = setting(
-        "TESSERA_PLACEMENT_POLICY", "default node and GPU policy: `fragmentation-aware`, `binpack`, `spread` or "
-        "`best-fit` (a claim may choose its own with HAMi's annotations)", "fragmentation-aware", choices=POLICIES)
+        "TESSERA_PLACEMENT_POLICY", f"default node and GPU policy: {_POLICY_WORDS} (a claim may choose its own "
+        "with HAMi's annotations)", "fragmentation-aware", choices=POLICIES)
     # The host-memory term of the fragmentation model.
     fluid_memory: bool = setting(
         "TESSERA_PLACEMENT_FLUID_MEMORY", "count how host memory strands GPUs in the fragmentation model: better "
-        "packing (openb 4.33% unallocated instead of 4.64%), about 2-3 times the decision time "
-        "(`bench/placement_sim.md`)", True)
+        "packing, for more decision time (both measured in `bench/placement_sim.md`)", True)
     # Which fragmentation-aware scoring runs: the compiled core where it is built (auto), the compiled
     # core or refuse to start (compiled), or the Python reference engine (python): same decisions.
     core: str = setting(

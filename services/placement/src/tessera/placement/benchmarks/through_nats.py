@@ -13,7 +13,7 @@ fresh nats-server and fresh placement process(es); the figures of one run are me
 
 Run: python -m tessera.placement.benchmarks.through_nats [--fleet openb|5000|both] [--claims 4000] [--replicas 1]
      [--repeat 3] [--models default,python-core]  (each fleet and model is measured --repeat times,
-     interleaved; the table shows medians: one run moves ±20-30% on a shared 2-core box)
+     interleaved; the table shows medians: one run moves a lot on a shared box, bench/placement_sim.md)
 """
 
 from __future__ import annotations
