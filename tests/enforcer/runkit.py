@@ -143,21 +143,6 @@ async def tessera_run(cluster: LocalCluster, *run_args: str, **kw) -> Finished:
     return await finish(await start_run(cluster, *run_args, **kw))
 
 
-async def wait_until(predicate, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
-    """Poll an async or plain predicate until it returns something truthy; fail naming ``what``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(interval)
-
-
 class UsageListener:
     """Every usage event published while it listens (core subscription on tessera.usage.>)."""
 

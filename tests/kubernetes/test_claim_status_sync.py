@@ -20,7 +20,8 @@ from tessera.translator.dra import resource_claim_template
 
 from kube_objects import namespace, pod as kube_pod
 from kubeparts import make_claims
-from kubetessera import eventually, kube_ref
+from kit import eventually
+from kubetessera import kube_ref
 
 RC = "resource.k8s.io/v1"
 SHARES = [DeviceShare(uuid="GPU-0", index=0, memory_mib=20000, cores=30)]
