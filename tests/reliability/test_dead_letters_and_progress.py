@@ -20,6 +20,8 @@ from tessera.shared.errors import PermanentError, TemporaryError
 from tessera.shared.events import ClaimReleaseRequested, claim_decoder, dlq_decoder
 from tessera.shared.settings import BusSettings
 
+from kit import eventually
+
 
 def release(claim: str) -> ClaimReleaseRequested:
     return ClaimReleaseRequested(claim=claim, tenant="t")
@@ -32,10 +34,9 @@ async def connect(url: str, **kwargs) -> Bus:
 
 
 @pytest.fixture
-async def bus(nats_url):
-    b = await connect(nats_url, max_deliver=3, ack_wait=2)
-    yield b
-    await b.close()
+def bus_settings(nats_url) -> BusSettings:
+    """The kit's `bus` with few deliveries and a short ack wait: retries and letters come soon."""
+    return BusSettings(url=nats_url, max_deliver=3, ack_wait=2)
 
 
 def consumer(bus: Bus, handler) -> asyncio.Task:
@@ -43,13 +44,6 @@ def consumer(bus: Bus, handler) -> asyncio.Task:
         stream=subjects.STREAM_CLAIMS, durable="probe", filter_subjects=[subjects.claims_of_kind("release")],
         decoder=claim_decoder, handler=handler,
     )))
-
-
-async def until(condition, timeout=20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "did not get there in time"
-        await asyncio.sleep(0.05)
 
 
 async def stop(*tasks: asyncio.Task) -> None:
@@ -70,7 +64,7 @@ async def refused_until(bus: Bus, claim: str, condition) -> list[int]:
     await bus.publish(subjects.claim("t", claim, "release"), release(claim), msg_id=f"{claim}:release")
     task = consumer(bus, handler)
     try:
-        await until(lambda: condition(calls))
+        await eventually(lambda: condition(calls))
         await asyncio.sleep(0.5)
     finally:
         await stop(task)
@@ -154,7 +148,7 @@ async def test_handler_past_ack_wait_keeps_its_message_from_a_peer(nats_url):
     await first.publish(subjects.claim("t", "d4", "release"), release("d4"), msg_id="d4:release")
     tasks = [consumer(first, slow), consumer(second, slow)]
     try:
-        await until(lambda: calls)
+        await eventually(lambda: calls)
         await asyncio.sleep(5)
     finally:
         await stop(*tasks)

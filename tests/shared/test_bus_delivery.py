@@ -17,11 +17,9 @@ from tessera.shared.telemetry import Telemetry
 
 
 @pytest.fixture
-async def bus(nats_url):
-    b = await Bus.connect(BusSettings(url=nats_url, max_deliver=3, ack_wait=2), "test")
-    await b.ensure_topology()
-    yield b
-    await b.close()
+def bus_settings(nats_url) -> BusSettings:
+    """The kit's `bus` with few deliveries and a short ack wait: retries and letters come soon."""
+    return BusSettings(url=nats_url, max_deliver=3, ack_wait=2)
 
 
 def release(claim: str) -> ClaimReleaseRequested:
