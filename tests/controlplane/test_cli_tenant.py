@@ -14,6 +14,7 @@ from tessera.shared import identities, subjects
 from tessera.shared.bus import Bus
 from tessera.shared.natsserver import NatsServer
 from tessera.shared.settings import BusSettings
+from tessera.shared.cancelling import cancel_and_wait
 
 
 @pytest.fixture
@@ -25,9 +26,7 @@ async def served(bus):
     try:
         yield bus.settings.url
     finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)
         await mgr.close()
 
 
@@ -88,9 +87,7 @@ async def test_tenant_commands_connect_as_the_user_the_environment_names(tmp_pat
             assert await args.func(args) == 0, capsys.readouterr().err
             assert capsys.readouterr().out.split()[:2] == ["NAME", "PHASE"]
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(tasks)
             await mgr.close()
             await manager_bus.close()
     finally:

@@ -30,6 +30,7 @@ from tessera.shared.events import (
 from tessera.shared.runner import ServiceContext
 from tessera.shared.settings import BusSettings, ServiceSettings
 from tessera.shared.telemetry import Telemetry
+from tessera.shared.cancelling import cancel_and_wait
 
 from tessera.enforcer.service import EnforcerService
 from tessera.enforcer.settings import EnforcerSettings
@@ -197,6 +198,5 @@ async def test_the_reconcile_pass_runs_periodically_not_only_at_start(enforcer, 
             while not await events(enforcer, "prepared"):
                 await asyncio.sleep(0.05)
     finally:
-        loop.cancel()
-        await asyncio.gather(loop, return_exceptions=True)
+        await cancel_and_wait([loop])
     assert [e.claim for e in await events(enforcer, "prepared")] == ["c-late"]

@@ -5,7 +5,6 @@ and through the watch as soon as it happens) at the same pool generation; a devi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,6 +19,7 @@ from tessera.capacity.kube import SliceWriter
 from tessera.capacity.service import CapacityService, CapacitySettings
 from tessera.shared import profile
 from tessera.shared.kubeapi import KubeApi
+from tessera.shared.cancelling import cancel_and_wait
 
 ROOT = Path(__file__).resolve().parents[2]
 RS = ("resource.k8s.io/v1", "resourceslices")
@@ -115,9 +115,9 @@ async def test_the_watch_puts_a_deleted_slice_back_without_waiting_for_a_heartbe
                 await asyncio.sleep(0.02)
         assert back["spec"] == first["spec"]
     finally:
-        watch.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watch
+        await cancel_and_wait([watch])
+        if not watch.cancelled():
+            watch.result()  # it ended before its cancel: raise what ended it
     # the publisher's ClusterRole grants exactly what it called (the kubelet's deletes aside)
     role = next(d for d in yaml.safe_load_all((ROOT / "deploy/k8s/capacity.yaml").read_text())
                 if d and d["kind"] == "ClusterRole")

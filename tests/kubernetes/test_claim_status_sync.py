@@ -17,6 +17,7 @@ from tessera.placement.claimstatus import allocation
 from tessera.placement.kube import KubeWriter
 from tessera.placement.kubesync import Allocated, ClaimStatusSync, Unschedulable
 from tessera.translator.dra import resource_claim_template
+from tessera.shared.cancelling import cancel_and_wait
 
 from kube_objects import namespace, pod as kube_pod
 from kubeparts import make_claims
@@ -35,9 +36,10 @@ async def running(kube, give_back):
     try:
         yield worker
     finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await cancel_and_wait([task])
+        if not task.cancelled():
+            task.result()  # it ended before its cancel: raise what ended it
+        assert task.cancelled()
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from tessera.shared.events import ClaimRecord, ClaimRequested, ClaimSpec, GpuQuo
 from tessera.shared.runner import ServiceContext
 from tessera.shared.settings import BusSettings
 from tessera.shared.telemetry import Telemetry
+from tessera.shared.cancelling import cancel_and_wait
 
 from fleetkit import inventory
 
@@ -63,9 +64,7 @@ async def replicas(nats_url: str, count: int = 1, *, watch: bool = True, nodes=(
         yield made
     finally:
         for r in made:
-            for task in r.tasks.values():
-                task.cancel()
-            await asyncio.gather(*r.tasks.values(), return_exceptions=True)
+            await cancel_and_wait(r.tasks.values())
         for bus in buses:
             await bus.close()
 

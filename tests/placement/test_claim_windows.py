@@ -17,6 +17,7 @@ from tessera.shared import subjects
 from tessera.shared.bus import Delivery
 from tessera.shared.errors import ConflictError, PermanentError
 from tessera.shared.events import ClaimReleaseRequested, DeviceShare, GpuQuota, LedgerEntry, NodeLedger, encode
+from tessera.shared.cancelling import cancel_and_wait
 
 from placementkit import replicas, requested, settled, tenant
 
@@ -91,9 +92,7 @@ async def test_a_redelivered_finish_never_allocates_from_memory_a_ledger_entry_t
         written = await svc.ledger.write_node(NodeLedger(node="n1", entries={"c": entry("c", "n1", 0)}), None)
         await settled(lambda: _holds(svc, "n1", "c"))
         # ... then the enforcer drops it as an orphan, and the redelivery comes before the watcher.
-        for task in r.tasks.values():
-            task.cancel()
-        await asyncio.gather(*r.tasks.values(), return_exceptions=True)
+        await cancel_and_wait(r.tasks.values())
         await svc.ledger.write_node(NodeLedger(node="n1"), written)
         assert await svc.place(msgspec.structs.replace(event, record_revision=0))
         record = (await svc.claims.get("c"))[0]

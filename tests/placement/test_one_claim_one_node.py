@@ -22,6 +22,7 @@ from tessera.shared import subjects
 from tessera.shared.bus import Delivery
 from tessera.shared.errors import ConflictError
 from tessera.shared.events import DeviceShare, LedgerEntry, NodeLedger
+from tessera.shared.cancelling import cancel_and_wait
 
 from placementkit import replicas, requested, settled, tenant
 
@@ -73,8 +74,7 @@ async def test_two_replicas_retrying_one_claim_never_hold_it_on_two_nodes(nats_u
             assert record.state == "allocated"
             await settled(lambda: _seen(revisions, record.node))
         finally:
-            watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
+            await cancel_and_wait([watch])
         doubled = [r for r in revisions if sum("c" in claims for claims in r.values()) > 1]
         assert not doubled, f"ledger revisions holding c on two nodes: {doubled}"
         assert sum(o is True for o in outcomes) == 1, outcomes
@@ -204,8 +204,7 @@ async def test_the_batch_path_racing_a_leased_path_never_holds_the_claim_on_two_
             assert record.state == "allocated", outcomes
             await settled(lambda: _seen(revisions, record.node))
         finally:
-            watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
+            await cancel_and_wait([watch])
         doubled = [r for r in revisions if sum("c" in claims for claims in r.values()) > 1]
         assert not doubled, f"ledger revisions holding c on two nodes: {doubled}"
         # the loser was told to try again later (its redelivery finds the claim allocated)

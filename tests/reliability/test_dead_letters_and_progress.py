@@ -19,6 +19,7 @@ from tessera.shared.bus import Bus, Subscription
 from tessera.shared.errors import PermanentError, TemporaryError
 from tessera.shared.events import ClaimReleaseRequested, claim_decoder, dlq_decoder
 from tessera.shared.settings import BusSettings
+from tessera.shared.cancelling import cancel_and_wait
 
 from kit import eventually
 
@@ -47,9 +48,7 @@ def consumer(bus: Bus, handler) -> asyncio.Task:
 
 
 async def stop(*tasks: asyncio.Task) -> None:
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await cancel_and_wait(tasks)
 
 
 async def refused_until(bus: Bus, claim: str, condition) -> list[int]:

@@ -16,6 +16,7 @@ import pytest
 from tessera.shared import api, subjects
 from tessera.shared.events import GpuQuota, NodeInventory
 from tessera.shared.ledger import decode_node_ledger, device_totals
+from tessera.shared.cancelling import cancel_and_wait
 
 from tessera.cli.client import Client
 
@@ -109,6 +110,5 @@ async def test_placers_racing_never_overcommit(start_cluster, replicas):
             assert allocated > 0, f"{name} allocated nothing: the race was not a race"
     finally:
         if watch is not None:
-            watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
+            await cancel_and_wait([watch])
         await client.close()

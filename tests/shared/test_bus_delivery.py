@@ -14,6 +14,7 @@ from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
 from tessera.shared.events import ClaimReleaseRequested, claim_decoder, dlq_decoder
 from tessera.shared.settings import BusSettings
 from tessera.shared.telemetry import Telemetry
+from tessera.shared.cancelling import cancel_and_wait
 
 
 @pytest.fixture
@@ -40,8 +41,7 @@ async def run_consumer(bus: Bus, handler, until, timeout=15.0, linger=0.5):
             await asyncio.sleep(0.05)
         await asyncio.sleep(linger)
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await cancel_and_wait([task])
 
 
 async def pull_request_open(bus: Bus, durable: str) -> bool:
@@ -156,8 +156,7 @@ async def test_a_message_fetched_as_its_consumer_stops_neither_blocks_the_drain_
     )))
     while not await pull_request_open(bus, "probe"):
         await asyncio.sleep(0.02)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await cancel_and_wait([task])
     await bus.publish(subjects.claim("t", "c9", "release"), release("c9"))
     info = await bus.consumer_info(subjects.STREAM_CLAIMS, "probe")
     assert seen == [] and info.num_ack_pending + info.num_pending == 1

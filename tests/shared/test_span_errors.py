@@ -14,6 +14,7 @@ from tessera.shared.errors import PermanentError, TemporaryError
 from tessera.shared.events import ClaimReleaseRequested, claim_decoder
 from tessera.shared.settings import BusSettings
 from tessera.shared.telemetry import Telemetry
+from tessera.shared.cancelling import cancel_and_wait
 
 from test_bus_delivery import dlq
 
@@ -49,8 +50,7 @@ async def consume(bus: Bus, until, *, handler=None, batch_handler=None, timeout=
                 await asyncio.sleep(0.05)
         await asyncio.sleep(0.3)  # the verdict (ack, nak, letter) of the message in hand
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await cancel_and_wait([task])
 
 
 async def test_a_raising_handler_ends_its_span_with_error_and_the_retry_that_succeeds_does_not(traced):

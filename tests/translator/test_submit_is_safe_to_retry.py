@@ -25,6 +25,7 @@ from tessera.shared.kubeclaims import KubeClaimRef
 from tessera.shared.runner import ServiceContext
 from tessera.shared.settings import BusSettings, ServiceSettings
 from tessera.shared.telemetry import Telemetry
+from tessera.shared.cancelling import cancel_and_wait
 
 from tessera.translator.service import TranslatorService, TranslatorSettings
 
@@ -194,11 +195,9 @@ async def test_cli_retries_a_submit_whose_reply_is_lost_under_the_id_it_chose(tr
             await healer
         finally:
             if healer is not None:
-                healer.cancel()
-                await asyncio.gather(healer, return_exceptions=True)
+                await cancel_and_wait([healer])
             await client.close()
-            server.cancel()
-            await asyncio.gather(server, return_exceptions=True)
+            await cancel_and_wait([server])
     assert cli_proxy.triggered.is_set() and cli_proxy.directions["to_client"].bytes_dropped > 0
     assert len(seen) == 2 and seen[0] == seen[1] == result["claim"]
     assert [e.claim for e in await requested(translator)] == [result["claim"]]
