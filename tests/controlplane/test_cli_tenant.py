@@ -16,13 +16,20 @@ from tessera.shared.natsserver import NatsServer
 from tessera.shared.settings import BusSettings
 from tessera.shared.cancelling import cancel_and_wait
 
+from kit import eventually
+
+
+async def answering(bus: Bus) -> None:
+    """The tenant API answers: the serve tasks just started have made their subscriptions."""
+    await eventually(lambda: bus.request(f"{subjects.API_TENANTS}.list", b"{}", timeout=1), every=0.05,
+                     what="the tenant API answering")
+
 
 @pytest.fixture
 async def served(bus):
     mgr = await Manager.start(bus, ControlPlaneSettings())
     tasks = [asyncio.create_task(bus.serve(f"{subjects.API_TENANTS}.{verb}", h)) for verb, h in mgr.api.handlers().items()]
-    await asyncio.sleep(0.1)
-    await bus.flush()
+    await answering(bus)
     try:
         yield bus.settings.url
     finally:
