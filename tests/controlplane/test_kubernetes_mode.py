@@ -79,12 +79,10 @@ async def test_apply_watch_ready_and_delete(apiserver, bus):
         await apiserver.patch("apps/v1", "deployments", "alpha-control-plane",
                               {"status": {"readyReplicas": 2, "updatedReplicas": 2, "replicas": 2}}, NS,
                               subresource="status")
-        for _ in range(100):
-            record = (await mgr.store.controlplanes.get("alpha")).value
-            if record.status.phase == "Ready":
-                break
-            await asyncio.sleep(0.05)
-        assert record.status.phase == "Ready"
+        async def ready() -> bool:
+            return (await mgr.store.controlplanes.get("alpha")).value.status.phase == "Ready"
+
+        await eventually(ready, timeout=5, every=0.05, what="alpha's record Ready")
 
         gone = await call(mgr, "delete", {"name": "alpha"})
         assert gone["ok"]
