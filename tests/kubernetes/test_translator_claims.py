@@ -4,7 +4,6 @@ API server's admission call and Kubernetes' resourceclaim controller."""
 
 from __future__ import annotations
 
-import asyncio
 
 import pytest
 import yaml
