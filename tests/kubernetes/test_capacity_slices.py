@@ -20,6 +20,7 @@ from tessera.capacity.service import CapacityService, CapacitySettings
 from tessera.shared import profile
 from tessera.shared.kubeapi import KubeApi
 from tessera.shared.cancelling import cancel_and_wait
+from kit import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 RS = ("resource.k8s.io/v1", "resourceslices")
@@ -106,13 +107,11 @@ async def test_the_watch_puts_a_deleted_slice_back_without_waiting_for_a_heartbe
     try:
         # someone's edit, then the kubelet's wipe; no heartbeat runs here
         await apiserver.patch(*RS, slices.slice_name("gpu-0"), {"spec": {"devices": first["spec"]["devices"][:1]}})
-        async with asyncio.timeout(10):
-            while stored(apiserver, "gpu-0")["spec"] != first["spec"]:
-                await asyncio.sleep(0.02)
+        await eventually(lambda: stored(apiserver, "gpu-0")["spec"] == first["spec"], timeout=10, every=0.02,
+                         what="the edited slice put back")
         await kubelet_starts(apiserver, "gpu-0")
-        async with asyncio.timeout(10):
-            while (back := stored(apiserver, "gpu-0")) is None:
-                await asyncio.sleep(0.02)
+        back = await eventually(lambda: stored(apiserver, "gpu-0"), timeout=10, every=0.02,
+                                what="the wiped slice put back")
         assert back["spec"] == first["spec"]
     finally:
         await cancel_and_wait([watch])
