@@ -33,8 +33,8 @@ def nats_url(nats_server) -> str:
 # --- an OTLP/HTTP trace receiver, speaking the real protocol ----------------------------------
 
 import threading
-from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
