@@ -12,7 +12,9 @@ Stop tasks with `tessera.shared.cancelling.cancel_and_wait` (a single ``task.can
 always enough on Python 3.11, see that module). Where a task truly must outlive a test (a library's
 own background task that its close does not wait for), mark the test
 ``@pytest.mark.leaves_tasks("task-name-pattern", reason="why it outlives the test")``; patterns
-are `fnmatch` patterns over task names. Sync tests run no loop of their own and are not checked.
+are `fnmatch` patterns over task names. Sync tests run no loop of their own and are not checked;
+the check looks at the function-scoped loop every async test runs in here (pyproject's
+``asyncio_default_test_loop_scope``): a test moved to a wider loop scope would need its own census.
 """
 
 from __future__ import annotations
