@@ -36,9 +36,8 @@ async def test_killed_enforcer_makes_its_node_lost_and_its_claims_released(start
         await client.wait_for(kept, {"prepared"}, timeout=30)
 
         async def both_enforcers_reported() -> bool:
-            for node in ("gpu-0", "gpu-1"):  # raises (not yet) until the node's usage is in the stream
-                await client.bus.js.get_last_msg(subjects.STREAM_USAGE, subjects.usage(node))
-            return True
+            return all([await client.bus.stored(subjects.STREAM_USAGE, subjects.usage(node))
+                        for node in ("gpu-0", "gpu-1")])
 
         await eventually(both_enforcers_reported, what="usage reported by both enforcers")
 
