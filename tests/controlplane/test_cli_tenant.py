@@ -12,9 +12,9 @@ from tessera.controlplane.app import Manager
 from tessera.controlplane.settings import ControlPlaneSettings
 from tessera.shared import identities, subjects
 from tessera.shared.bus import Bus
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.natsserver import NatsServer
 from tessera.shared.settings import BusSettings
-from tessera.shared.cancelling import cancel_and_wait
 
 from kit import eventually
 

@@ -27,10 +27,10 @@ from tessera.shared.events import (
     claim_decoder,
     encode,
 )
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.runner import ServiceContext
 from tessera.shared.settings import BusSettings, ServiceSettings
 from tessera.shared.telemetry import Telemetry
-from tessera.shared.cancelling import cancel_and_wait
 
 from tessera.enforcer.service import EnforcerService
 from tessera.enforcer.settings import EnforcerSettings

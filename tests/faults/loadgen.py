@@ -30,10 +30,10 @@ from tessera.cli.client import Client
 from tessera.cli.cluster import LocalCluster, ServiceProcess
 from tessera.shared import api, subjects
 from tessera.shared.bus import Bus
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.errors import TemporaryError
 from tessera.shared.events import GpuQuota
 from tessera.shared.settings import BusSettings
-from tessera.shared.cancelling import cancel_and_wait
 
 from auditor import Accepted
 from proxy import FaultProxy

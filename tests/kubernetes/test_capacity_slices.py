@@ -18,8 +18,8 @@ from tessera.capacity import slices
 from tessera.capacity.kube import SliceWriter
 from tessera.capacity.service import CapacityService, CapacitySettings
 from tessera.shared import profile
-from tessera.shared.kubeapi import KubeApi
 from tessera.shared.cancelling import cancel_and_wait
+from tessera.shared.kubeapi import KubeApi
 from kit import eventually
 
 ROOT = Path(__file__).resolve().parents[2]

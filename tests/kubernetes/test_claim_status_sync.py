@@ -16,8 +16,8 @@ from tessera.shared.kubeclaims import SCHEDULING_GATE, claim_id
 from tessera.placement.claimstatus import allocation
 from tessera.placement.kube import KubeWriter
 from tessera.placement.kubesync import Allocated, ClaimStatusSync, Unschedulable
-from tessera.translator.dra import resource_claim_template
 from tessera.shared.cancelling import cancel_and_wait
+from tessera.translator.dra import resource_claim_template
 
 from kube_objects import namespace, pod as kube_pod
 from kubeparts import make_claims

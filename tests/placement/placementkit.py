@@ -14,12 +14,12 @@ from types import SimpleNamespace
 from tessera.placement.service import PlacementService, PlacementSettings
 from tessera.shared import subjects
 from tessera.shared.bus import Bus
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.claimstore import ClaimStore
 from tessera.shared.events import ClaimRecord, ClaimRequested, ClaimSpec, GpuQuota, TenantRecord, encode
 from tessera.shared.runner import ServiceContext
 from tessera.shared.settings import BusSettings
 from tessera.shared.telemetry import Telemetry
-from tessera.shared.cancelling import cancel_and_wait
 
 from fleetkit import inventory
 from kit import eventually

@@ -15,9 +15,9 @@ import pytest
 from tessera.placement.service import PlacementService
 from tessera.shared import subjects
 from tessera.shared.bus import Delivery
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.errors import ConflictError, PermanentError
 from tessera.shared.events import ClaimReleaseRequested, DeviceShare, GpuQuota, LedgerEntry, NodeLedger, encode
-from tessera.shared.cancelling import cancel_and_wait
 
 from kit import eventually
 from placementkit import replicas, requested, tenant

@@ -17,8 +17,8 @@ from kit import eventually
 from tessera.placement import idlework
 from tessera.placement.engine import Placer
 from tessera.placement.fleet import Fleet
-from tessera.shared.events import ClaimSpec
 from tessera.shared.cancelling import cancel_and_wait
+from tessera.shared.events import ClaimSpec
 
 
 @pytest.fixture

@@ -20,9 +20,9 @@ import pytest
 from tessera.placement import lease
 from tessera.shared import subjects
 from tessera.shared.bus import Delivery
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.errors import ConflictError
 from tessera.shared.events import DeviceShare, LedgerEntry, NodeLedger
-from tessera.shared.cancelling import cancel_and_wait
 
 from kit import eventually
 from placementkit import replicas, requested, tenant

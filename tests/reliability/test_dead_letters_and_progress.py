@@ -16,10 +16,10 @@ from nats.aio.msg import Msg
 
 from tessera.shared import subjects
 from tessera.shared.bus import Bus, Subscription
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.errors import PermanentError, TemporaryError
 from tessera.shared.events import ClaimReleaseRequested, claim_decoder, dlq_decoder
 from tessera.shared.settings import BusSettings
-from tessera.shared.cancelling import cancel_and_wait
 
 from kit import eventually
 

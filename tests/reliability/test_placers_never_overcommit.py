@@ -14,9 +14,9 @@ import msgspec
 import pytest
 
 from tessera.shared import api, subjects
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.events import GpuQuota, NodeInventory
 from tessera.shared.ledger import decode_node_ledger, device_totals
-from tessera.shared.cancelling import cancel_and_wait
 
 from tessera.cli.client import Client
 

@@ -14,11 +14,11 @@ import pytest
 
 from tessera.shared import subjects
 from tessera.shared.bus import Bus, Subscription
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.events import ClaimReleaseRequested, claim_decoder, encode
 from tessera.shared.runner import log_handler
 from tessera.shared.settings import BusSettings
 from tessera.shared.telemetry import Telemetry
-from tessera.shared.cancelling import cancel_and_wait
 
 LINE = re.compile(r"^\S+ \S+ probe (?P<level>\w+) (?P<logger>\S+) trace=(?P<trace>\S+) span=(?P<span>\S+): (?P<msg>.*)$")
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

@@ -10,11 +10,11 @@ import pytest
 
 from tessera.shared import subjects
 from tessera.shared.bus import BatchSubscription, Bus, Subscription
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.errors import PermanentError, TemporaryError
 from tessera.shared.events import ClaimReleaseRequested, claim_decoder
 from tessera.shared.settings import BusSettings
 from tessera.shared.telemetry import Telemetry
-from tessera.shared.cancelling import cancel_and_wait
 
 from kit import eventually
 from test_bus_delivery import dlq

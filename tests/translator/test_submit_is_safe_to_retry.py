@@ -20,12 +20,12 @@ import pytest
 
 from tessera.shared import api, subjects
 from tessera.shared.bus import Bus
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.events import ClaimRecord, ClaimSpec, TenantRecord, claim_decoder, encode
 from tessera.shared.kubeclaims import KubeClaimRef
 from tessera.shared.runner import ServiceContext
 from tessera.shared.settings import BusSettings, ServiceSettings
 from tessera.shared.telemetry import Telemetry
-from tessera.shared.cancelling import cancel_and_wait
 
 from tessera.translator.service import TranslatorService, TranslatorSettings
 
