@@ -53,7 +53,7 @@ async def stop(*tasks: asyncio.Task) -> None:
 
 async def settled(bus: Bus) -> bool:
     """Whether the consumer holds no message: every one delivered and acked (or terminated)."""
-    info = await bus.js.consumer_info(subjects.STREAM_CLAIMS, "probe")
+    info = await bus.consumer_info(subjects.STREAM_CLAIMS, "probe")
     return info.num_ack_pending == 0 and info.num_pending == 0
 
 
@@ -125,7 +125,7 @@ async def test_max_deliver_spent_without_a_verdict_still_leaves_a_dead_letter(bu
     ``max_deliver``; the bus's watch on the consumer's advisories turns that into a letter."""
     bound = consumer(bus, lambda event, delivery: asyncio.sleep(0))
     # the consumer loop has created the durable (consumer_info raises until then)
-    await eventually(lambda: bus.js.consumer_info(subjects.STREAM_CLAIMS, "probe"))
+    await eventually(lambda: bus.consumer_info(subjects.STREAM_CLAIMS, "probe"))
     await stop(bound)
     watch = asyncio.create_task(bus.watch_exhausted(subjects.STREAM_CLAIMS, "probe"))
     await asyncio.sleep(0.2)
