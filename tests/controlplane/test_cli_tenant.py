@@ -29,8 +29,8 @@ async def answering(bus: Bus) -> None:
 async def served(bus):
     mgr = await Manager.start(bus, ControlPlaneSettings())
     tasks = [asyncio.create_task(bus.serve(f"{subjects.API_TENANTS}.{verb}", h)) for verb, h in mgr.api.handlers().items()]
-    await answering(bus)
     try:
+        await answering(bus)
         yield bus.settings.url
     finally:
         await cancel_and_wait(tasks)
@@ -84,8 +84,8 @@ async def test_tenant_commands_connect_as_the_user_the_environment_names(tmp_pat
         mgr = await Manager.start(manager_bus, ControlPlaneSettings())
         tasks = [asyncio.create_task(manager_bus.serve(f"{subjects.API_TENANTS}.{verb}", h))
                  for verb, h in mgr.api.handlers().items()]
-        await manager_bus.flush()
         try:
+            await manager_bus.flush()
             secret = tmp_path / "operator-password"
             secret.write_text(passwords["operator"])
             monkeypatch.setenv("TESSERA_NATS_USER", "operator")
