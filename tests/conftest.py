@@ -1,4 +1,5 @@
-"""Fixtures every test group shares: a private nats-server per test, and a connected Bus.
+"""Fixtures every test group shares: a private nats-server per test, a connected Bus, a local
+Tessera, an OTLP receiver, and the check that an async test leaks no asyncio tasks (tests/kit).
 
 Each test that needs NATS gets its own server on a free port with a temporary store, so tests never
 see each other's streams and a test may kill or restart its server freely.
@@ -9,6 +10,10 @@ from __future__ import annotations
 import pytest
 
 from tessera.shared.natsserver import NatsServer
+
+from kit.bus import bus, bus_service, bus_settings  # noqa: F401 - fixtures, registered by being here
+from kit.clusters import PROFILES, start_cluster  # noqa: F401 - a fixture, registered by being here
+from kit.leaks import _task_census, no_leaked_tasks, pytest_configure  # noqa: F401 - the leak check
 
 
 @pytest.fixture
@@ -29,6 +34,7 @@ def nats_url(nats_server) -> str:
 
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -117,34 +123,9 @@ def otlp_collector():
         yield collector
 
 
-# --- a whole local Tessera: nats-server + the five services as processes ---------------------
-
-from pathlib import Path
-
-from tessera.cli.cluster import LocalCluster
-
-PROFILES = Path(__file__).parent / "profiles"
+# --- a whole local Tessera: nats-server + the five services as processes (kit.clusters) ------
 
 
 @pytest.fixture
 def profiles_dir() -> Path:
     return PROFILES
-
-
-@pytest.fixture
-def start_cluster(tmp_path):
-    """Factory: ``await start_cluster(profile="tiny.yaml", placement_replicas=2, ...)``."""
-    import asyncio
-
-    clusters: list[LocalCluster] = []
-
-    async def start(profile: str = "tiny.yaml", **kwargs) -> LocalCluster:
-        cluster = LocalCluster(workdir=tmp_path / f"cluster{len(clusters)}", profile=PROFILES / profile, **kwargs)
-        clusters.append(cluster)
-        await asyncio.to_thread(cluster.start)
-        await asyncio.to_thread(cluster.wait_ready, 90)
-        return cluster
-
-    yield start
-    for cluster in clusters:
-        cluster.stop()

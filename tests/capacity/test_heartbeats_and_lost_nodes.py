@@ -18,19 +18,14 @@ from tessera.shared.events import NodeInventory, NodeLost, inventory_decoder
 from tessera.cli.client import Client
 from tessera.cli.cluster import LocalCluster
 
+from kit import eventually
+
 _inventory = msgspec.json.Decoder(NodeInventory)
 
 
 async def labels_of(client: Client, node: str) -> dict:
     kv = await client.bus.kv(subjects.KV_INVENTORY)
     return _inventory.decode((await kv.get(node)).value).labels
-
-
-async def eventually(predicate, timeout: float = 30.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.2)
 
 
 async def test_a_silent_node_is_marked_lost_and_restored_when_it_speaks_again(nats_server, tmp_path, profiles_dir):

@@ -3,7 +3,6 @@ released by a peer: a SIGKILLed enforcer leaves no allocation behind."""
 
 from __future__ import annotations
 
-import asyncio
 
 import msgspec
 
@@ -11,6 +10,8 @@ from tessera.shared import api, subjects
 from tessera.shared.events import GpuQuota, NodeInventory
 
 from tessera.cli.client import Client
+
+from kit import eventually
 
 _inventory = msgspec.json.Decoder(NodeInventory)
 
@@ -20,13 +21,6 @@ FAST = {
     "TESSERA_ENFORCER_LOST_AFTER_SECONDS": "3",
     "TESSERA_LOST_RECLAIM_SECONDS": "1",
 }
-
-
-async def eventually(predicate, timeout: float = 45.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.2)
 
 
 async def test_killed_enforcer_makes_its_node_lost_and_its_claims_released(start_cluster):
@@ -40,7 +34,12 @@ async def test_killed_enforcer_makes_its_node_lost_and_its_claims_released(start
                                                       resources={"nvidia.com/gpumem": 1000})))["claim"]
         await client.wait_for(doomed, {"prepared"}, timeout=30)
         await client.wait_for(kept, {"prepared"}, timeout=30)
-        await asyncio.sleep(1.5)  # both enforcers have reported usage by now
+
+        async def both_enforcers_reported() -> bool:
+            return all([await client.bus.stored(subjects.STREAM_USAGE, subjects.usage(node))
+                        for node in ("gpu-0", "gpu-1")])
+
+        await eventually(both_enforcers_reported, what="usage reported by both enforcers")
 
         victim = cluster.find("enforcer-gpu-1")
         victim.proc.kill()

@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from tessera.cli.cluster import LocalCluster
-
-from clikit import PROFILES
+from kit import start_local
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    cl = LocalCluster(workdir=tmp_path_factory.mktemp("cli-cluster"), profile=PROFILES / "tiny.yaml")
-    cl.start()
+    cl = start_local(tmp_path_factory.mktemp("cli-cluster"))
     try:
-        cl.wait_ready(90)
         yield cl
     finally:
         cl.stop()

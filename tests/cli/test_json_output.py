@@ -12,6 +12,7 @@ from tessera.cli import exitcodes
 from tessera.cli.client import Client
 
 from clikit import tessera
+from kit import eventually
 
 NODE_FIELDS = {"node", "lost", "cpu_millis", "cpu_free_millis", "host_memory_mib", "host_memory_free_mib",
                "fragmentation", "free_gpu_units", "fragmentation_ratio", "gpus"}
@@ -146,10 +147,10 @@ async def test_top_draws_the_fleet_and_quits_on_ctrl_c(cluster):
         await client.wait_for(claim, {"prepared"}, timeout=60)
         # top is drawing once it follows the usage stream (its consumer there is its last step before
         # the live table; only the fleet views consume that stream)
-        for _ in range(600):
-            if (await usage_consumers(cluster.url, client)) - earlier or proc.returncode is not None:
-                break
-            await asyncio.sleep(0.1)
+        async def drawing() -> bool:
+            return bool((await usage_consumers(cluster.url, client)) - earlier) or proc.returncode is not None
+
+        await eventually(drawing, timeout=60, what="top following the usage stream (or exited)")
     finally:
         await client.close()
     proc.send_signal(signal.SIGINT)

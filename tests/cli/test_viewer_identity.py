@@ -8,7 +8,6 @@ letters, and every write it tries (a stream, a bucket, a key, an event) is refus
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import nats
@@ -22,6 +21,7 @@ from tessera.shared.settings import BusSettings
 from tessera.cli import exitcodes
 
 from clikit import tessera
+from kit import eventually
 
 
 @pytest.fixture
@@ -94,11 +94,9 @@ async def test_the_viewer_reads_and_can_change_nothing(server):
         def refused(subject: str) -> bool:
             return any("permissions violation" in r.lower() and subject.lower() in r.lower() for r in refusals)
 
-        for _ in range(100):  # the server reports refusals asynchronously: wait for them
-            if all(refused(s) for s in wanted):
-                break
-            await asyncio.sleep(0.05)
-        assert all(refused(s) for s in wanted), refusals
+        # the server reports refusals asynchronously: wait for them
+        await eventually(lambda: all(refused(s) for s in wanted), timeout=5, every=0.05,
+                         what=f"refusals of {wanted}")
     finally:
         await nc.close()
     assert sorted(await streams_of(url_of(srv, passwords, identities.OPERATOR))) == before

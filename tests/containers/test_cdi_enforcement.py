@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from cdischema import validate_dir
-from runkit import wait_until
+from kit import eventually
 from runtime import Podman
 from tessera.shared import api
 
@@ -73,7 +73,7 @@ class Claims:
         await self.client.release(claim)
         await self.client.wait_for(claim, {"released"}, timeout=60)
         path = cdi.spec_path(cdi_dir(self.cluster), claim)
-        await wait_until(lambda: not path.exists(), timeout=30, what=f"{path.name} to be removed")
+        await eventually(lambda: not path.exists(), timeout=30, what=f"{path.name} to be removed")
 
 
 @pytest.fixture

@@ -27,7 +27,8 @@ from tessera.shared.kubeclaims import DRIVER, TENANT_LABEL, claim_id
 from kube_objects import namespace
 from kubeletkit import Kubelet
 from kubeparts import allocated_node, gpu_pod, kubelet_start, make_claims, schedule, stored
-from kubetessera import create_tenant, eventually, ledgers, quota_in_use, whole_tessera
+from kit import eventually
+from kubetessera import create_tenant, ledgers, quota_in_use, whole_tessera
 from runtime import Podman
 
 RC = "resource.k8s.io/v1"

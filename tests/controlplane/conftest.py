@@ -21,16 +21,18 @@ from tessera.shared.settings import BusSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kubernetes"))
 from kubefixtures import apiserver  # noqa: E402,F401 - the fixture, registered by being here
+from kit import open_bus  # noqa: E402
 
 
 @pytest.fixture
-async def bus(nats_url):
-    bus = await Bus.connect(BusSettings(url=nats_url, file_storage=False), "controlplane")
-    await bus.ensure_topology()
-    try:
-        yield bus
-    finally:
-        await bus.close()
+def bus_settings(nats_url) -> BusSettings:
+    """The kit's `bus` (tests/kit/bus.py), as the manager's: memory storage, its topology."""
+    return BusSettings(url=nats_url, file_storage=False)
+
+
+@pytest.fixture
+def bus_service() -> str:
+    return "controlplane"
 
 
 async def call(bus: Bus, verb: str, payload: dict | bytes) -> api.Reply:
@@ -63,12 +65,8 @@ def secured_nats(tmp_path):
 async def platform_bus(secured_nats):
     server, _, _ = secured_nats
     url = f"nats://{PLATFORM[0]}:{PLATFORM[1]}@127.0.0.1:{server.port}"
-    bus = await Bus.connect(BusSettings(url=url, file_storage=False), "controlplane")
-    await bus.ensure_topology()
-    try:
+    async with open_bus(BusSettings(url=url, file_storage=False), "controlplane") as bus:
         yield bus
-    finally:
-        await bus.close()
 
 
 @pytest.fixture

@@ -12,22 +12,28 @@ from tessera.controlplane.app import Manager
 from tessera.controlplane.settings import ControlPlaneSettings
 from tessera.shared import identities, subjects
 from tessera.shared.bus import Bus
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.natsserver import NatsServer
 from tessera.shared.settings import BusSettings
+
+from kit import eventually
+
+
+async def answering(bus: Bus) -> None:
+    """The tenant API answers: the serve tasks just started have made their subscriptions."""
+    await eventually(lambda: bus.request(f"{subjects.API_TENANTS}.list", b"{}", timeout=1), every=0.05,
+                     what="the tenant API answering")
 
 
 @pytest.fixture
 async def served(bus):
     mgr = await Manager.start(bus, ControlPlaneSettings())
     tasks = [asyncio.create_task(bus.serve(f"{subjects.API_TENANTS}.{verb}", h)) for verb, h in mgr.api.handlers().items()]
-    await asyncio.sleep(0.1)
-    await bus.flush()
     try:
+        await answering(bus)
         yield bus.settings.url
     finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)
         await mgr.close()
 
 
@@ -78,8 +84,8 @@ async def test_tenant_commands_connect_as_the_user_the_environment_names(tmp_pat
         mgr = await Manager.start(manager_bus, ControlPlaneSettings())
         tasks = [asyncio.create_task(manager_bus.serve(f"{subjects.API_TENANTS}.{verb}", h))
                  for verb, h in mgr.api.handlers().items()]
-        await manager_bus.flush()
         try:
+            await manager_bus.flush()
             secret = tmp_path / "operator-password"
             secret.write_text(passwords["operator"])
             monkeypatch.setenv("TESSERA_NATS_USER", "operator")
@@ -88,9 +94,7 @@ async def test_tenant_commands_connect_as_the_user_the_environment_names(tmp_pat
             assert await args.func(args) == 0, capsys.readouterr().err
             assert capsys.readouterr().out.split()[:2] == ["NAME", "PHASE"]
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(tasks)
             await mgr.close()
             await manager_bus.close()
     finally:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ import pytest
 
 from tessera.controlplane.datastores.etcd import EtcdClient, EtcdDriver, EtcdError, prefix
 from tessera.shared.natsserver import free_port, wait_for_port
+from kit import eventually
 
 ROOT_PASSWORD = "root-secret"
 
@@ -42,15 +42,16 @@ def etcd_endpoint(tmp_path):
             proc.wait()
 
 
+async def _enabled(admin: EtcdClient) -> bool:
+    await admin.enable_auth(ROOT_PASSWORD)
+    return True
+
+
 @pytest.fixture
 async def driver(etcd_endpoint):
     admin = EtcdClient(etcd_endpoint)
-    for _ in range(100):  # the port opens a moment before the gateway serves
-        try:
-            await admin.enable_auth(ROOT_PASSWORD)
-            break
-        except Exception:
-            await asyncio.sleep(0.1)
+    # the port opens a moment before the gateway serves: enable_auth fails until then
+    await eventually(lambda: _enabled(admin), timeout=10, what="etcd's auth enabled")
     await admin.close()
     drv = EtcdDriver(etcd_endpoint, ROOT_PASSWORD)
     try:

@@ -25,6 +25,16 @@ from tessera.controlplane.settings import ControlPlaneSettings
 from tessera.shared.errors import ConfigError
 from tessera.shared.natsserver import free_port, wait_for_port
 
+from kit import eventually
+
+
+def dead(pid: int) -> bool:
+    """Whether ``pid`` has exited (gone, or a zombie its parent has not collected yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
 ETCD = Path(sys.executable).parent / "etcd"
 QUOTA = 2 * 1024 * 1024  # small, so that filling it takes a moment
 VALUE = b"x" * (64 * 1024)
@@ -143,7 +153,7 @@ async def test_dedicated_servers_outlive_the_manager_come_back_when_dead_and_go_
     assert await restarted.ensure("gamma", creds) == creds  # found again, same credentials
     record = restarted._read("gamma")
     os.kill(record.pid, signal.SIGKILL)  # the server dies...
-    await asyncio.sleep(0.2)
+    await eventually(lambda: dead(record.pid), what=f"etcd (pid {record.pid}) dead")
     assert await restarted.ensure("gamma", creds) == creds  # ...and the next reconcile starts it again
     client = await connect(creds)
     assert await client.get(prefix("gamma") + "k") == b"v"  # with its data

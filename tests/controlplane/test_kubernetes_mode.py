@@ -22,6 +22,8 @@ from tessera.shared.api import SubmitRequest
 from tessera.shared.ledger import Ledger
 from tessera.shared.cancelling import cancel_and_wait
 
+from kit import eventually
+
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 
 NS = "tenant-alpha"
@@ -77,12 +79,10 @@ async def test_apply_watch_ready_and_delete(apiserver, bus):
         await apiserver.patch("apps/v1", "deployments", "alpha-control-plane",
                               {"status": {"readyReplicas": 2, "updatedReplicas": 2, "replicas": 2}}, NS,
                               subresource="status")
-        for _ in range(100):
-            record = (await mgr.store.controlplanes.get("alpha")).value
-            if record.status.phase == "Ready":
-                break
-            await asyncio.sleep(0.05)
-        assert record.status.phase == "Ready"
+        async def ready() -> bool:
+            return (await mgr.store.controlplanes.get("alpha")).value.status.phase == "Ready"
+
+        await eventually(ready, timeout=5, every=0.05, what="alpha's record Ready")
 
         gone = await call(mgr, "delete", {"name": "alpha"})
         assert gone["ok"]
@@ -116,17 +116,6 @@ async def gpu_services(nats_url, tmp_path):
         await asyncio.to_thread(cluster.stop)
 
 
-async def until(check, what: str, timeout: float = 60):
-    """Poll ``check`` (sync or async) until it returns something true; fail naming ``what``."""
-    try:
-        async with asyncio.timeout(timeout):
-            while not (found := (await check()) if asyncio.iscoroutinefunction(check) else check()):
-                await asyncio.sleep(0.1)
-    except TimeoutError:
-        raise AssertionError(f"after {timeout:.0f}s still waiting for {what}") from None
-    return found
-
-
 async def test_a_deleted_tenant_control_plane_keeps_its_finalizer_until_its_claims_are_released(
         apiserver, bus, gpu_services):
     cluster = gpu_services
@@ -140,7 +129,7 @@ async def test_a_deleted_tenant_control_plane_keeps_its_finalizer_until_its_clai
         await apiserver.create({"apiVersion": tcp[0], "kind": "TenantControlPlane",
                                 "metadata": {"name": "alpha", "namespace": TEAM},
                                 "spec": {"quota": {"gpus": 2}, "network": {"nodeCidrs": ["192.168.7.0/24"]}}})
-        await until(lambda: apiserver.object(*tcp).get("status", {}).get("phase"), "the tenant served")
+        await eventually(lambda: apiserver.object(*tcp).get("status", {}).get("phase"), what="the tenant served")
         assert (await mgr.store.tenants.get("alpha")).value.quota.gpus == 2
         claim = (await client.submit(SubmitRequest(tenant="alpha", resources=GPUMEM)))["claim"]
         node = (await client.wait_for(claim, {"prepared"})).node
@@ -153,14 +142,14 @@ async def test_a_deleted_tenant_control_plane_keeps_its_finalizer_until_its_clai
             obj = apiserver.object(*tcp)
             return obj if (obj or {}).get("status", {}).get("reason") == "ClaimsNotReleased" else None
 
-        obj = await until(pending, "the object to say its claims are not released")
+        obj = await eventually(pending, what="the object to say its claims are not released")
         assert FINALIZER in obj["metadata"]["finalizers"] and obj["metadata"].get("deletionTimestamp")
         assert obj["status"]["phase"] == "Deleting" and claim in obj["status"]["message"]
         assert (await client.claim(claim)).state == "prepared"
         assert apiserver.object("apps/v1", "deployments", "alpha-control-plane", "tenant-alpha") is not None
 
         cluster.spawn("enforcer", instance=enforcer.name, env={"TESSERA_NODE": node})
-        await until(lambda: apiserver.object(*tcp) is None, "the object gone")
+        await eventually(lambda: apiserver.object(*tcp) is None, what="the object gone")
         assert (await client.claim(claim)).state == "released"
         ledger = Ledger(await bus.kv(subjects.KV_LEDGER))
         assert claim not in (await ledger.read_node(node))[0].entries

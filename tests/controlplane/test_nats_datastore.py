@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 
 import msgspec
 import nats
@@ -10,6 +9,7 @@ import pytest
 
 from tessera.controlplane.app import Manager
 from tessera.controlplane.datastores.natskv import connect_ok, connect_tenant
+from kit import eventually
 
 async def create(mgr: Manager, name: str) -> dict:
     reply = msgspec.json.decode(await mgr.api.create(msgspec.json.encode({"name": name}), {}))
@@ -60,11 +60,8 @@ async def test_tenant_credentials_reach_only_their_own_account(manager):
         # Its own claim events reach it (imported); another tenant's do not.
         await platform.publish("tessera.claims.beta.c2.prepared.gpu-0", b"{}")
         await platform.publish("tessera.claims.alpha.c3.prepared.gpu-0", b"{}")
-        for _ in range(100):
-            if "tessera.claims.alpha.c3.prepared.gpu-0" in seen:
-                break
-            await asyncio.sleep(0.05)
-        assert "tessera.claims.alpha.c3.prepared.gpu-0" in seen and "tessera.claims.beta.c2.prepared.gpu-0" not in seen
+        await eventually(lambda: "tessera.claims.alpha.c3.prepared.gpu-0" in seen, timeout=5, every=0.05)
+        assert "tessera.claims.beta.c2.prepared.gpu-0" not in seen
         assert "tessera.claims.beta.c1.requested._" not in heard and "tessera.tenants.alpha.created" not in heard
     finally:
         await na.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -14,16 +13,12 @@ from tessera.shared import subjects
 from tessera.shared.events import TenantRecord, tenant_decoder
 from tessera.shared.secretkeys import write_key_file
 
+from kit import eventually
+
 
 async def _wait_ready(bus, call, timeout=20.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        try:
-            return await call(bus, "list", {})
-        except Exception:
-            if asyncio.get_running_loop().time() > deadline:
-                raise
-            await asyncio.sleep(0.2)
+    """The manager process answers (a request fails until it serves)."""
+    return await eventually(lambda: call(bus, "list", {}), timeout=timeout, every=0.2, what="the manager answering")
 
 
 @pytest.fixture
@@ -79,10 +74,8 @@ async def test_service_creates_lists_and_deletes_tenants_with_events(bus, manage
     assert not missing.ok and missing.error.code == "not-found"
     assert (await call(bus, "list", {})).result == []
 
-    for _ in range(50):
-        if {"created", "deleted"} <= {e.__struct_config__.tag for e in events}:
-            break
-        await asyncio.sleep(0.05)
+    await eventually(lambda: {"created", "deleted"} <= {e.__struct_config__.tag for e in events}, every=0.05,
+                     what="the created and deleted events")
     await sub.unsubscribe()
     kinds = [e.__struct_config__.tag for e in events]
     assert kinds.count("created") == 1 and kinds[-1] == "deleted"

@@ -7,22 +7,18 @@ spans over the real OTLP/HTTP protocol to a receiver in the test.
 from __future__ import annotations
 
 import asyncio
-import time
 
 from tessera.shared import api, subjects
 from tessera.shared.events import GpuQuota
 
 from tessera.cli.client import Client
 
+from kit import eventually
 
-async def ledger_empties(client: Client, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = await client.fleet()
-        if not any(lg.entries for lg in state.ledgers.values()):
-            return True
-        await asyncio.sleep(0.1)
-    return False
+
+async def ledger_empty(client: Client) -> bool:
+    state = await client.fleet()
+    return not any(lg.entries for lg in state.ledgers.values())
 
 
 async def test_claim_goes_requested_allocated_prepared_released_in_one_trace(start_cluster, otlp_collector):
@@ -46,7 +42,7 @@ async def test_claim_goes_requested_allocated_prepared_released_in_one_trace(sta
         released = await client.wait_for(claim, {"released"}, timeout=30)
         assert released.state == "released"
         # The ledger entry goes last, a moment after the record (it marks an unfinished release).
-        assert await ledger_empties(client), "the released claim is still in a node's ledger"
+        await eventually(lambda: ledger_empty(client), timeout=10, what="the released claim off every node's ledger")
     finally:
         await client.close()
 

@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "kubernetes"))
 from apiserver import ApiServer  # noqa: E402
 from kubetessera import write_kubeconfig  # noqa: E402
+from kit import eventually  # noqa: E402
 PROFILES = ROOT / "tests" / "profiles"
 NODE = "gpu-0"
 FAST = {"TESSERA_USAGE_SECONDS": "0.2", "TESSERA_RECLAIM_SECONDS": "2", "TESSERA_LOST_RECLAIM_SECONDS": "60"}
@@ -176,12 +177,11 @@ class PluginNode:
 
     async def consuming(self) -> None:
         """Wait until the enforcer's claims consumer pulls: its start-up reconcile is done by then."""
-        for _ in range(600):
+        async def pulling() -> bool:
             info = await self.bus.consumer_info(subjects.STREAM_CLAIMS, f"enforcer-{NODE}")
-            if info.num_waiting:
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError("the enforcer's claims consumer never pulled")
+            return info.num_waiting > 0
+
+        await eventually(pulling, timeout=30, every=0.05, what="the enforcer's claims consumer pulling")
 
     def kill(self) -> None:
         """SIGKILL: no cleanup of any kind runs."""

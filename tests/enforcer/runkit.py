@@ -24,7 +24,8 @@ from tessera.shared.events import GpuQuota, usage_decoder
 from tessera.cli.client import Client
 from tessera.cli.cluster import LocalCluster
 
-PROFILES = Path(__file__).parent.parent / "profiles"
+import kit
+
 WORKLOAD = str(Path(__file__).parent / "workload.py")
 TESSERA = str(Path(sys.executable).parent / "tessera")
 # Another user cannot run the virtualenv's interpreter (it links into root's home), so `tessera run`
@@ -56,15 +57,8 @@ FAST = {
 
 
 def start_local(workdir: Path, **kwargs) -> LocalCluster:
-    extra = dict(FAST, **kwargs.pop("extra_env", {}))
-    cluster = LocalCluster(workdir=workdir, profile=PROFILES / "tiny.yaml", extra_env=extra, **kwargs)
-    cluster.start()
-    try:
-        cluster.wait_ready(90)
-    except BaseException:
-        cluster.stop()
-        raise
-    return cluster
+    """The kit's `start_local` with the short enforcer intervals (``extra_env`` adds to them)."""
+    return kit.start_local(workdir, "tiny.yaml", extra_env=dict(FAST, **kwargs.pop("extra_env", {})), **kwargs)
 
 
 async def create_tenant(url: str, name: str) -> None:
@@ -89,19 +83,17 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture
-def fresh_cluster(tmp_path):
-    """A cluster of the test's own, for tests that kill services: ``await fresh_cluster(...)``."""
-    clusters = []
+def fresh_cluster(start_cluster):
+    """A cluster of the test's own, for tests that kill services: ``await fresh_cluster(...)``; the
+    kit's `start_cluster` with the short enforcer intervals and the tenant ``alpha``."""
 
     async def start(**kwargs) -> LocalCluster:
-        cluster = await asyncio.to_thread(start_local, tmp_path / f"cluster{len(clusters)}", **kwargs)
-        clusters.append(cluster)
+        extra = dict(FAST, **kwargs.pop("extra_env", {}))
+        cluster = await start_cluster("tiny.yaml", extra_env=extra, stop_timeout=2, **kwargs)
         await create_tenant(cluster.url, "alpha")
         return cluster
 
-    yield start
-    for cluster in clusters:
-        cluster.stop(timeout=2)
+    return start
 
 
 @dataclass
@@ -141,21 +133,6 @@ async def finish(proc: asyncio.subprocess.Process, timeout: float = 90) -> Finis
 
 async def tessera_run(cluster: LocalCluster, *run_args: str, **kw) -> Finished:
     return await finish(await start_run(cluster, *run_args, **kw))
-
-
-async def wait_until(predicate, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
-    """Poll an async or plain predicate until it returns something truthy; fail naming ``what``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(interval)
 
 
 class UsageListener:

@@ -27,12 +27,15 @@ from tessera.shared.events import (
     claim_decoder,
     encode,
 )
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.runner import ServiceContext
 from tessera.shared.settings import BusSettings, ServiceSettings
 from tessera.shared.telemetry import Telemetry
 
 from tessera.enforcer.service import EnforcerService
 from tessera.enforcer.settings import EnforcerSettings
+
+from kit import eventually
 
 GPU = GpuDevice(uuid="GPU-n1-0", index=0, model="sim", memory_mib=16000)
 SHARE = DeviceShare(uuid=GPU.uuid, index=0, memory_mib=1000, cores=10)
@@ -193,10 +196,7 @@ async def test_the_reconcile_pass_runs_periodically_not_only_at_start(enforcer, 
         await hold(enforcer, "c-late")
         enforcer.preparation.materialize("c-late", [SHARE], {GPU.uuid: GPU})
         await enforcer.claims.create(record("c-late", "prepared"))
-        async with asyncio.timeout(20):
-            while not await events(enforcer, "prepared"):
-                await asyncio.sleep(0.05)
+        await eventually(lambda: events(enforcer, "prepared"), timeout=20, every=0.05)
     finally:
-        loop.cancel()
-        await asyncio.gather(loop, return_exceptions=True)
+        await cancel_and_wait([loop])
     assert [e.claim for e in await events(enforcer, "prepared")] == ["c-late"]

@@ -3,13 +3,13 @@ sockets, per-claim errors for claims this node must not prepare, idempotence."""
 
 from __future__ import annotations
 
-import asyncio
 
 import pytest
 
 from tessera.shared.kubeclaims import DRIVER, claim_id
 
 from kubeletkit import ApiServer, NODE, Kubelet, PluginNode
+from kit import eventually
 
 
 @pytest.fixture
@@ -167,13 +167,12 @@ async def test_an_allocated_event_for_a_resourceclaims_claim_waits_for_the_kubel
         ClaimAllocated(claim=record.claim, tenant=record.tenant, node=NODE, devices=record.devices),
         msg_id=f"{record.claim}:allocated")
     await node.consuming()
-    for _ in range(600):  # until the enforcer has handled (acknowledged) the event
+
+    async def acknowledged() -> bool:
         info = await node.bus.consumer_info(subjects.STREAM_CLAIMS, f"enforcer-{NODE}")
-        if info.ack_floor.stream_seq >= ack.seq:
-            break
-        await asyncio.sleep(0.05)
-    else:
-        raise AssertionError("the enforcer never acknowledged the allocated event")
+        return info.ack_floor.stream_seq >= ack.seq
+
+    await eventually(acknowledged, timeout=30, every=0.05, what="the enforcer acknowledging the allocated event")
     assert node.leftovers(claim) == []
     assert (await node.claims.get(record.claim))[0].state == "allocated"
     (reply,) = (await node.kubelet.prepare(claim)).values()

@@ -10,7 +10,8 @@ from tessera.shared import api
 
 from tessera.cli.client import Client
 
-from runkit import live_entries, wait_until
+from kit import eventually
+from runkit import live_entries
 
 
 async def test_claims_of_a_lost_node_are_released_by_a_peer(fresh_cluster):
@@ -30,7 +31,7 @@ async def test_claims_of_a_lost_node_are_released_by_a_peer(fresh_cluster):
         record = await client.wait_for(doomed, {"released"}, timeout=60)
         assert record.reason == "node gpu-1 lost"
         # The ledger entry goes last (it marks an unfinished release), a moment after the record.
-        await wait_until(lambda: _gone(client, doomed), what=f"{doomed} leaving gpu-1's ledger")
+        await eventually(lambda: _gone(client, doomed), what=f"{doomed} leaving gpu-1's ledger")
         entries = await live_entries(client)
         assert entries.get(kept) == "gpu-0"  # a reservation on a healthy node is never touched
         assert (await client.claim(kept)).state == "prepared"

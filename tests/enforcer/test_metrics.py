@@ -13,7 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tessera.cli.client import Client
 
-from runkit import MIB, finish, run_claims, start_run, wait_until
+from kit import eventually
+from runkit import MIB, finish, run_claims, start_run
 
 
 def get(port: int, path: str) -> tuple[int, str]:
@@ -47,7 +48,7 @@ async def test_metrics_show_hami_series_and_allocated_versus_used(cluster, tmp_p
             fresh = [c for c, s in (await run_claims(client)).items() if c not in known and s == "running"]
             return fresh[0] if fresh else None
 
-        claim = await wait_until(running, what="the claim to run")
+        claim = await eventually(running, what="the claim to run")
         record = await client.claim(claim)
         uuid = record.devices[0].uuid
 
@@ -59,7 +60,7 @@ async def test_metrics_show_hami_series_and_allocated_versus_used(cluster, tmp_p
             running_now = value(m.get("tessera_claims", []), node="gpu-0", state="running") == 1
             return m if seen and running_now else None
 
-        m = await wait_until(used, what="the metrics to show 300 MiB used by a running claim")
+        m = await eventually(used, what="the metrics to show 300 MiB used by a running claim")
         labels = dict(namespace="alpha", pod=claim, container="workload", vdevice_index="0", device_uuid=uuid, zone="vGPU")
         assert value(m["hami_vgpu_memory_used_bytes"], **labels) == 300 * MIB
         assert value(m["hami_vgpu_memory_limit_bytes"], **labels) == 2000 * MIB

@@ -14,7 +14,8 @@ from tessera.shared.events import ClaimReleaseRequested, dlq_decoder
 
 from tessera.cli.client import Client
 
-from runkit import create_tenant, wait_until
+from kit import eventually
+from runkit import create_tenant
 
 
 async def delivered(client: Client, node: str) -> int:
@@ -71,7 +72,7 @@ async def test_a_release_of_another_tenants_claim_is_refused_and_the_claim_kept(
                     return letter
             return None
 
-        letter = await wait_until(refused, timeout=30, what="a dead letter for the foreign release")
+        letter = await eventually(refused, timeout=30, what="a dead letter for the foreign release")
         assert letter.service == "placement" and "not theirs" in letter.reason
         await asyncio.sleep(0.5)  # give a wrongly forwarded release time to act
         assert (await client.claim(theirs)).state == "prepared"

@@ -14,7 +14,8 @@ import sys
 
 from tessera.cli.client import Client
 
-from runkit import WORKLOAD, finish, live_entries, run_claims, start_run, wait_until
+from kit import eventually
+from runkit import WORKLOAD, finish, live_entries, run_claims, start_run
 
 
 def alive(pid: int) -> bool:
@@ -42,7 +43,7 @@ async def new_run_claim(client: Client, known: set[str]) -> str:
         fresh = [c for c, s in (await run_claims(client)).items() if c not in known and s == "running"]
         return fresh[0] if fresh else None
 
-    return await wait_until(find, what="a new running claim")
+    return await eventually(find, what="a new running claim")
 
 
 async def released_as_orphan(client: Client, claim: str, what: str) -> None:
@@ -50,7 +51,7 @@ async def released_as_orphan(client: Client, claim: str, what: str) -> None:
     async def reclaimed():
         return (await client.claim(claim)).state == "released" and claim not in await live_entries(client)
 
-    await wait_until(reclaimed, what=what)
+    await eventually(reclaimed, what=what)
     assert "owner gone" in (await client.claim(claim)).reason
 
 
@@ -82,7 +83,7 @@ async def test_killed_tessera_run_is_reclaimed_and_its_leftovers_killed_while_a_
         await doomed.wait()
 
         await released_as_orphan(client, doomed_claim, "the orphaned claim to be released")
-        await wait_until(lambda: not alive(leftover), what="the leftover workload process to be killed")
+        await eventually(lambda: not alive(leftover), what="the leftover workload process to be killed")
         await live_claim_kept_then_released(client, live, live_claim, tmp_path / "live")
     finally:
         await client.close()
@@ -123,7 +124,7 @@ async def test_restarted_enforcer_adopts_live_workloads_and_releases_orphans(fre
         enforcer.proc.wait()
         orphan.kill()  # its owner dies while no enforcer is watching
         await orphan.wait()
-        await wait_until(lambda: not alive(orphan_pid), what="the orphan's workload to die with its owner")
+        await eventually(lambda: not alive(orphan_pid), what="the orphan's workload to die with its owner")
 
         cluster.spawn("enforcer", instance="enforcer-gpu-0", env={"TESSERA_NODE": "gpu-0"})
 

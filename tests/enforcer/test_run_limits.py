@@ -11,7 +11,8 @@ import pytest
 
 from tessera.cli.client import Client
 
-from runkit import MIB, OTHER_USERS_PYTHON, UsageListener, finish, live_entries, run_claims, start_run, tessera_run, wait_until, same_python_for_other_users
+from kit import eventually
+from runkit import MIB, OTHER_USERS_PYTHON, UsageListener, finish, live_entries, run_claims, start_run, tessera_run, same_python_for_other_users
 
 OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
 
@@ -21,7 +22,7 @@ async def only_run_claim(client: Client, states=("prepared", "running")) -> str:
         claims = [c for c, s in (await run_claims(client)).items() if s in states]
         return claims[0] if len(claims) == 1 else None
 
-    return await wait_until(find, what="the tessera run claim")
+    return await eventually(find, what="the tessera run claim")
 
 
 async def test_within_limit_usage_matches_allocation_and_claim_is_released(cluster, tmp_path):
@@ -37,7 +38,7 @@ async def test_within_limit_usage_matches_allocation_and_claim_is_released(clust
             def holding():
                 return [e for e in usage.of(claim) if e.devices and e.devices[0].used_bytes == 500 * MIB]
 
-            event = (await wait_until(holding, what="a usage event with 500 MiB used"))[-1]
+            event = (await eventually(holding, what="a usage event with 500 MiB used"))[-1]
             assert event.tenant == "alpha" and event.node == "gpu-0"
             assert event.processes == 1
             assert event.devices[0].limit_bytes == 1000 * MIB

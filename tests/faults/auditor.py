@@ -40,6 +40,7 @@ from tessera.shared.events import (
     claim_decoder,
     ClaimAllocated,
 )
+from tessera.shared.cancelling import cancel_and_wait
 
 log = logging.getLogger("faults.auditor")
 
@@ -358,9 +359,7 @@ class Auditor:
                 self.quotas[key] = _tenant.decode(data)
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         await self.nc.close()
 
     async def audit(self, accepted: dict[str, Accepted], expected_letters: set[str] = frozenset()) -> Findings:

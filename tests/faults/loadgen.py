@@ -30,6 +30,7 @@ from tessera.cli.client import Client
 from tessera.cli.cluster import LocalCluster, ServiceProcess
 from tessera.shared import api, subjects
 from tessera.shared.bus import Bus
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.errors import TemporaryError
 from tessera.shared.events import GpuQuota
 from tessera.shared.settings import BusSettings
@@ -186,9 +187,7 @@ class Load:
     async def drain(self, timeout: float = 90.0) -> None:
         if self._claims:
             await asyncio.wait(set(self._claims), timeout=timeout)
-        for task in list(self._claims):
-            task.cancel()
-        await asyncio.gather(*self._claims, return_exceptions=True)
+        await cancel_and_wait(list(self._claims))
 
     async def _submit_loop(self) -> None:
         while self._submitting:

@@ -19,6 +19,8 @@ import asyncio
 import threading
 from dataclasses import dataclass, field
 
+from tessera.shared.cancelling import cancel_and_wait
+
 UPSTREAM = "to_server"  # client → nats-server
 DOWNSTREAM = "to_client"  # nats-server → client
 
@@ -195,10 +197,8 @@ class FaultProxy:
         links = list(self._links)
         for link in links:
             self._close_link(link)
-            for task in link.tasks:
-                task.cancel()
+        await cancel_and_wait([task for link in links for task in link.tasks])
         for link in links:
-            await asyncio.gather(*link.tasks, return_exceptions=True)
             for w in (link.client_writer, link.server_writer):
                 try:
                     await w.wait_closed()
@@ -211,6 +211,4 @@ class FaultProxy:
             await self._server.wait_closed()
         await self._close_all()
         pumps = list(self._pumps)
-        for task in pumps:
-            task.cancel()
-        await asyncio.gather(*pumps, return_exceptions=True)
+        await cancel_and_wait(pumps)

@@ -8,13 +8,14 @@ the connection's error callback, which `Probe` records.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import nats
 
 from tessera.shared import identities
 from tessera.shared.natsserver import NatsServer
+
+from kit import eventually
 
 NODES = ["gpu-0", "gpu-1"]
 TENANTS = ("alpha", "beta")
@@ -73,11 +74,9 @@ class Probe:
             except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
                 pass
         await self.nc.flush()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not any("permissions violation" in v and subject.lower() in v for v in self.violations[before:]):
-            assert loop.time() < deadline, f"{self.user} was not refused {action} on {subject}: {self.violations}"
-            await asyncio.sleep(0.02)
+        await eventually(lambda: any("permissions violation" in v and subject.lower() in v
+                                     for v in self.violations[before:]),
+                         timeout=timeout, every=0.02, what=f"{self.user} refused {action} on {subject}")
 
     async def close(self) -> None:
         await self.nc.close()

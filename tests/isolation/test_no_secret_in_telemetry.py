@@ -19,12 +19,11 @@ from tessera.shared.events import GpuQuota
 
 from secretscan import Haystack, needles, stream_messages, tenant_secrets
 
+from kit import eventually
 
-async def until_dead_lettered(bus, timeout: float = 60.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while (await bus.stream_info(subjects.STREAM_DLQ)).state.messages == 0:
-        assert asyncio.get_running_loop().time() < deadline, "the bad claim event was never dead-lettered"
-        await asyncio.sleep(0.2)
+
+async def dead_lettered(bus) -> int:
+    return (await bus.stream_info(subjects.STREAM_DLQ)).state.messages
 
 
 async def test_no_secret_appears_in_logs_events_or_spans(start_cluster, otlp_collector):
@@ -45,7 +44,7 @@ async def test_no_secret_appears_in_logs_events_or_spans(start_cluster, otlp_col
         await operator.bus.request(f"{subjects.API_TENANTS}.create", b"{not json", timeout=10)  # a refusal path
         await operator.bus.send(subjects.claim("alpha", "bogus", "requested"), b"\xff not a claim")  # to the DLQ
         await operator.bus.flush()
-        await until_dead_lettered(operator.bus)
+        await eventually(lambda: dead_lettered(operator.bus), what="the bad claim event dead-lettered")
         assert len(secrets) > 3 * 10  # every tenant's keys, password and kubeconfig are looked for
         messages = await stream_messages(operator.bus)
     finally:

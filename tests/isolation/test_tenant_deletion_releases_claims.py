@@ -23,6 +23,7 @@ from tessera.shared.kvkeys import live_keys
 from tessera.shared.ledger import Ledger
 
 from tessera.controlplane.store import KV_CONTROLPLANES, KV_SECRETS
+from kit import eventually
 
 GPUMEM = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}
 
@@ -118,9 +119,10 @@ async def test_a_deletion_whose_claims_are_not_released_stays_pending_and_the_re
 
         for sp in stopped:  # the enforcers come back; the manager's resync finishes the deletion
             cluster.spawn("enforcer", instance=sp.name, env={"TESSERA_NODE": sp.name.removeprefix("enforcer-")})
-        async with asyncio.timeout(60):
-            while await present(client, KV_CONTROLPLANES, "alpha"):
-                await asyncio.sleep(0.2)
+        async def deleted() -> bool:
+            return not await present(client, KV_CONTROLPLANES, "alpha")
+
+        await eventually(deleted, timeout=60, every=0.2, what="alpha's control plane deleted")
         records, entries, usage = await state_of(client, "alpha")
         assert {r.state for r in records.values()} == {"released"} and entries == {} and usage.claims == {}
         assert not await present(client, subjects.KV_TENANTS, "alpha")

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -179,16 +178,3 @@ async def ledgers(client: Client) -> dict[str, NodeLedger]:
 async def quota_in_use(client: Client, tenant: str) -> TenantUsage:
     usage, _ = await Ledger(await client.bus.kv(subjects.KV_LEDGER)).read_tenant(tenant)
     return usage
-
-
-async def eventually(check, timeout: float = 30.0, every: float = 0.1):
-    """Await ``check()`` (sync or async) until it returns something truthy; that value. On timeout
-    the last falsy value is returned, so the caller's assert shows what was there."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value or time.monotonic() > deadline:
-            return value
-        await asyncio.sleep(every)

@@ -11,6 +11,7 @@ import pytest
 from apiserver import ApiError
 from kube_objects import configmap, namespace, pod
 from webhook_server import CertificateAuthority, WebhookServer, allow
+from kit import eventually
 
 SERVICE = ("tessera-system", "hook", 443)
 GPU_CONDITION = {"name": "asks-for-gpus", "expression":
@@ -231,8 +232,7 @@ async def test_writes_racing_through_a_slow_webhook_lose_nothing(apiserver, webh
 
     webhook.decisions.append(slow)
     first = asyncio.create_task(apiserver.patch("v1", "pods", "p", {"metadata": {"labels": {"a": "1"}}}, "default"))
-    while not webhook.requests:
-        await asyncio.sleep(0.01)
+    await eventually(lambda: webhook.requests, every=0.01)
     await apiserver.patch("v1", "pods", "p", {"metadata": {"labels": {"b": "2"}}}, "default")
     stale = asyncio.create_task(apiserver.patch("v1", "pods", "p", {"metadata": {
         "labels": {"c": "3"}, "resourceVersion": created["metadata"]["resourceVersion"]}}, "default"))

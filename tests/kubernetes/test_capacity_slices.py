@@ -5,7 +5,6 @@ and through the watch as soon as it happens) at the same pool generation; a devi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,7 +18,9 @@ from tessera.capacity import slices
 from tessera.capacity.kube import SliceWriter
 from tessera.capacity.service import CapacityService, CapacitySettings
 from tessera.shared import profile
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.kubeapi import KubeApi
+from kit import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 RS = ("resource.k8s.io/v1", "resourceslices")
@@ -106,18 +107,16 @@ async def test_the_watch_puts_a_deleted_slice_back_without_waiting_for_a_heartbe
     try:
         # someone's edit, then the kubelet's wipe; no heartbeat runs here
         await apiserver.patch(*RS, slices.slice_name("gpu-0"), {"spec": {"devices": first["spec"]["devices"][:1]}})
-        async with asyncio.timeout(10):
-            while stored(apiserver, "gpu-0")["spec"] != first["spec"]:
-                await asyncio.sleep(0.02)
+        await eventually(lambda: stored(apiserver, "gpu-0")["spec"] == first["spec"], timeout=10, every=0.02,
+                         what="the edited slice put back")
         await kubelet_starts(apiserver, "gpu-0")
-        async with asyncio.timeout(10):
-            while (back := stored(apiserver, "gpu-0")) is None:
-                await asyncio.sleep(0.02)
+        back = await eventually(lambda: stored(apiserver, "gpu-0"), timeout=10, every=0.02,
+                                what="the wiped slice put back")
         assert back["spec"] == first["spec"]
     finally:
-        watch.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watch
+        await cancel_and_wait([watch])
+        if not watch.cancelled():
+            watch.result()  # it ended before its cancel: raise what ended it
     # the publisher's ClusterRole grants exactly what it called (the kubelet's deletes aside)
     role = next(d for d in yaml.safe_load_all((ROOT / "deploy/k8s/capacity.yaml").read_text())
                 if d and d["kind"] == "ClusterRole")

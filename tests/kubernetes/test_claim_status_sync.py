@@ -16,11 +16,13 @@ from tessera.shared.kubeclaims import SCHEDULING_GATE, claim_id
 from tessera.placement.claimstatus import allocation
 from tessera.placement.kube import KubeWriter
 from tessera.placement.kubesync import Allocated, ClaimStatusSync, Unschedulable
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.translator.dra import resource_claim_template
 
 from kube_objects import namespace, pod as kube_pod
 from kubeparts import make_claims
-from kubetessera import eventually, kube_ref
+from kit import eventually
+from kubetessera import kube_ref
 
 RC = "resource.k8s.io/v1"
 SHARES = [DeviceShare(uuid="GPU-0", index=0, memory_mib=20000, cores=30)]
@@ -34,9 +36,10 @@ async def running(kube, give_back):
     try:
         yield worker
     finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await cancel_and_wait([task])
+        if not task.cancelled():
+            task.result()  # it ended before its cancel: raise what ended it
+        assert task.cancelled()
 
 
 @pytest.fixture

@@ -21,7 +21,8 @@ from tessera.placement.claimstatus import allocation, same_allocation
 
 from kube_objects import namespace
 from kubeparts import Refused, allocated_node, claims_of, gpu_pod, kubelet_start, make_claims, schedule
-from kubetessera import create_tenant, eventually, ledgers, quota_in_use, whole_tessera
+from kit import eventually
+from kubetessera import create_tenant, ledgers, quota_in_use, whole_tessera
 
 RC = "resource.k8s.io/v1"
 

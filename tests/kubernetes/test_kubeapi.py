@@ -20,6 +20,7 @@ from tessera.shared.kubeapi import (
     Unavailable,
     object_path,
 )
+from tessera.shared.cancelling import cancel_and_wait
 
 CONFIGMAPS = object_path("v1", "configmaps", namespace="default")
 PODS = object_path("v1", "pods", namespace="default")
@@ -137,9 +138,9 @@ class Recorder:
         return [await asyncio.wait_for(self.events.get(), 10) for _ in range(count)]
 
     async def close(self) -> None:
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
+        await cancel_and_wait([self.task])
+        if not self.task.cancelled():
+            self.task.result()  # it ended before its cancel: raise what ended it
         await self.stream.aclose()
         assert self.events.empty(), [self.events.get_nowait() for _ in range(self.events.qsize())]
 

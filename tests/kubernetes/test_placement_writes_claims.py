@@ -25,7 +25,8 @@ from tessera.translator.dra import resource_claim_template
 
 from kube_objects import namespace
 from kubeparts import Refused, claims_of, kubelet_start, make_claims, node, schedule
-from kubetessera import create_tenant, eventually, ledgers, quota_in_use, request_claim, start_services
+from kit import eventually
+from kubetessera import create_tenant, ledgers, quota_in_use, request_claim, start_services
 
 RC = "resource.k8s.io/v1"
 CARD_MIB = 81559  # tests/profiles/tiny.yaml: 2 nodes x 2 H100 80GB

@@ -28,6 +28,8 @@ from tessera.shared.settings import BusSettings
 import kube_rbac
 from kubectl import kubectl
 
+from kit import eventually
+
 TCP = (f"{crd.GROUP}/{crd.VERSION}", crd.PLURAL)
 MANAGER_YAML = Path(__file__).resolve().parents[2] / "deploy/k8s/controlplane/manager.yaml"
 NAMESPACE = "team-a"
@@ -67,14 +69,6 @@ def condition(obj: dict, kind: str) -> dict:
     return next(c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == kind)
 
 
-async def until(check, what: str, timeout: float = 15):
-    """Poll ``check`` (the manager works in the background) until it returns something true."""
-    async with asyncio.timeout(timeout):
-        while not (result := await check() if asyncio.iscoroutinefunction(check) else check()):
-            await asyncio.sleep(0.02)
-    return result
-
-
 @pytest.fixture
 async def manager(apiserver, nats_url):
     """The manager as manager.yaml runs it: Kubernetes host, NATS datastore users kept in a Secret."""
@@ -103,7 +97,7 @@ async def test_apply_creates_the_tenant_status_follows_update_changes_quota_dele
     obj = lambda: apiserver.object(*TCP, "alpha", NAMESPACE)  # noqa: E731
     await kubectl_apply(kube, manifest("alpha", {"quota": {"gpus": 4}, "network": {"nodeCidrs": ["192.168.7.0/24"]}}))
 
-    provisioning = await until(lambda: obj().get("status", {}).get("phase") == "Provisioning" and obj(), "status")
+    provisioning = await eventually(lambda: obj().get("status", {}).get("phase") == "Provisioning" and obj(), what="status")
     assert FINALIZER in provisioning["metadata"]["finalizers"]
     assert provisioning["status"]["endpoint"] == "https://alpha-apiserver.tenant-alpha.svc:6443"
     assert provisioning["status"]["observedGeneration"] == provisioning["metadata"]["generation"] == 1
@@ -120,7 +114,7 @@ async def test_apply_creates_the_tenant_status_follows_update_changes_quota_dele
                           {"status": {"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2,
                                       "observedGeneration": deployment["metadata"]["generation"]}},
                           "tenant-alpha", subresource="status")
-    shown = await until(lambda: condition(obj(), "Ready")["status"] == "True" and obj(), "ready")
+    shown = await eventually(lambda: condition(obj(), "Ready")["status"] == "True" and obj(), what="ready")
     discovery = await kube.call("GET", f"/apis/{TCP[0]}")  # what `kubectl get tcp` resolves the short name by
     assert "tcp" in next(r for r in discovery["resources"] if r["name"] == crd.PLURAL)["shortNames"]
     assert printer_columns(shown) == {"Phase": "Ready", "Ready": "True",
@@ -128,11 +122,11 @@ async def test_apply_creates_the_tenant_status_follows_update_changes_quota_dele
                                       "Age": shown["metadata"]["creationTimestamp"]}
 
     await kubectl_apply(kube, manifest("alpha", {"quota": {"gpus": 8}, "network": {"nodeCidrs": ["192.168.7.0/24"]}}))
-    await until(lambda: obj()["status"]["observedGeneration"] == 2, "generation 2 observed")
+    await eventually(lambda: obj()["status"]["observedGeneration"] == 2, what="generation 2 observed")
     assert (await mgr.store.tenants.get("alpha")).value.quota.gpus == 8
 
     await kube.delete(f"/apis/{TCP[0]}/namespaces/{NAMESPACE}/{crd.PLURAL}/alpha")
-    await until(lambda: obj() is None, "the object gone once the finalizer is removed")
+    await eventually(lambda: obj() is None, what="the object gone once the finalizer is removed")
     assert await mgr.store.controlplanes.get("alpha") is None
     assert await mgr.store.secrets.get("alpha") is None  # credentials
     assert await mgr.store.tenants.get("alpha") is None  # quota
@@ -159,7 +153,7 @@ async def test_an_invalid_spec_is_a_condition_naming_the_field_and_the_manager_g
     get = lambda name: apiserver.object(*TCP, name, NAMESPACE)  # noqa: E731
     # what the CRD's schema cannot say: the pod range overlaps the service range
     await kubectl_apply(kube, manifest("beta", {"network": {"serviceCidr": "10.96.0.0/16", "podCidr": "10.96.0.0/12"}}))
-    refused = await until(lambda: (get("beta") or {}).get("status") and get("beta"), "beta's status")
+    refused = await eventually(lambda: (get("beta") or {}).get("status") and get("beta"), what="beta's status")
     valid = condition(refused, "Valid")
     assert valid["status"] == "False" and valid["reason"] == "InvalidSpec"
     assert valid["message"].startswith("$.spec.network.podCidr: ")
@@ -170,16 +164,16 @@ async def test_an_invalid_spec_is_a_condition_naming_the_field_and_the_manager_g
 
     # the manager serves the others meanwhile, and a fixed spec is taken
     await kubectl_apply(kube, manifest("alpha", {"quota": {"gpus": 2}}))
-    await until(lambda: (get("alpha") or {}).get("status", {}).get("phase") == "Provisioning", "alpha served")
+    await eventually(lambda: (get("alpha") or {}).get("status", {}).get("phase") == "Provisioning", what="alpha served")
     await kubectl_apply(kube, manifest("beta", {"network": {"podCidr": "10.244.0.0/16"}}))
-    fixed = await until(lambda: condition(get("beta"), "Valid")["status"] == "True" and get("beta"), "beta fixed")
+    fixed = await eventually(lambda: condition(get("beta"), "Valid")["status"] == "True" and get("beta"), what="beta fixed")
     assert fixed["status"]["phase"] == "Provisioning" and await mgr.store.controlplanes.get("beta") is not None
 
     # a change that breaks a working tenant's spec is refused and leaves the tenant as it was
     bad = {"quota": {"gpus": 3}, "resources": {"scheduler": {"requests": {"cpuMillis": 200, "memoryMib": 128},
                                                              "limits": {"cpuMillis": 100, "memoryMib": 128}}}}
     await kubectl_apply(kube, manifest("alpha", bad))
-    await until(lambda: condition(get("alpha"), "Valid")["status"] == "False", "alpha refused")
+    await eventually(lambda: condition(get("alpha"), "Valid")["status"] == "False", what="alpha refused")
     assert "$.spec.resources.scheduler.limits.cpuMillis" in condition(get("alpha"), "Valid")["message"]
     assert (await mgr.store.tenants.get("alpha")).value.quota.gpus == 2
     assert get("alpha")["status"]["phase"] == "Provisioning"
@@ -189,19 +183,19 @@ async def test_an_invalid_spec_is_a_condition_naming_the_field_and_the_manager_g
 async def test_a_second_object_for_a_taken_tenant_name_is_refused_on_its_own_status(apiserver, kube, manager):
     mgr, _ = manager
     await kubectl_apply(kube, manifest("delta", {}))
-    await until(lambda: (apiserver.object(*TCP, "delta", NAMESPACE) or {}).get("status"), "delta's status")
+    await eventually(lambda: (apiserver.object(*TCP, "delta", NAMESPACE) or {}).get("status"), what="delta's status")
     await apiserver.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-b"}})
     other = yaml.safe_load(manifest("delta", {"quota": {"gpus": 100}}))
     other["metadata"]["namespace"] = "team-b"
     await kubectl_apply(kube, yaml.safe_dump(other))
-    refused = await until(lambda: (apiserver.object(*TCP, "delta", "team-b") or {}).get("status")
-                          and apiserver.object(*TCP, "delta", "team-b"), "the second object's status")
+    refused = await eventually(lambda: (apiserver.object(*TCP, "delta", "team-b") or {}).get("status")
+                               and apiserver.object(*TCP, "delta", "team-b"), what="the second object's status")
     ready = condition(refused, "Ready")
     assert ready["status"] == "False" and ready["reason"] == "Conflict" and "team-a/delta" in ready["message"]
     assert (await mgr.store.tenants.get("delta")).value.quota.gpus is None  # the first object's, untouched
     # and deleting the second object does not take the first one's tenant with it
     await kube.delete(f"/apis/{TCP[0]}/namespaces/team-b/{crd.PLURAL}/delta")
-    await until(lambda: apiserver.object(*TCP, "delta", "team-b") is None, "the second object gone")
+    await eventually(lambda: apiserver.object(*TCP, "delta", "team-b") is None, what="the second object gone")
     assert await mgr.store.controlplanes.get("delta") is not None
 
 
@@ -209,7 +203,7 @@ async def test_the_real_kubectl_applies_gets_and_deletes_a_tenant_control_plane(
     mgr, _ = manager
     rc, out, err = await kubectl(apiserver.url, "apply", "-f", "-", stdin=manifest("omega", {"quota": {"gpus": 1}}))
     assert rc == 0 and out.strip() == "tenantcontrolplane.tessera.io/omega created", err
-    await until(lambda: (apiserver.object(*TCP, "omega", NAMESPACE) or {}).get("status"), "omega's status")
+    await eventually(lambda: (apiserver.object(*TCP, "omega", NAMESPACE) or {}).get("status"), what="omega's status")
 
     rc, out, err = await kubectl(apiserver.url, "get", "tcp", "-n", NAMESPACE)
     assert rc == 0, err

@@ -4,7 +4,6 @@ API server's admission call and Kubernetes' resourceclaim controller."""
 
 from __future__ import annotations
 
-import asyncio
 
 import pytest
 import yaml
@@ -16,6 +15,7 @@ from tessera.shared.events import ClaimSpec
 from tessera.shared.kubeclaims import DEVICE_CLASS, RESOURCE_API_VERSION, TENANT_LABEL, KubeClaimRef, claim_id
 from tessera.translator import dra
 from translator_harness import kube_translator, resourceclaim_controller
+from kit import eventually
 
 RC = (RESOURCE_API_VERSION, "resourceclaims")
 
@@ -63,12 +63,6 @@ async def delete_pod(apiserver, pod: dict) -> None:
 
 def events_about(apiserver, namespace: str, name: str) -> list[dict]:
     return [e for e in apiserver.objects("v1", "events", namespace) if e["involvedObject"]["name"] == name]
-
-
-async def wait_until(predicate) -> None:
-    async with asyncio.timeout(30):
-        while not predicate():
-            await asyncio.sleep(0.02)
 
 
 async def test_claim_is_requested_with_its_id_tenant_spec_and_kube_ref(apiserver, translator):
@@ -157,7 +151,7 @@ async def test_allocation_removed_by_someone_else_releases_the_claim(apiserver, 
     await apiserver.patch(*RC, name, {"status": {"allocation": None}}, "ml", subresource="status")
     (release,) = await translator.wait_for("release", cid)
     assert release.reason == "resourceclaim-deallocated"
-    await wait_until(lambda: any(e["reason"] == "Deallocated" for e in events_about(apiserver, "ml", name)))
+    await eventually(lambda: any(e["reason"] == "Deallocated" for e in events_about(apiserver, "ml", name)))
 
 
 def hand_written_claim(name: str, namespace: str, spec: ClaimSpec | None, owner: dict | None = None) -> dict:
@@ -179,7 +173,7 @@ async def test_claim_in_a_namespace_without_tenant_gets_an_event_not_a_claim(nat
                                   "spec": {"containers": [{"name": "main", "image": "busybox"}]}})
     async with kube_translator(nats_url, apiserver, tmp_path / "tls") as translator:
         claim = await apiserver.create(hand_written_claim("p-gpu", "scratch", ClaimSpec(), owner=pod))
-        await wait_until(lambda: events_about(apiserver, "scratch", "p-gpu") and events_about(apiserver, "scratch", "p"))
+        await eventually(lambda: events_about(apiserver, "scratch", "p-gpu") and events_about(apiserver, "scratch", "p"))
         (event,) = events_about(apiserver, "scratch", "p-gpu")
         assert event["type"] == "Warning" and event["reason"] == "NoTenant"
         assert event["involvedObject"]["kind"] == "ResourceClaim"
@@ -190,13 +184,13 @@ async def test_claim_in_a_namespace_without_tenant_gets_an_event_not_a_claim(nat
         assert (await translator.service.claims.get(claim_id(claim["metadata"]["uid"])))[0] is None
     # Reported again after a restart: the same Event, counted, not a second one.
     async with kube_translator(nats_url, apiserver, tmp_path / "tls2"):
-        await wait_until(lambda: events_about(apiserver, "scratch", "p-gpu")[0].get("count") == 2)
+        await eventually(lambda: events_about(apiserver, "scratch", "p-gpu")[0].get("count") == 2)
     assert len(events_about(apiserver, "scratch", "p-gpu")) == 1
 
 
 async def test_claim_whose_spec_cannot_be_recovered_gets_an_event(apiserver, translator):
     await apiserver.create(hand_written_claim("by-hand", "ml", None))
-    await wait_until(lambda: events_about(apiserver, "ml", "by-hand"))
+    await eventually(lambda: events_about(apiserver, "ml", "by-hand"))
     (event,) = events_about(apiserver, "ml", "by-hand")
     assert event["reason"] == "InvalidClaim" and "GpuClaimParameters" in event["message"]
     # The translator is still at work: a good claim after it is requested.
@@ -215,7 +209,7 @@ async def test_periodic_reconcile_keeps_reporting_nothing_new(nats_url, apiserve
             return sum(1 for m, p, q in apiserver.requests if m == "GET" and p.endswith("/resourceclaims")
                        and "watch" not in q)
         before = lists()
-        await wait_until(lambda: lists() >= before + 3)
+        await eventually(lambda: lists() >= before + 3)
         assert len(translator.events("requested", cid)) == 1 and translator.events("release") == []
 
 
@@ -258,9 +252,10 @@ async def test_release_marked_before_a_stop_is_sent_at_start(nats_url, apiserver
 
         translator.service.bus.publish = no_release
         await delete_pod(apiserver, pod)
-        async with asyncio.timeout(30):
-            while not (await translator.service.claims.get(cid))[0].release_requested:
-                await asyncio.sleep(0.02)
+        async def release_requested() -> bool:
+            return (await translator.service.claims.get(cid))[0].release_requested
+
+        await eventually(release_requested, timeout=30, every=0.02)
         assert translator.events("release", cid) == []
     async with kube_translator(nats_url, apiserver, tmp_path / "tls2", reconcile_seconds=3600) as restarted:
         (release,) = await restarted.wait_for("release", cid)
@@ -273,7 +268,7 @@ async def test_labelling_the_namespace_later_requests_its_claim(nats_url, apiser
     async with kube_translator(nats_url, apiserver, tmp_path / "tls", reconcile_seconds=0.3) as translator:
         await translator.add_tenant("alpha")
         claim = await apiserver.create(hand_written_claim("p-gpu", "scratch", ClaimSpec(memory_mib=1000)))
-        await wait_until(lambda: events_about(apiserver, "scratch", "p-gpu"))
+        await eventually(lambda: events_about(apiserver, "scratch", "p-gpu"))
         await apiserver.patch("v1", "namespaces", "scratch", {"metadata": {"labels": {TENANT_LABEL: "alpha"}}})
         (event,) = await translator.wait_for("requested", claim_id(claim["metadata"]["uid"]))
         assert event.tenant == "alpha" and event.kube.pod == ""
@@ -291,9 +286,9 @@ async def test_the_translator_calls_exactly_what_its_cluster_role_grants(nats_ur
         await translator.add_tenant("alpha")
         await requested_claim(apiserver, translator, "train")
         await apiserver.create(hand_written_claim("p-gpu", "scratch", ClaimSpec(), owner=pod))
-        await wait_until(lambda: events_about(apiserver, "scratch", "p-gpu"))
+        await eventually(lambda: events_about(apiserver, "scratch", "p-gpu"))
     async with kube_translator(nats_url, apiserver, tmp_path / "tls2"):
-        await wait_until(lambda: events_about(apiserver, "scratch", "p-gpu")[0].get("count") == 2)
+        await eventually(lambda: events_about(apiserver, "scratch", "p-gpu")[0].get("count") == 2)
     role = next(d for d in yaml.safe_load_all((DEPLOY_K8S / "translator.yaml").read_text())
                 if d and d["kind"] == "ClusterRole")
     kube_rbac.check(apiserver.requests, role)

@@ -27,6 +27,7 @@ from tessera.shared.runner import serve
 from tessera.shared.settings import BusSettings, ServiceSettings
 from tessera.translator.service import TranslatorService, TranslatorSettings
 from webhook_tls import Authority, post_review, project_secret, served_serial
+from kit import eventually
 
 __all__ = ["free_port", "running_translator", "KubeTranslator", "kube_translator", "resourceclaim_controller"]
 
@@ -106,10 +107,11 @@ class KubeTranslator:
                 if e.__struct_config__.tag == kind and (claim is None or e.claim == claim)]
 
     async def wait_for(self, kind: str, claim: str, count: int = 1) -> list:
-        async with asyncio.timeout(30):
-            while len(found := self.events(kind, claim)) < count:
-                await asyncio.sleep(0.02)
-        return found
+        def found() -> list | None:
+            events = self.events(kind, claim)
+            return events if len(events) >= count else None
+
+        return await eventually(found, timeout=30, every=0.02, what=f"{count} {kind} event(s) of {claim}")
 
 
 @contextlib.asynccontextmanager

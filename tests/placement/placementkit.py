@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from tessera.placement.service import PlacementService, PlacementSettings
 from tessera.shared import subjects
 from tessera.shared.bus import Bus
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.claimstore import ClaimStore
 from tessera.shared.events import ClaimRecord, ClaimRequested, ClaimSpec, GpuQuota, TenantRecord, encode
 from tessera.shared.runner import ServiceContext
@@ -21,6 +22,7 @@ from tessera.shared.settings import BusSettings
 from tessera.shared.telemetry import Telemetry
 
 from fleetkit import inventory
+from kit import eventually
 
 
 class Replica:
@@ -58,14 +60,11 @@ async def replicas(nats_url: str, count: int = 1, *, watch: bool = True, nodes=(
             made.append(Replica(svc, tasks))
         if watch:
             for r in made:
-                while not r.svc.ctx.ready:
-                    await asyncio.sleep(0.01)
+                await eventually(lambda r=r: r.svc.ctx.ready, every=0.01, what="the replica ready")
         yield made
     finally:
         for r in made:
-            for task in r.tasks.values():
-                task.cancel()
-            await asyncio.gather(*r.tasks.values(), return_exceptions=True)
+            await cancel_and_wait(r.tasks.values())
         for bus in buses:
             await bus.close()
 
@@ -80,13 +79,4 @@ async def requested(bus: Bus, claim: str, tenant_name: str = "a", **spec) -> Cla
     revision = await ClaimStore(await bus.kv(subjects.KV_CLAIMS)).create(
         ClaimRecord(claim=claim, tenant=tenant_name, state="requested", spec=spec))
     return ClaimRequested(claim=claim, tenant=tenant_name, spec=spec, record_revision=revision)
-
-
-async def settled(predicate, timeout: float = 5.0) -> None:
-    """Wait until ``predicate()`` (a coroutine function) is true: watchers apply writes asynchronously."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await predicate():
-        assert loop.time() < deadline, "condition never held"
-        await asyncio.sleep(0.02)
 

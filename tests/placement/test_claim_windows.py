@@ -15,10 +15,12 @@ import pytest
 from tessera.placement.service import PlacementService
 from tessera.shared import subjects
 from tessera.shared.bus import Delivery
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.errors import ConflictError, PermanentError
 from tessera.shared.events import ClaimReleaseRequested, DeviceShare, GpuQuota, LedgerEntry, NodeLedger, encode
 
-from placementkit import replicas, requested, settled, tenant
+from kit import eventually
+from placementkit import replicas, requested, tenant
 
 LIMITED = GpuQuota(gpus=8)
 
@@ -44,7 +46,7 @@ async def test_same_claim_twice_on_one_node_is_a_conflict_not_a_second_entry(nat
     async with replicas(nats_url) as [r]:
         svc = r.svc
         await svc.ledger.write_node(NodeLedger(node="n1", entries={"c": entry("c", "n1", 0)}), None)
-        await settled(lambda: _holds(svc, "n1", "c"))
+        await eventually(lambda: _holds(svc, "n1", "c"))
         with pytest.raises(ConflictError, match="already placed on n1 on other GPUs"):
             await svc._commit("n1", entry("c", "n1", 1))
         held = (await svc.ledger.read_node("n1"))[0].entries["c"]
@@ -58,7 +60,7 @@ async def _holds(svc, node, claim) -> bool:
 async def test_a_loser_on_another_node_never_returns_the_winners_quota(nats_url):
     async with replicas(nats_url, 2) as [a, b]:
         await tenant(a.svc.bus, "a", LIMITED)
-        await settled(lambda: _known(b.svc, "a"))
+        await eventually(lambda: _known(b.svc, "a"))
         event = await requested(a.svc.bus, "c")
         assert await a.svc.place(event)  # the winner: quota, ledger on its node, record allocated
         winner = (await a.svc.claims.get("c"))[0]
@@ -85,15 +87,13 @@ async def test_a_redelivered_finish_never_allocates_from_memory_a_ledger_entry_t
     async with replicas(nats_url) as [r]:
         svc = r.svc
         await tenant(svc.bus, "a")
-        await settled(lambda: _known(svc, "a"))
+        await eventually(lambda: _known(svc, "a"))
         event = await requested(svc.bus, "c")
         # Ledger written, claim record not (a crash): the view remembers the entry ...
         written = await svc.ledger.write_node(NodeLedger(node="n1", entries={"c": entry("c", "n1", 0)}), None)
-        await settled(lambda: _holds(svc, "n1", "c"))
+        await eventually(lambda: _holds(svc, "n1", "c"))
         # ... then the enforcer drops it as an orphan, and the redelivery comes before the watcher.
-        for task in r.tasks.values():
-            task.cancel()
-        await asyncio.gather(*r.tasks.values(), return_exceptions=True)
+        await cancel_and_wait(r.tasks.values())
         await svc.ledger.write_node(NodeLedger(node="n1"), written)
         assert await svc.place(msgspec.structs.replace(event, record_revision=0))
         record = (await svc.claims.get("c"))[0]
@@ -106,7 +106,7 @@ async def test_a_ledger_write_that_timed_out_but_committed_still_charges_the_ten
     async with replicas(nats_url) as [r]:
         svc = r.svc
         await tenant(svc.bus, "a", LIMITED)
-        await settled(lambda: _known(svc, "a"))
+        await eventually(lambda: _known(svc, "a"))
         event = await requested(svc.bus, "c")
         write_nodes = svc.ledger.write_nodes
 
@@ -118,7 +118,7 @@ async def test_a_ledger_write_that_timed_out_but_committed_still_charges_the_ten
         with pytest.raises(asyncio.TimeoutError):
             await svc.place(event)
         svc.ledger.write_nodes = write_nodes
-        await settled(lambda: _holds(svc, "n1", "c") or _holds(svc, "n2", "c"))
+        await eventually(lambda: _holds(svc, "n1", "c") or _holds(svc, "n2", "c"))
         assert await svc.place(msgspec.structs.replace(event, record_revision=0))  # the redelivery
         assert (await svc.claims.get("c"))[0].state == "allocated"
         assert "c" in await usage_of(svc), "the tenant holds a GPU its quota does not count"
@@ -143,7 +143,7 @@ async def test_a_requested_for_another_tenants_claim_is_refused(nats_url):
         svc = r.svc
         await tenant(svc.bus, "a")
         await tenant(svc.bus, "b")
-        await settled(lambda: _known(svc, "b"))
+        await eventually(lambda: _known(svc, "b"))
         event = await requested(svc.bus, "c", "a")
         theirs = msgspec.structs.replace(event, tenant="b", record_revision=0)
         with pytest.raises(PermanentError, match="belongs to tenant 'a'"):
@@ -156,7 +156,7 @@ async def test_an_error_outside_the_per_claim_handler_does_not_end_the_batch_con
     async with replicas(nats_url) as [r]:
         svc = r.svc
         await tenant(svc.bus, "a")
-        await settled(lambda: _known(svc, "a"))
+        await eventually(lambda: _known(svc, "a"))
         events = [await requested(svc.bus, f"c{i}") for i in range(3)]
 
         async def connection_lost(items):
@@ -175,8 +175,8 @@ async def test_one_malformed_value_in_each_watched_bucket_is_skipped_and_the_wat
                             (subjects.KV_LEDGER, "node.n1"), (subjects.KV_LEDGER, "tenant.a")):
             await (await svc.bus.kv(bucket)).put(key, b'{"not": "valid"')
         await tenant(svc.bus, "later")
-        await settled(lambda: _known(svc, "later"))
+        await eventually(lambda: _known(svc, "later"))
         assert sorted(r.alive()) == ["watch-inventory", "watch-ledger", "watch-tenants"]
         await (await svc.bus.kv(subjects.KV_LEDGER)).put("node.n2", encode(
             NodeLedger(node="n2", entries={"x": entry("x", "n2", 0)})))
-        await settled(lambda: _holds(svc, "n2", "x"))
+        await eventually(lambda: _holds(svc, "n2", "x"))

@@ -13,9 +13,11 @@ import gc
 import pytest
 
 from fleetkit import inventory
+from kit import eventually
 from tessera.placement import idlework
 from tessera.placement.engine import Placer
 from tessera.placement.fleet import Fleet
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.events import ClaimSpec
 
 
@@ -78,16 +80,13 @@ async def test_indexes_are_rebuilt_ahead_after_the_mix_is_republished():
     gc.unfreeze()
     task = asyncio.create_task(idlework.run(placer, pause=0.001))
     try:
-        for _ in range(200):
-            await asyncio.sleep(0.005)
-            if gc.get_freeze_count():
-                break
+        await eventually(gc.get_freeze_count, every=0.005, what="the built indexes frozen out of the collector")
         assert placer._epoch == placer.mix.version
         assert _current_indexes(placer) == len(SHAPES)  # before any claim asked for them again
         assert not placer.warm()  # nothing left to do
         assert gc.get_freeze_count() > 0  # and the built indexes were taken out of the collector's walks
     finally:
-        task.cancel()
+        await cancel_and_wait([task])
         gc.unfreeze()
 
 

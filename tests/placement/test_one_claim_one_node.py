@@ -20,10 +20,12 @@ import pytest
 from tessera.placement import lease
 from tessera.shared import subjects
 from tessera.shared.bus import Delivery
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.errors import ConflictError
 from tessera.shared.events import DeviceShare, LedgerEntry, NodeLedger
 
-from placementkit import replicas, requested, settled, tenant
+from kit import eventually
+from placementkit import replicas, requested, tenant
 
 
 async def _watch_ledger(kv, revisions: list[dict[str, set[str]]]) -> None:
@@ -45,7 +47,7 @@ async def _watch_ledger(kv, revisions: list[dict[str, set[str]]]) -> None:
 async def test_two_replicas_retrying_one_claim_never_hold_it_on_two_nodes(nats_url):
     async with replicas(nats_url, 2) as [a, b]:
         await tenant(a.svc.bus, "a")
-        await settled(lambda: _known(a.svc, b.svc, "a"))
+        await eventually(lambda: _known(a.svc, b.svc, "a"))
         event = await requested(a.svc.bus, "c")
         # Both replicas hold the claim as waiting (as after an ``unschedulable``), and each would
         # put it on its own node.
@@ -71,10 +73,9 @@ async def test_two_replicas_retrying_one_claim_never_hold_it_on_two_nodes(nats_u
                                             return_exceptions=True)
             record = (await a.svc.claims.get("c"))[0]
             assert record.state == "allocated"
-            await settled(lambda: _seen(revisions, record.node))
+            await eventually(lambda: _seen(revisions, record.node))
         finally:
-            watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
+            await cancel_and_wait([watch])
         doubled = [r for r in revisions if sum("c" in claims for claims in r.values()) > 1]
         assert not doubled, f"ledger revisions holding c on two nodes: {doubled}"
         assert sum(o is True for o in outcomes) == 1, outcomes
@@ -91,7 +92,7 @@ async def _seen(revisions, node) -> bool:
 async def test_a_live_lease_of_a_peer_keeps_the_claim_from_this_replica_until_it_runs_out(nats_url):
     async with replicas(nats_url, 2) as [a, b]:
         await tenant(a.svc.bus, "a")
-        await settled(lambda: _known(a.svc, b.svc, "a"))
+        await eventually(lambda: _known(a.svc, b.svc, "a"))
         event = await requested(a.svc.bus, "c")
         record, revision = await a.svc.claims.get("c")
         marked, at = await lease.take(a.svc.claims, a.svc.placer_id, record, revision)
@@ -115,7 +116,7 @@ def _delivery(event, num_delivered: int, msg_id: str) -> Delivery:
 async def test_only_the_translators_first_delivery_takes_the_batch_path(nats_url):
     async with replicas(nats_url) as [r]:
         await tenant(r.svc.bus, "a")
-        await settled(lambda: _known(r.svc, r.svc, "a"))
+        await eventually(lambda: _known(r.svc, r.svc, "a"))
         event = await requested(r.svc.bus, "c")
         assert r.svc._fast(event, set(), _delivery(event, 1, "c:requested"))
         assert not r.svc._fast(event, set(), _delivery(event, 2, "c:requested")), "a redelivery"
@@ -128,7 +129,7 @@ async def test_the_group_commit_refuses_a_claim_the_view_knows_on_another_node(n
         held = LedgerEntry(claim="c", tenant="a", shares=[DeviceShare(uuid="GPU-n1-0", index=0, memory_mib=1000,
                                                                       cores=10)])
         await svc.ledger.write_node(NodeLedger(node="n1", entries={"c": held}), None)
-        await settled(lambda: _on(svc, "c", "n1"))
+        await eventually(lambda: _on(svc, "c", "n1"))
         second = LedgerEntry(claim="c", tenant="a", shares=[DeviceShare(uuid="GPU-n2-0", index=0, memory_mib=1000,
                                                                         cores=10)])
         with pytest.raises(ConflictError, match="already placed on n1"):
@@ -144,7 +145,7 @@ async def test_a_batch_that_decided_past_half_its_ack_wait_places_through_the_le
     async with replicas(nats_url) as [r]:
         svc = r.svc
         await tenant(svc.bus, "a")
-        await settled(lambda: _known(svc, svc, "a"))
+        await eventually(lambda: _known(svc, svc, "a"))
         event = await requested(svc.bus, "c")
         # As if the process had been stopped while deciding: every batch is late.
         svc.bus.settings = dataclasses.replace(svc.bus.settings, ack_wait=0)
@@ -167,7 +168,7 @@ async def test_the_batch_path_racing_a_leased_path_never_holds_the_claim_on_two_
     redelivery takes the same path) reach the ledger write within the same moment."""
     async with replicas(nats_url, 2) as [a, b]:
         await tenant(a.svc.bus, "a")
-        await settled(lambda: _known(a.svc, b.svc, "a"))
+        await eventually(lambda: _known(a.svc, b.svc, "a"))
         event = await requested(a.svc.bus, "c")
         for replica, other in ((a, "n2"), (b, "n1")):
             replica.svc.placer.place = partial(replica.svc.placer.place, exclude_nodes=(other,))
@@ -202,10 +203,9 @@ async def test_the_batch_path_racing_a_leased_path_never_holds_the_claim_on_two_
                                      _delivery(event, 1, "a-tenants-copy"))]))
             record = (await a.svc.claims.get("c"))[0]
             assert record.state == "allocated", outcomes
-            await settled(lambda: _seen(revisions, record.node))
+            await eventually(lambda: _seen(revisions, record.node))
         finally:
-            watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
+            await cancel_and_wait([watch])
         doubled = [r for r in revisions if sum("c" in claims for claims in r.values()) > 1]
         assert not doubled, f"ledger revisions holding c on two nodes: {doubled}"
         # the loser was told to try again later (its redelivery finds the claim allocated)

@@ -10,7 +10,8 @@ from tessera.shared.claimstore import ClaimStore
 from tessera.shared.events import ClaimRecord, ClaimSpec, DeviceShare, GpuQuota, LedgerEntry, NodeLedger, \
     claim_decoder
 
-from placementkit import replicas, requested, settled, tenant
+from kit import eventually
+from placementkit import replicas, requested, tenant
 
 
 def share(node: str, gpu: int) -> DeviceShare:
@@ -39,7 +40,7 @@ async def test_an_allocated_record_whose_event_never_went_out_is_announced_again
         await svc.ledger.write_node(NodeLedger(node="n1", entries={"c": entry("c", "n1")}), None)
         await record(svc, "c", "allocated", "n1", [share("n1", 0)])
         done = await svc.reconciler.run_once()
-        await settled(lambda: _some(got))
+        await eventually(lambda: _some(got))
         await sub.unsubscribe()
         assert done["allocated republished"] == 1
         assert got[0].claim == "c" and got[0].node == "n1" and got[0].devices == [share("n1", 0)]
@@ -56,13 +57,13 @@ async def test_ledger_entries_without_a_live_claim_go_and_unrecorded_allocations
         svc = r.svc
         svc.reconciler.grace = 0
         await tenant(svc.bus, "a")
-        await settled(lambda: _known(svc, "a"))
+        await eventually(lambda: _known(svc, "a"))
         await record(svc, "gone", "released", "n1", [share("n1", 0)])
         event = await requested(svc.bus, "half")  # ledger written, record not (a crash)
         await svc.ledger.write_node(NodeLedger(node="n1", entries={
             "gone": entry("gone", "n1", 0), "never": entry("never", "n1", 1)}), None)
         await svc.ledger.write_node(NodeLedger(node="n2", entries={"half": entry("half", "n2", 0)}), None)
-        await settled(lambda: _holds(svc, "n2", "half"))
+        await eventually(lambda: _holds(svc, "n2", "half"))
         done = await svc.reconciler.run_once()
         assert done["orphan entry removed"] == 2
         assert done["unrecorded allocation finished"] == 1
@@ -96,7 +97,7 @@ async def test_quota_follows_the_live_claims(nats_url):
         svc = r.svc
         svc.reconciler.grace = 0
         await tenant(svc.bus, "a", GpuQuota(gpus=4))
-        await settled(lambda: _limited(svc, "a"))
+        await eventually(lambda: _limited(svc, "a"))
         await record(svc, "ended", "released", "n1", [share("n1", 0)])
         await record(svc, "live", "prepared", "n1", [share("n1", 1)])
         await svc.ledger.write_node(NodeLedger(node="n1", entries={"live": entry("live", "n1", 1)}), None)

@@ -16,9 +16,12 @@ from nats.aio.msg import Msg
 
 from tessera.shared import subjects
 from tessera.shared.bus import Bus, Subscription
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.errors import PermanentError, TemporaryError
 from tessera.shared.events import ClaimReleaseRequested, claim_decoder, dlq_decoder
 from tessera.shared.settings import BusSettings
+
+from kit import eventually
 
 
 def release(claim: str) -> ClaimReleaseRequested:
@@ -32,10 +35,9 @@ async def connect(url: str, **kwargs) -> Bus:
 
 
 @pytest.fixture
-async def bus(nats_url):
-    b = await connect(nats_url, max_deliver=3, ack_wait=2)
-    yield b
-    await b.close()
+def bus_settings(nats_url) -> BusSettings:
+    """The kit's `bus` with few deliveries and a short ack wait: retries and letters come soon."""
+    return BusSettings(url=nats_url, max_deliver=3, ack_wait=2)
 
 
 def consumer(bus: Bus, handler) -> asyncio.Task:
@@ -45,33 +47,39 @@ def consumer(bus: Bus, handler) -> asyncio.Task:
     )))
 
 
-async def until(condition, timeout=20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "did not get there in time"
-        await asyncio.sleep(0.05)
-
-
 async def stop(*tasks: asyncio.Task) -> None:
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await cancel_and_wait(tasks)
+
+
+async def settled(bus: Bus) -> bool:
+    """Whether the consumer holds no message: every one delivered and acked (or terminated)."""
+    info = await bus.consumer_info(subjects.STREAM_CLAIMS, "probe")
+    return info.num_ack_pending == 0 and info.num_pending == 0
 
 
 async def refused_until(bus: Bus, claim: str, condition) -> list[int]:
     """Publish a release for ``claim`` and consume it with a handler that always refuses it for
-    good, until ``condition(deliveries)`` holds (and a little longer, for the verdict to land)."""
+    good, until ``condition(deliveries)`` holds and the bus has tried to dead-letter each delivery
+    (the verdict the test then reads)."""
     calls: list[int] = []
+    tried: list[int] = []
+    dead_letter = bus.dead_letter
 
     async def handler(event, delivery):
         calls.append(delivery.num_delivered)
         raise PermanentError("tenant is gone")
 
+    async def counted_dead_letter(*args, **kwargs):
+        try:
+            return await dead_letter(*args, **kwargs)
+        finally:
+            tried.append(1)
+
+    bus.dead_letter = counted_dead_letter  # (the bus's own, or the test's wrapper of it)
     await bus.publish(subjects.claim("t", claim, "release"), release(claim), msg_id=f"{claim}:release")
     task = consumer(bus, handler)
     try:
-        await until(lambda: condition(calls))
-        await asyncio.sleep(0.5)
+        await eventually(lambda: condition(calls) and len(tried) >= len(calls))
     finally:
         await stop(task)
     return calls
@@ -116,7 +124,8 @@ async def test_max_deliver_spent_without_a_verdict_still_leaves_a_dead_letter(bu
     """Every delivery dies with its handler (no ack, nak or term): the server gives up after
     ``max_deliver``; the bus's watch on the consumer's advisories turns that into a letter."""
     bound = consumer(bus, lambda event, delivery: asyncio.sleep(0))
-    await asyncio.sleep(0.5)  # the consumer loop has created the durable
+    # the consumer loop has created the durable (consumer_info raises until then)
+    await eventually(lambda: bus.consumer_info(subjects.STREAM_CLAIMS, "probe"))
     await stop(bound)
     watch = asyncio.create_task(bus.watch_exhausted(subjects.STREAM_CLAIMS, "probe"))
     await asyncio.sleep(0.2)
@@ -146,16 +155,18 @@ async def test_handler_past_ack_wait_keeps_its_message_from_a_peer(nats_url):
     first = await connect(nats_url, ack_wait=1, max_deliver=5)
     second = await connect(nats_url, ack_wait=1, max_deliver=5)
     calls = []
+    done = []
 
     async def slow(event, delivery):
         calls.append(delivery.num_delivered)
         await asyncio.sleep(3.5)  # well past ack_wait: only progress signals keep the message
+        done.append(delivery.num_delivered)
 
     await first.publish(subjects.claim("t", "d4", "release"), release("d4"), msg_id="d4:release")
     tasks = [consumer(first, slow), consumer(second, slow)]
     try:
-        await until(lambda: calls)
-        await asyncio.sleep(5)
+        # handled and acked; a redelivery to the peer (at ack_wait, long before) would be held by it
+        await eventually(lambda: done and settled(first))
     finally:
         await stop(*tasks)
         await first.close()

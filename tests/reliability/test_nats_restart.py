@@ -14,6 +14,8 @@ from tessera.shared.events import GpuQuota
 
 from tessera.cli.client import Client
 
+from kit import eventually
+
 
 async def test_claims_flow_again_after_nats_is_killed_and_restarted(start_cluster):
     cluster = await start_cluster("tiny.yaml")
@@ -31,14 +33,10 @@ async def test_claims_flow_again_after_nats_is_killed_and_restarted(start_cluste
 
     client = await Client.connect(cluster.url)
     try:
-        second = None
-        for _ in range(100):  # the translator may still be reconnecting
-            try:
-                second = await client.submit(api.SubmitRequest(tenant="alpha", resources={"nvidia.com/gpumem": 2000}))
-                break
-            except Exception:
-                await asyncio.sleep(0.2)
-        assert second is not None, "the translator never answered after the restart"
+        # the translator may still be reconnecting: a submit fails until it answers
+        second = await eventually(
+            lambda: client.submit(api.SubmitRequest(tenant="alpha", resources={"nvidia.com/gpumem": 2000})),
+            timeout=20, every=0.2, what="the translator answering a submit after the restart")
         record = await client.wait_for(second["claim"], {"prepared"}, timeout=60)
         assert record.devices[0].memory_mib == 2000
         state = await client.fleet()

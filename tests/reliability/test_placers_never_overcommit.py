@@ -14,10 +14,13 @@ import msgspec
 import pytest
 
 from tessera.shared import api, subjects
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.events import GpuQuota, NodeInventory
 from tessera.shared.ledger import decode_node_ledger, device_totals
 
 from tessera.cli.client import Client
+
+from kit import eventually
 
 LIVE = {"allocated", "prepared", "running"}
 
@@ -101,14 +104,15 @@ async def test_placers_racing_never_overcommit(start_cluster, replicas):
         live = {c for c, r in state.claims.items() if r.state in LIVE}
         assert set(in_ledger) == live
 
-        # Both replicas took part (each logs what it allocated every few seconds).
-        await asyncio.sleep(5.5)
-        for name in [f"placement-{i}" for i in range(replicas)]:
+        # Both replicas took part (each logs what it allocated every few seconds; its only report of it).
+        def allocated(name: str) -> int:
             text = cluster.find(name).log_path.read_text()
-            allocated = sum(int(n) for n in re.findall(r"last 5s: allocated (\d+)", text))
-            assert allocated > 0, f"{name} allocated nothing: the race was not a race"
+            return sum(int(n) for n in re.findall(r"last 5s: allocated (\d+)", text))
+
+        for name in [f"placement-{i}" for i in range(replicas)]:
+            await eventually(lambda name=name: allocated(name) > 0, timeout=30,
+                             what=f"{name} to log an allocation (else the race was not a race)")
     finally:
         if watch is not None:
-            watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
+            await cancel_and_wait([watch])
         await client.close()

@@ -15,35 +15,38 @@ from tessera.shared.events import ClaimReleaseRequested, claim_decoder, dlq_deco
 from tessera.shared.settings import BusSettings
 from tessera.shared.telemetry import Telemetry
 
+from kit import eventually
+from tessera.shared.cancelling import cancel_and_wait
+
 
 @pytest.fixture
-async def bus(nats_url):
-    b = await Bus.connect(BusSettings(url=nats_url, max_deliver=3, ack_wait=2), "test")
-    await b.ensure_topology()
-    yield b
-    await b.close()
+def bus_settings(nats_url) -> BusSettings:
+    """The kit's `bus` with few deliveries and a short ack wait: retries and letters come soon."""
+    return BusSettings(url=nats_url, max_deliver=3, ack_wait=2)
 
 
 def release(claim: str) -> ClaimReleaseRequested:
     return ClaimReleaseRequested(claim=claim, tenant="t")
 
 
-async def run_consumer(bus: Bus, handler, until, timeout=15.0, linger=0.5):
-    """Consume until ``until()`` holds, then a little longer: the loop must get to ack, nak or
-    dead-letter the message it just handled before it is cancelled."""
+async def run_consumer(bus: Bus, handler, until, timeout=15.0):
+    """Consume until ``until()`` (plain or async) holds. Where the test reads the verdict (ack, nak,
+    dead letter) of the message in hand, ``until`` waits for that verdict too: the loop must get to
+    it before it is cancelled."""
     task = asyncio.create_task(bus.consume(Subscription(
         stream=subjects.STREAM_CLAIMS, durable="probe", filter_subjects=[subjects.claims_of_kind("release")],
         decoder=claim_decoder, handler=handler,
     )))
     try:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while not until():
-            assert asyncio.get_running_loop().time() < deadline, "consumer did not get there in time"
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(linger)
+        await eventually(until, timeout=timeout, every=0.05, what="the consumer's outcome")
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await cancel_and_wait([task])
+
+
+async def settled(bus: Bus, durable: str = "probe") -> bool:
+    """Whether the consumer holds no message: every one delivered and acked (or terminated)."""
+    info = await bus.consumer_info(subjects.STREAM_CLAIMS, durable)
+    return info.num_ack_pending == 0 and info.num_pending == 0
 
 
 async def pull_request_open(bus: Bus, durable: str) -> bool:
@@ -93,9 +96,11 @@ async def test_conflict_is_retried_at_once_then_acked(bus):
             raise ConflictError("lost the CAS")
 
     await bus.publish(subjects.claim("t", "c3", "release"), release("c3"))
-    await run_consumer(bus, handler, lambda: len(calls) >= 3)
+    async def acked() -> bool:
+        return len(calls) >= 3 and await settled(bus)
+
+    await run_consumer(bus, handler, acked)
     assert calls == [1, 1, 1]  # same delivery, retried in place
-    await asyncio.sleep(0.3)
     info = await bus.consumer_info(subjects.STREAM_CLAIMS, "probe")
     assert info.num_ack_pending == 0 and info.num_redelivered == 0
 
@@ -108,8 +113,10 @@ async def test_temporary_error_is_redelivered_then_dead_lettered_at_max_deliver(
         raise TemporaryError("peer down", delay=0.05)
 
     await bus.publish(subjects.claim("t", "c4", "release"), release("c4"))
-    await run_consumer(bus, handler, lambda: len(calls) >= 3)
-    await asyncio.sleep(0.5)
+    async def lettered() -> bool:
+        return len(calls) >= 3 and bool(await dlq(bus))
+
+    await run_consumer(bus, handler, lettered)
     assert calls == [1, 2, 3]
     letters = await dlq(bus)
     assert len(letters) == 1 and "gave up after 3 deliveries" in letters[0].reason
@@ -125,8 +132,11 @@ async def test_permanent_error_and_bad_payload_go_to_dead_letter_once(bus):
 
     await bus.publish(subjects.claim("t", "c5", "release"), release("c5"))
     await bus.publish_bytes(subjects.claim("t", "c6", "release"), b'{"kind": "release", "claim": 7}')
-    await run_consumer(bus, handler, lambda: calls)
-    await asyncio.sleep(0.5)
+
+    async def both_lettered() -> bool:
+        return len(await dlq(bus)) >= 2
+
+    await run_consumer(bus, handler, both_lettered)
     letters = await dlq(bus)
     reasons = sorted(letter.reason for letter in letters)
     assert len(letters) == 2 and calls == ["c5"]
@@ -156,10 +166,8 @@ async def test_a_message_fetched_as_its_consumer_stops_neither_blocks_the_drain_
         stream=subjects.STREAM_CLAIMS, durable="probe", filter_subjects=[subjects.claims_of_kind("release")],
         decoder=claim_decoder, handler=handler,
     )))
-    while not await pull_request_open(bus, "probe"):
-        await asyncio.sleep(0.02)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await eventually(lambda: pull_request_open(bus, "probe"), every=0.02, what="the consumer's pull request open")
+    await cancel_and_wait([task])
     await bus.publish(subjects.claim("t", "c9", "release"), release("c9"))
     info = await bus.consumer_info(subjects.STREAM_CLAIMS, "probe")
     assert seen == [] and info.num_ack_pending + info.num_pending == 1

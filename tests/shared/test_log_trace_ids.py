@@ -14,6 +14,7 @@ import pytest
 
 from tessera.shared import subjects
 from tessera.shared.bus import Bus, Subscription
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.events import ClaimReleaseRequested, claim_decoder, encode
 from tessera.shared.runner import log_handler
 from tessera.shared.settings import BusSettings
@@ -61,8 +62,7 @@ async def handle_one(nats_url, telemetry: Telemetry, headers: dict[str, str] | N
         async with asyncio.timeout(15):
             await handled.wait()
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await cancel_and_wait([task])
         await bus.close()
 
 

@@ -12,19 +12,9 @@ import pytest
 from nats.js.errors import APIError
 
 from tessera.shared import subjects
-from tessera.shared.bus import Bus
 from tessera.shared.errors import TemporaryError
 from tessera.shared.events import ClaimReleaseRequested
 from tessera.shared.jspub import PublishError
-from tessera.shared.settings import BusSettings
-
-
-@pytest.fixture
-async def bus(nats_url):
-    b = await Bus.connect(BusSettings(url=nats_url), "test")
-    await b.ensure_topology()
-    yield b
-    await b.close()
 
 
 @pytest.mark.parametrize("code,err_code", [(409, 10158), (503, 0)])

@@ -10,11 +10,13 @@ import pytest
 
 from tessera.shared import subjects
 from tessera.shared.bus import BatchSubscription, Bus, Subscription
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.errors import PermanentError, TemporaryError
 from tessera.shared.events import ClaimReleaseRequested, claim_decoder
 from tessera.shared.settings import BusSettings
 from tessera.shared.telemetry import Telemetry
 
+from kit import eventually
 from test_bus_delivery import dlq
 
 
@@ -44,13 +46,25 @@ async def consume(bus: Bus, until, *, handler=None, batch_handler=None, timeout=
         bus.consume_batches(BatchSubscription(**what, handler=batch_handler)) if batch_handler is not None
         else bus.consume(Subscription(**what, handler=handler)))
     try:
-        async with asyncio.timeout(timeout):
-            while not await until():
-                await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)  # the verdict (ack, nak, letter) of the message in hand
+        await eventually(until, timeout=timeout, every=0.05)
+        # the verdict (ack or termination) of the message in hand reaches the server before the cancel
+        await eventually(lambda: settled(bus), timeout=timeout, every=0.05)
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await cancel_and_wait([task])
+
+
+async def settled(bus: Bus) -> bool:
+    info = await bus.consumer_info(subjects.STREAM_CLAIMS, "probe")
+    return info.num_ack_pending == 0 and info.num_pending == 0
+
+
+async def spans_named(spans, name: str, count: int) -> list[dict]:
+    """The spans called ``name`` once there are ``count`` of them (a span ends after its verdict)."""
+    def found() -> list[dict] | None:
+        named = [s for s in spans() if s["name"] == name]
+        return named if len(named) >= count else None
+
+    return await eventually(found, timeout=15, what=f"{count} spans {name!r}")
 
 
 async def test_a_raising_handler_ends_its_span_with_error_and_the_retry_that_succeeds_does_not(traced):
@@ -68,7 +82,7 @@ async def test_a_raising_handler_ends_its_span_with_error_and_the_retry_that_suc
         return len(calls) >= 2
 
     await consume(bus, twice, handler=handler)
-    first, second = _in_order(spans())
+    first, second = _in_order(await spans_named(spans, "test handle release", 2))
     assert first["status"] == "STATUS_CODE_ERROR"
     assert "ValueError" in first["status_message"] and "not writable" in first["status_message"]
     [event] = first["events"]
@@ -80,9 +94,8 @@ async def test_a_raising_handler_ends_its_span_with_error_and_the_retry_that_suc
         assert span["attributes"]["tessera.claim"] == "c-1" and span["attributes"]["tessera.tenant"] == "acme"
 
 
-def _in_order(spans: list[dict]) -> list[dict]:
+def _in_order(handled: list[dict]) -> list[dict]:
     """The handling spans of one message, first delivery first (each is its own span)."""
-    handled = [s for s in spans if s["name"] == "test handle release"]
     assert len(handled) >= 2, handled
     errors = [s for s in handled if s["status"] == "STATUS_CODE_ERROR"]
     fine = [s for s in handled if s["status"] != "STATUS_CODE_ERROR"]
@@ -102,7 +115,7 @@ async def test_a_dead_lettered_message_ends_its_span_with_error_and_the_reason(t
         return len(await dlq(bus)) == 1
 
     await consume(bus, lettered, handler=handler)
-    [span] = [s for s in spans() if s["name"] == "test handle release"]
+    [span] = await spans_named(spans, "test handle release", 1)
     assert span["status"] == "STATUS_CODE_ERROR"
     assert span["attributes"]["tessera.dead_letter"] == "claim c-2 belongs to tenant 'other'"
     assert span["attributes"]["tessera.claim"] == "c-2"
@@ -123,7 +136,7 @@ async def test_a_message_that_spends_max_deliver_is_dead_lettered_on_its_last_sp
         return len(await dlq(bus)) == 1
 
     await consume(bus, lettered, handler=handler)
-    handled = [s for s in spans() if s["name"] == "test handle release"]
+    handled = await spans_named(spans, "test handle release", 3)
     assert len(handled) == 3 and all(s["status"] == "STATUS_CODE_ERROR" for s in handled)
     letters = [s["attributes"].get("tessera.dead_letter") for s in handled]
     assert sorted(letters, key=bool) == [None, None, "gave up after 3 deliveries: peer down"]
@@ -144,7 +157,7 @@ async def test_a_batch_handlers_dead_letter_gets_an_error_span_in_the_messages_t
         return len(await dlq(bus)) == 1
 
     await consume(bus, lettered, batch_handler=batch_handler)
-    [span] = [s for s in spans() if s["name"] == "test dead-letter release"]
+    [span] = await spans_named(spans, "test dead-letter release", 1)
     assert span["status"] == "STATUS_CODE_ERROR"
     assert span["attributes"]["tessera.dead_letter"] == "c-4: no such tenant"
     assert span["attributes"]["tessera.claim"] == "c-4" and span["attributes"]["tessera.tenant"] == "acme"

@@ -20,6 +20,7 @@ import pytest
 
 from tessera.shared import api, subjects
 from tessera.shared.bus import Bus
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.events import ClaimRecord, ClaimSpec, TenantRecord, claim_decoder, encode
 from tessera.shared.kubeclaims import KubeClaimRef
 from tessera.shared.runner import ServiceContext
@@ -31,6 +32,7 @@ from tessera.translator.service import TranslatorService, TranslatorSettings
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "faults"))
 
 from proxy import FaultProxy  # noqa: E402
+from kit import eventually  # noqa: E402
 
 _encoder = msgspec.json.Encoder()
 # What the translator sends when it publishes a claim event of tenant alpha (the ``requested`` of a
@@ -67,11 +69,8 @@ async def heal(proxy: FaultProxy, bus: Bus) -> None:
     before = proxy.connections_accepted
     proxy.passthrough()
     proxy.cut()
-    for _ in range(400):
-        if proxy.connections_accepted > before and bus.connected:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("the client did not reconnect through the proxy")
+    await eventually(lambda: proxy.connections_accepted > before and bus.connected, timeout=20, every=0.05,
+                     what="the client reconnected through the proxy")
 
 
 def request(claim: str | None = None, mib: int = 1000) -> bytes:
@@ -182,10 +181,8 @@ async def test_cli_retries_a_submit_whose_reply_is_lost_under_the_id_it_chose(tr
 
             async def heal_after_the_first_answer():
                 await answered.wait()
-                for _ in range(400):  # the answer went out, and was dropped on its way to the CLI
-                    if cli_proxy.directions["to_client"].bytes_dropped:
-                        break
-                    await asyncio.sleep(0.01)
+                # the answer went out, and was dropped on its way to the CLI
+                await eventually(lambda: cli_proxy.directions["to_client"].bytes_dropped, timeout=4, every=0.01)
                 await heal(cli_proxy, client.bus)
 
             healer = asyncio.create_task(heal_after_the_first_answer())
@@ -194,11 +191,9 @@ async def test_cli_retries_a_submit_whose_reply_is_lost_under_the_id_it_chose(tr
             await healer
         finally:
             if healer is not None:
-                healer.cancel()
-                await asyncio.gather(healer, return_exceptions=True)
+                await cancel_and_wait([healer])
             await client.close()
-            server.cancel()
-            await asyncio.gather(server, return_exceptions=True)
+            await cancel_and_wait([server])
     assert cli_proxy.triggered.is_set() and cli_proxy.directions["to_client"].bytes_dropped > 0
     assert len(seen) == 2 and seen[0] == seen[1] == result["claim"]
     assert [e.claim for e in await requested(translator)] == [result["claim"]]
