@@ -60,7 +60,7 @@ async def test_tenant_credentials_reach_only_their_own_account(manager):
         # Its own claim events reach it (imported); another tenant's do not.
         await platform.publish("tessera.claims.beta.c2.prepared.gpu-0", b"{}")
         await platform.publish("tessera.claims.alpha.c3.prepared.gpu-0", b"{}")
-        await eventually(lambda: "tessera.claims.alpha.c3.prepared.gpu-0" in seen, timeout=5, every=0.05)
+        await eventually(lambda: "tessera.claims.alpha.c3.prepared.gpu-0" in seen, timeout=30, every=0.05)
         assert "tessera.claims.beta.c2.prepared.gpu-0" not in seen
         assert "tessera.claims.beta.c1.requested._" not in heard and "tessera.tenants.alpha.created" not in heard
     finally:

@@ -79,6 +79,8 @@ class Prometheus:
                 with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as reply:
                     if reply.status == 200:
                         return self
+            except urllib.error.HTTPError as exc:  # not ready yet (close the reply it holds)
+                exc.close()
             except OSError:
                 pass
             time.sleep(0.1)
@@ -101,7 +103,8 @@ class Prometheus:
             with urllib.request.urlopen(url, timeout=10) as reply:
                 body = json.load(reply)
         except urllib.error.HTTPError as exc:  # a bad query answers 400 with the error in the body
-            body = json.load(exc)
+            with exc:
+                body = json.load(exc)
         assert body["status"] == "success", f"{path} {params}: {body.get('error')}"
         return body["data"]
 

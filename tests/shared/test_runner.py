@@ -75,3 +75,4 @@ def test_sigterm_drains_and_exits_zero_with_probes_up_until_then(nats_url, tmp_p
             proc.kill()
             proc.wait()
         proc.stderr.close()
+

@@ -23,7 +23,9 @@ log = logging.getLogger("tessera.cli.webui")
 
 MAX_RATE = 4.0  # snapshots per second per browser, at most
 KEEPALIVE_SECONDS = 15.0
+WAKE_SECONDS = 0.5  # how soon an open event stream sees the server closing
 MODEL_KEY = web.AppKey("model", FleetModel)
+CLOSING_KEY = web.AppKey("closing", asyncio.Event)
 
 
 def page() -> bytes:
@@ -44,28 +46,40 @@ async def _events(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
                                            "X-Accel-Buffering": "no"})
     await response.prepare(request)
+    closing = request.app[CLOSING_KEY]
     seen = -1
     loop = asyncio.get_running_loop()
+    written = loop.time()
     try:
-        while True:
+        # A stream ends when the browser goes or the server closes (`_close_streams`): left to
+        # aiohttp's shutdown, it was cancelled mid-wait after its timeout, and outlived the server.
+        while not closing.is_set():
             if model.version != seen:
                 seen = model.version
                 data = json.dumps(model.snapshot(), separators=(",", ":"))
                 await response.write(f"event: fleet\nid: {seen}\ndata: {data}\n\n".encode())
+                written = loop.time()
                 await asyncio.sleep(1 / MAX_RATE)
                 continue
-            before = loop.time()
-            await model.changed(seen, timeout=KEEPALIVE_SECONDS)
-            if model.version == seen and loop.time() - before >= KEEPALIVE_SECONDS - 0.01:
+            await model.changed(seen, timeout=WAKE_SECONDS)
+            if model.version == seen and loop.time() - written >= KEEPALIVE_SECONDS:
                 await response.write(b": keep-alive\n\n")
-    except (ConnectionResetError, asyncio.CancelledError):
+                written = loop.time()
+    except ConnectionResetError:  # the browser went
         pass
     return response
+
+
+async def _close_streams(application: web.Application) -> None:
+    """At shutdown (before aiohttp waits for handlers): every open event stream returns."""
+    application[CLOSING_KEY].set()
 
 
 def app(model: FleetModel) -> web.Application:
     application = web.Application()
     application[MODEL_KEY] = model
+    application[CLOSING_KEY] = asyncio.Event()
+    application.on_shutdown.append(_close_streams)
     application.router.add_get("/", _index)
     application.router.add_get("/api/fleet", _fleet)
     application.router.add_get("/api/events", _events)

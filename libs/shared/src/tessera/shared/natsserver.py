@@ -250,6 +250,8 @@ class NatsCluster:
                     with urllib.request.urlopen(url, timeout=1) as reply:
                         if reply.status == 200:
                             break
+                except urllib.error.HTTPError as exc:  # not healthy yet (close the reply it holds)
+                    exc.close()
                 except (urllib.error.URLError, OSError):
                     pass
                 if time.monotonic() > deadline:

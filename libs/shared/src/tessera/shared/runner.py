@@ -99,6 +99,9 @@ def is_ready(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool:
     try:
         with urllib.request.urlopen(f"http://{host}:{port}/readyz", timeout=timeout) as reply:
             return reply.status == 200
+    except urllib.error.HTTPError as exc:  # 503: not ready (the error holds the open reply: close it)
+        exc.close()
+        return False
     except OSError:
         return False
 
@@ -110,7 +113,8 @@ def why_not_ready(port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> s
         with urllib.request.urlopen(f"http://{host}:{port}/readyz", timeout=timeout) as reply:
             return reply.read().decode(errors="replace")
     except urllib.error.HTTPError as exc:  # 503: the body names the gates
-        return exc.read().decode(errors="replace")
+        with exc:
+            return exc.read().decode(errors="replace")
     except OSError as exc:
         return f"no answer on /readyz ({exc})"
 
