@@ -161,8 +161,8 @@ class PkiAuthority:
         # (the CA keys made here are EC; these are the kinds that can sign a certificate at all)
         if not isinstance(ca_key, (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey, dsa.DSAPrivateKey,
                                    ed25519.Ed25519PrivateKey, ed448.Ed448PrivateKey)):
-            raise ValueError(f"the CA key is a {type(ca_key).__name__}, which cannot sign certificates: "
-                             "delete the tenant's CA secret so that a new (EC) CA is made")
+            raise ValueError(f"the CA key is a {type(ca_key).__name__}, which cannot sign certificates: remove "
+                             "that CA's certificate and key from the tenant's PKI so that a new (EC) CA is made")
         now = self.clock()
         builder = (
             x509.CertificateBuilder()
