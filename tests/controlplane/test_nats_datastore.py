@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 
 import msgspec
 import nats
 import pytest
 
 from tessera.controlplane.app import Manager
-from tessera.controlplane.datastores.natskv import connect_ok, connect_tenant
+from tessera.controlplane.datastores.natskv import NatsKvDriver, connect_ok, connect_tenant
+from tessera.controlplane.settings import ControlPlaneSettings
+from tessera.shared.settings import BusSettings
 from kit import eventually
 
 async def create(mgr: Manager, name: str) -> dict:
@@ -94,3 +97,10 @@ async def test_delete_removes_bucket_and_revokes_the_user(manager):
             await nc.jetstream(timeout=1.5).key_value("tenant-gamma")
     finally:
         await nc.close()
+
+
+def test_a_nats_url_without_a_host_is_refused_saying_what_to_set():
+    # (only the driver's URL handling: a Bus with this URL could not be connected to compare with)
+    bus = SimpleNamespace(settings=BusSettings(url="nats://:4222"))
+    with pytest.raises(ValueError, match="names no host: set TESSERA_NATS_URL to nats://<host>:<port>"):
+        NatsKvDriver.from_settings(bus, ControlPlaneSettings())

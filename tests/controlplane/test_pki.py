@@ -7,8 +7,11 @@ import base64
 import datetime as dt
 import ssl
 
+import pytest
 import yaml
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import x25519
 
 from tessera.controlplane.credentials import TenantSecrets
 from tessera.controlplane.pki import LEAVES, PkiAuthority, load_cert
@@ -95,3 +98,15 @@ def test_leaves_rotate_before_expiry_and_on_name_change_while_the_ca_stays():
     assert authority.ensure(record(certSans=["new.example.com"]), secrets, "https://x:6443", "tenant-alpha")
     assert secrets.pki["apiserver.crt"] != rotated["apiserver.crt"]
     assert secrets.pki["admin.crt"] == rotated["admin.crt"]
+
+
+def test_a_ca_key_that_cannot_sign_is_refused_saying_what_to_do():
+    secrets = TenantSecrets(tenant="alpha")
+    PkiAuthority().ensure(record(), secrets, "https://203.0.113.7:6443", "tenant-alpha")
+    pki = dict(secrets.pki)
+    pki["ca.key"] = x25519.X25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()).decode()
+    del pki["apiserver.crt"]  # so that a leaf is signed again
+    secrets.pki = pki
+    with pytest.raises(ValueError, match="X25519PrivateKey, which cannot sign certificates: remove"):
+        PkiAuthority().ensure(record(), secrets, "https://203.0.113.7:6443", "tenant-alpha")

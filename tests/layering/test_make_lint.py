@@ -133,19 +133,3 @@ def test_mypy_fails_on_a_planted_type_error(tmp_path):
     assert result.returncode != 0
     assert "planted.py:2: error: Incompatible return value type" in result.stdout
 
-
-def test_the_mypy_debt_list_names_only_modules_that_still_have_errors(tmp_path):
-    """pyproject.toml's debt list (modules mypy skips) shrinks: a module fixed must come off it."""
-    root = copy_tree(tmp_path)
-    config = (root / "pyproject.toml").read_text()
-    debt = re.search(r"^# Debt:.*?^module = \[\n(.*?)^\]\nignore_errors = true\n", config, re.M | re.S)
-    assert debt, "pyproject.toml has no mypy debt list (fine once it is gone: delete this test)"
-    listed = set(re.findall(r'"([\w.]+)"', debt.group(1)))
-    (root / "pyproject.toml").write_text(config.replace(debt.group(0), ""))
-    result = mypy(root)
-    failing = set()
-    for path in re.findall(r"^(\S+\.py):\d+: error:", result.stdout, re.M):
-        module = re.sub(r"^(libs/shared|services/\w+)/src/", "", path).removesuffix(".py").replace("/", ".")
-        failing.add(module.removesuffix(".__init__"))
-    assert listed - failing == set(), "mypy finds no error in these any more: take them off the debt list"
-    assert failing <= listed, result.stdout

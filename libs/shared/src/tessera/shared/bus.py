@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterable, Mapping, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, Literal, Mapping, TypeVar, cast, overload
 from urllib.parse import urlsplit
 
 import msgspec
@@ -110,6 +110,8 @@ class Outgoing(msgspec.Struct, frozen=True):
 
 
 ApiHandler = Callable[[bytes, Mapping[str, str]], Awaitable[bytes]]
+# A handler that is also told the subject the request arrived on (`Bus.serve`'s ``with_subject``).
+SubjectApiHandler = Callable[[str, bytes, Mapping[str, str]], Awaitable[bytes]]
 
 
 def redact(url: str) -> str:
@@ -165,6 +167,7 @@ class Bus:
         self._kv: dict[str, KeyValue] = {}
         self.consumers: dict[tuple[str, str], None] = {}  # (stream, durable) this process consumes
         self.declared = topology.declare(settings.topology())  # the streams and buckets, with their limits
+        self._state = {"closing": False}  # shared with `connect`'s callbacks: a disconnect while closing is quiet
 
     # --- connection ------------------------------------------------------------------------
 
@@ -220,7 +223,7 @@ class Bus:
 
     async def close(self) -> None:
         """Drain: finish in-flight handlers' acks and publishes, then close."""
-        getattr(self, "_state", {})["closing"] = True
+        self._state["closing"] = True
         if self._nc.is_closed:
             return
         try:  # past DRAIN_SECONDS nats-py reports DrainTimeoutError (logged by on_error) and closes
@@ -739,7 +742,15 @@ class Bus:
 
     # --- request / reply -------------------------------------------------------------------
 
+    @overload
     async def serve(self, subject: str, handler: ApiHandler, *, queue: str | None = None,
+                    with_subject: Literal[False] = False) -> None: ...
+
+    @overload
+    async def serve(self, subject: str, handler: SubjectApiHandler, *, queue: str | None = None,
+                    with_subject: Literal[True]) -> None: ...
+
+    async def serve(self, subject: str, handler: ApiHandler | SubjectApiHandler, *, queue: str | None = None,
                     with_subject: bool = False) -> None:
         """Answer requests on ``subject`` forever; each request runs in its own task and span.
 
@@ -753,10 +764,11 @@ class Bus:
                 f"{self.service} serve {subject}", parent_headers=headers, kind=SpanKind.SERVER
             ):
                 try:
+                    # (the overloads pair ``with_subject`` with the handler's signature)
                     if with_subject:
-                        reply = await handler(msg.subject, msg.data, headers)
+                        reply = await cast(SubjectApiHandler, handler)(msg.subject, msg.data, headers)
                     else:
-                        reply = await handler(msg.data, headers)
+                        reply = await cast(ApiHandler, handler)(msg.data, headers)
                 except (TemporaryError, ConflictError, nats.errors.Error, asyncio.TimeoutError) as exc:
                     # The bus went away under the handler (a NATS leader changing): say so at once,
                     # so the caller retries (every API is safe to retry) instead of waiting out its

@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable, Iterable
+from typing import Callable, Iterable, TypeVar
 
 log = logging.getLogger("tessera.cancelling")
 
 GRACE_SECONDS = 1.0
 
+_F = TypeVar("_F", bound=asyncio.Future)
 
-async def cancel_and_wait(tasks: Iterable[asyncio.Future], *, grace: float = GRACE_SECONDS,
-                          on_slow: Callable[[asyncio.Future], None] | None = None) -> None:
+
+async def cancel_and_wait(tasks: Iterable[_F], *, grace: float = GRACE_SECONDS,
+                          on_slow: Callable[[_F], None] | None = None) -> None:
     """Cancel ``tasks`` and return once every one has ended (their outcomes are left on them).
     Each task still running ``grace`` seconds after a cancel is handed to ``on_slow`` (to be
     logged) and cancelled again."""

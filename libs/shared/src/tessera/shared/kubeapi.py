@@ -23,7 +23,7 @@ import asyncio
 import json
 import random
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 import aiohttp
 from kubernetes_asyncio import client, config
@@ -50,6 +50,10 @@ def object_path(api_version: str, plural: str, name: str | None = None, namespac
 
 class KubeError(ApiException):
     """An API request that did not succeed; ``status`` is 0 when no answer came at all."""
+
+    # The answer's text, decoded once by `classify` (ApiException's is the raw bytes; `classify`
+    # takes either, and nothing here reads a KubeError's body as bytes).
+    body: str | None  # type: ignore[assignment]
 
     def __init__(self, status: int, message: str, reason: str = "", body: str | None = None) -> None:
         Exception.__init__(self, message)
@@ -160,7 +164,7 @@ class KubeApi:
         except KubeError:
             raise
         except ApiException as exc:
-            headers = exc.headers or {}
+            headers: Mapping[str, str] = exc.headers or {}
             raise classify(exc.status or 0, exc.body, headers.get("Retry-After")) from exc
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             raise _unreachable(exc) from exc

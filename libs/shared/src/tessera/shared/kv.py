@@ -163,6 +163,7 @@ class Bucket(Generic[T]):
             return None
         if not entry.value or entry.operation is not None:
             return None
+        assert entry.revision is not None  # an entry read back from the bucket always has its sequence
         return Stored(self.decode(key, entry.value), entry.revision)
 
     async def items(self, prefix: str = "") -> dict[str, Stored[T]]:

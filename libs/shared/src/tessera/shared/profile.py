@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypedDict
 
 import msgspec
 from msgspec import Meta, Struct
@@ -81,7 +81,14 @@ def gpu_uuid(node: str, index: int) -> str:
     return f"GPU-{uuid.uuid5(_UUID_NS, f'{node}/{index}')}"
 
 
-def _facts(gpu: GpuFacts) -> dict[str, str]:
+class _Facts(TypedDict):
+    """`GpuDevice`'s descriptive fields, as keyword arguments."""
+    architecture: str
+    compute_capability: str
+    driver_version: str
+
+
+def _facts(gpu: GpuFacts) -> _Facts:
     return {"architecture": gpu.architecture or "", "compute_capability": gpu.compute_capability or "",
             "driver_version": gpu.driver_version or ""}
 

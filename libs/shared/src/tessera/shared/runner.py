@@ -181,6 +181,7 @@ async def serve(settings: ServiceSettings, build: Build, *, stop: asyncio.Event 
         if settings.http_port:
             tasks["probes"] = _probe_server(ctx)
         if settings.metrics_port:
+            assert ctx.metrics is not None  # ServiceContext.__post_init__ made it
             tasks["metrics"] = ctx.metrics.serve(settings.metrics_host, settings.metrics_port)
             tasks["metrics-refresh"] = ctx.metrics.poll(bus, settings.metrics_interval)
         log.info("%s started: %s", settings.service, ", ".join(tasks))

@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
 
 from tessera.shared.errors import ConflictError
 from tessera.shared.events import DeviceShare
@@ -53,11 +54,11 @@ def devices_attribute(devices) -> list[str]:
     return [f"{d.index}:{d.uuid}:{d.memory_mib}MiB:{d.cores}%" for d in devices if isinstance(d, DeviceShare)]
 
 
-def claim_attributes(item: object) -> dict[str, object]:
+def claim_attributes(item: object) -> dict[str, AttributeValue]:
     """The claim attributes an event or record carries (claim, tenant, node, devices), by field
     name: any Struct with those fields, so a new claim event needs nothing here. A node of ``_``
     (none yet) and empty lists are left out."""
-    attrs: dict[str, object] = {}
+    attrs: dict[str, AttributeValue] = {}
     claim = getattr(item, "claim", None)
     if not isinstance(claim, str) or not claim:
         return attrs
@@ -75,7 +76,7 @@ def claim_attributes(item: object) -> dict[str, object]:
 
 
 def decided(item: object, decision: str, reason: str = "", *, span: Span | None = None,
-            **extra: object) -> None:
+            **extra: AttributeValue | None) -> None:
     """What the handling of ``item`` (an event or record) came to, on ``span`` (the current span
     by default): its claim attributes, ``tessera.decision`` and ``tessera.decision.reason``, and
     ``extra`` attributes (names above). Costs nothing on a span that records nothing."""
@@ -134,7 +135,7 @@ class Telemetry:
         *,
         parent_headers: Mapping[str, str] | None = None,
         kind: SpanKind = SpanKind.INTERNAL,
-        attributes: Mapping[str, object] | None = None,
+        attributes: Mapping[str, AttributeValue] | None = None,
     ) -> Iterator[Span]:
         """A span; when ``parent_headers`` carry a traceparent, the span continues that trace."""
         ctx = extract(parent_headers) if parent_headers is not None else None

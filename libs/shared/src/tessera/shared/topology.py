@@ -143,8 +143,11 @@ def _differences(current: api.StreamConfig, wanted: api.StreamConfig) -> dict[st
 
 async def _apply(js: JetStreamContext, wanted: api.StreamConfig) -> str:
     """Create ``wanted`` or bring an existing stream's managed fields to it; what was done."""
+    name = wanted.name
+    if name is None:  # both callers name it (`Topology.stream_config`, `bucket_config`)
+        raise ValueError("a stream config without a name: give its StreamSpec or BucketSpec one")
     try:
-        info = await js.stream_info(wanted.name)
+        info = await js.stream_info(name)
     except nats.js.errors.NotFoundError:
         try:
             await js.add_stream(wanted)
@@ -152,7 +155,7 @@ async def _apply(js: JetStreamContext, wanted: api.StreamConfig) -> str:
         except nats.js.errors.APIError as exc:
             if exc.err_code != 10058:  # 10058: created by a peer meanwhile; compare with theirs below
                 raise _refused(wanted, exc) from None
-            info = await js.stream_info(wanted.name)
+            info = await js.stream_info(name)
     current = info.config
     if current.storage is not None and wanted.storage is not None and current.storage != wanted.storage:
         log.warning("%s is stored in %s, the settings ask for %s: a stream's storage cannot change in place "

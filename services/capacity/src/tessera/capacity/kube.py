@@ -80,8 +80,9 @@ class SliceWriter:
         log.info("ResourceSlice %s %s: %d GPUs, pool generation %d", slice_name(inv.node), why, len(want), generation)
         return generation
 
-    async def read(self, nodes: Iterable[str]) -> dict[str, dict]:
-        """Our slices of ``nodes`` as the API server holds them (slice name -> object), in one list."""
+    async def read(self, nodes: Iterable[str]) -> dict[str | None, dict]:
+        """Our slices of ``nodes`` as the API server holds them (slice name -> object), in one list.
+        (Keyed by what metadata.name holds: None for an object without one, which no server lists.)"""
         items, _ = await self.api.list(COLLECTION, LABEL_SELECTOR, field_selector(nodes))
         return {(o.get("metadata") or {}).get("name"): o for o in items}
 
@@ -90,7 +91,7 @@ class SliceWriter:
 
         (An edit that takes our labels off a slice reaches this label-selected watch as a DELETED.)"""
         nodes = list(nodes)
-        by_slice = {slice_name(n): n for n in nodes}
+        by_slice: dict[str | None, str] = {slice_name(n): n for n in nodes}  # (looked up by metadata.name)
         while True:
             try:
                 async for kind, obj in self.api.watch(COLLECTION, label_selector=LABEL_SELECTOR,

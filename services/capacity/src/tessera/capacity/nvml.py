@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Any, TypedDict
 
 import pynvml
 
@@ -40,7 +41,7 @@ _ARCH_BY_CODE = {getattr(pynvml, f"NVML_DEVICE_ARCH_{k}"): v for k, v in _ARCHIT
                  if hasattr(pynvml, f"NVML_DEVICE_ARCH_{k}")}
 
 
-def _optional(query, *args) -> object | None:
+def _optional(query, *args) -> Any | None:  # (pynvml has no types: its answers are Any)
     """An NVML query an older driver (or a GPU model) may not support: None instead of an error."""
     try:
         return query(*args)
@@ -48,7 +49,15 @@ def _optional(query, *args) -> object | None:
         return None
 
 
-def _facts(handle, driver_version: str) -> dict[str, str]:
+class _Facts(TypedDict):
+    """`GpuDevice`'s descriptive fields, as keyword arguments."""
+    architecture: str
+    compute_capability: str
+    driver_version: str
+    pci_bus_id: str
+
+
+def _facts(handle, driver_version: str) -> _Facts:
     arch = _optional(pynvml.nvmlDeviceGetArchitecture, handle)
     capability = _optional(pynvml.nvmlDeviceGetCudaComputeCapability, handle)
     pci = _optional(pynvml.nvmlDeviceGetPciInfo, handle)

@@ -75,6 +75,7 @@ class CapacityService:
 
     async def start(self) -> dict:
         self.kv = await self.bus.kv(subjects.KV_INVENTORY)
+        assert self.ctx.metrics is not None  # ServiceContext.__post_init__ made it
         self.ctx.metrics.add(CapacityMetrics(self))
         announced = self.ctx.gate("announced")
         tasks = {
@@ -121,7 +122,8 @@ class CapacityService:
         with self.ctx.telemetry.span("capacity announce", attributes={NODE: inv.node}):
             await self.kv.put(inv.node, encode(inv))
             await self.bus.publish(subjects.inventory(inv.node), inv, msg_id=f"{inv.node}:inventory:{inv.generation}")
-            decided(inv, "announced", f"{len(inv.devices)} GPUs, generation {inv.generation}", **{NODE: inv.node})
+            decided(inv, "announced", f"{len(inv.devices)} GPUs, generation {inv.generation}", span=None,
+                    **{NODE: inv.node})  # (span=None: the current one; named, so the ** is only attributes)
 
     async def _heartbeats(self, announced) -> None:
         generation = int(time.time())
@@ -226,7 +228,7 @@ class CapacityService:
                 NodeLost(node=node, last_seen=seen, reason=why),
                 msg_id=f"{node}:lost:{int(time.time())}",
             )
-            decided(None, "lost", why, **{NODE: node})
+            decided(None, "lost", why, span=None, **{NODE: node})
 
     async def _restore(self, node: str) -> None:
         self.lost.discard(node)
@@ -235,6 +237,7 @@ class CapacityService:
             entry = await self.kv.get(node)
         except Exception:
             return
+        assert entry.value is not None  # this bucket holds only encoded inventories, never an empty value
         inv = _inventory_record.decode(entry.value)
         if not is_lost(inv):
             return

@@ -20,7 +20,7 @@ from typing import Callable
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tessera.controlplane.credentials import TenantSecrets
@@ -158,6 +158,11 @@ class PkiAuthority:
     def _leaf(self, ca_pem: str, ca_key_pem: str, key, subject: x509.Name, usage, sans) -> x509.Certificate:
         ca = load_cert(ca_pem)
         ca_key = serialization.load_pem_private_key(ca_key_pem.encode(), password=None)
+        # (the CA keys made here are EC; these are the kinds that can sign a certificate at all)
+        if not isinstance(ca_key, (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey, dsa.DSAPrivateKey,
+                                   ed25519.Ed25519PrivateKey, ed448.Ed448PrivateKey)):
+            raise ValueError(f"the CA key is a {type(ca_key).__name__}, which cannot sign certificates: remove "
+                             "that CA's certificate and key from the tenant's PKI so that a new (EC) CA is made")
         now = self.clock()
         builder = (
             x509.CertificateBuilder()

@@ -80,7 +80,8 @@ def desired_status(obj: dict[str, Any], record: TenantControlPlane | None, refus
         Condition(type="Ready", status="True" if ready else "False", reason=status.reason or status.phase,
                   message=status.message, observed_generation=generation),
         Condition(type="Valid", status="False" if invalid else "True", reason="InvalidSpec" if invalid else "Accepted",
-                  message=f"{refused.field}: {refused}" if invalid else "", observed_generation=generation),
+                  message=f"{refused.field}: {refused}" if refused is not None and invalid else "",
+                  observed_generation=generation),
     ]
     # a condition keeps its transition time while its status stays what it was
     before = {c.get("type"): c for c in ((obj.get("status") or {}).get("conditions") or [])}
@@ -168,7 +169,7 @@ class TenantResources:
         for name in await self.store.controlplanes.keys():
             stored = await self.store.controlplanes.get(name)
             ref = stored.value.resource if stored is not None else None
-            if ref is not None and (ref.namespace, ref.name) not in present:
+            if stored is not None and ref is not None and (ref.namespace, ref.name) not in present:
                 log.warning("tenant %s: its TenantControlPlane %s/%s is gone; removing it", name, ref.namespace,
                             ref.name)
                 await self._remove(name, stored.value)

@@ -37,20 +37,22 @@ class SpecError(ValueError):
 
 
 class _Spec(Struct, forbid_unknown_fields=True, kw_only=True, rename="camel", frozen=True):
-    """Base of every spec document: camelCase names, unknown fields rejected."""
+    """Base of every spec document: camelCase names, unknown fields rejected.
+    (Each subclass says ``frozen=True`` again, which msgspec inherits anyway: mypy reads a subclass
+    without it as a mutable one.)"""
 
 
-class Amount(_Spec):
+class Amount(_Spec, frozen=True):
     cpu_millis: Annotated[int, Meta(ge=10, le=64000)]
     memory_mib: Annotated[int, Meta(ge=16, le=262144)]
 
 
-class Resources(_Spec):
+class Resources(_Spec, frozen=True):
     requests: Amount
     limits: Amount
 
 
-class ComponentResources(_Spec):
+class ComponentResources(_Spec, frozen=True):
     """Explicit per-component resources; any component left out is filled from the size class."""
 
     api_server: Resources | None = None
@@ -59,12 +61,12 @@ class ComponentResources(_Spec):
     datastore_shim: Resources | None = None
 
 
-class KubernetesSpec(_Spec):
+class KubernetesSpec(_Spec, frozen=True):
     version: KubernetesVersion = "v1.33.1"
     replicas: Annotated[int, Meta(ge=1, le=5)] = 2
 
 
-class NetworkProfile(_Spec):
+class NetworkProfile(_Spec, frozen=True):
     service_type: ServiceType = "ClusterIP"
     address: str = ""  # the advertised address; empty: the Service's cluster DNS name
     port: Annotated[int, Meta(ge=1, le=65535)] = 6443
@@ -76,11 +78,11 @@ class NetworkProfile(_Spec):
     node_cidrs: list[Cidr] = []
 
 
-class DatastoreRef(_Spec):
+class DatastoreRef(_Spec, frozen=True):
     driver: Driver = "nats"
 
 
-class QuotaSpec(_Spec):
+class QuotaSpec(_Spec, frozen=True):
     """GPU quota; a field left out means unlimited in that dimension."""
 
     gpus: Annotated[int, Meta(ge=0, le=100000)] | None = None
@@ -95,7 +97,7 @@ class QuotaSpec(_Spec):
         return cls(gpus=quota.gpus, memory_mib=quota.memory_mib, cores=quota.cores)
 
 
-class TenantControlPlaneSpec(_Spec):
+class TenantControlPlaneSpec(_Spec, frozen=True):
     kubernetes: KubernetesSpec = KubernetesSpec()
     size: SizeClass = "small"
     resources: ComponentResources = ComponentResources()

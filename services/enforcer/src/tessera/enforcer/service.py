@@ -70,6 +70,7 @@ class EnforcerService:
         self.lost = lostmod.LostNodes(me=settings.node, delay=settings.lost_reclaim_seconds)
         self.gate = UsageGate(heartbeat=settings.usage_heartbeat_seconds)
         self.metrics = EnforcerMetrics(settings.node, ctx.settings.metrics_legacy)
+        assert ctx.metrics is not None  # ServiceContext.__post_init__ made it
         ctx.metrics.add(self.metrics)  # served by the runner's metrics listener (tessera.shared.metrics)
 
     async def start(self) -> dict:
@@ -304,7 +305,7 @@ class EnforcerService:
             await self.ledger.release(node, record.claim)
             return False
         await self._finish_release(done, node=node, resumed=False)
-        decided(record, "released", reason, **{NODE: node})
+        decided(record, "released", reason, span=None, **{NODE: node})  # (span=None: the current one)
         log.info("released %s on %s (%s)", record.claim, node, reason)
         return True
 

@@ -43,6 +43,7 @@ from functools import partial
 from itertools import count
 from math import floor
 from operator import attrgetter
+from types import ModuleType
 from typing import Any
 
 from tessera.shared.events import ClaimSpec, DeviceShare, LedgerEntry
@@ -70,12 +71,14 @@ _WARM_STEP = 8  # class evaluations per `warm` call: a short step even on a cold
 
 # The fragmentation-aware index entries compiled (_fgdcore.c: same arithmetic, same memo tables,
 # bit-identical entries); None where it was not built, and the Python below runs instead.
+_core: ModuleType | None
 try:
-    from . import _fgdcore as _core
+    from . import _fgdcore
 except ImportError:  # pragma: no cover - depends on the build machine
     _core = None
 else:
-    _core.configure(_BY_BUCKET, _NO_FIT, _FCACHE_CAP, _CACHE_CAP)
+    _fgdcore.configure(_BY_BUCKET, _NO_FIT, _FCACHE_CAP, _CACHE_CAP)
+    _core = _fgdcore
 COMPILED_CORE = _core is not None
 
 
@@ -143,7 +146,8 @@ class Placer:
             raise RuntimeError("the compiled placement core (tessera.placement._fgdcore) is not built here")
         self._core = _core if compiled is not False else None
         if self._core is not None:
-            self._gvec = partial(self._core.gvec, self)  # (what _fragb and _fluid call, compiled)
+            # (what _fragb and _fluid call, compiled: the instance's attribute shadows the method)
+            self._gvec = partial(self._core.gvec, self)  # type: ignore[method-assign]
         self.rng = _random.Random(seed)
         self.typical = typical
         if paper_ties not in ("name", "random"):
@@ -247,7 +251,9 @@ class Placer:
         if g is None:
             return None
         term, positions = g
-        return (POLICY[node_policy].node_score(term, c, m, cls.cpu_total or 1, cls.mem_total or 1, d), positions)
+        node_score = POLICY[node_policy].node_score
+        assert node_score is not None  # a baseline policy (the only ones that come here) has its scorer
+        return (node_score(term, c, m, cls.cpu_total or 1, cls.mem_total or 1, d), positions)
 
     def _gpu_part(self, devs: tuple, d: Demand, node_policy: str, gpu_policy: str):
         states = self.fleet.states.states
@@ -261,7 +267,9 @@ class Placer:
                                                  bisect_right(self.tables.mem_steps, 0))
         else:
             positions, after = (), devs
-        return (POLICY[node_policy].node_term(states, devs, after, positions, d), positions)
+        node_term = POLICY[node_policy].node_term
+        assert node_term is not None  # a baseline policy (the only ones that come here) has its GPU term
+        return (node_term(states, devs, after, positions, d), positions)
 
     def _fgd_entry(self, cls: NodeClass, d: Demand, gpu_policy: str):
         """FGD's index entry for a class. The GPU choice and the change in fragmentation depend on
@@ -586,6 +594,7 @@ class Placer:
             # go to the tighter fit: less GPU left, then less CPU left.
             score: tuple = (_tied(delta), left, cpu_after / (cpu_total or 1))
         elif pol.node_term is not None:
+            assert pol.node_score is not None  # (a baseline policy has both: `policies`)
             score = pol.node_score(pol.node_term(states, devs, after, positions, d), cpu_free, mem_free,
                                    cpu_total or 1, mem_total or 1, d)
         else:  # random: feasibility only
@@ -702,9 +711,9 @@ class Placer:
             for n in self.fleet.nodes.values():
                 if n.lost or n.name in exclude or (d.node is not None and n.name != d.node):
                     continue
-                cls = n.cls
-                assert cls is not None  # live nodes are classified
-                r = paper.score(cls.devs, cls.cpu_free, cls.mem_free, d, self._mask(n, d))
+                node_cls = n.cls
+                assert node_cls is not None  # live nodes are classified
+                r = paper.score(node_cls.devs, node_cls.cpu_free, node_cls.mem_free, d, self._mask(n, d))
                 if r is None or r[0] < best:
                     continue
                 if r[0] > best:

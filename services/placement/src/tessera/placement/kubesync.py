@@ -93,6 +93,7 @@ class ClaimStatusSync:
             queued = self.queued_at.pop(claim, None)
             if job is None:
                 continue
+            assert queued is not None  # `submit` sets a claim's latest job and its queueing time together
             lock, users = self.locks.get(claim, (asyncio.Lock(), 0))
             self.locks[claim] = (lock, users + 1)
             try:

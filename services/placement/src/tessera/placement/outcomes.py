@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import msgspec
 
@@ -61,9 +61,10 @@ class OutcomeWriter:
         now = time.time()
         records = [msgspec.structs.replace(unleased(a.record), state="allocated", node=a.node,
                                            devices=list(a.entry.shares), reason="", updated=now) for a in items]
-        fast = [i for i, a in enumerate(items) if a.revision]
-        revisions = await svc.claims.replace_many([(records[i], items[i].revision) for i in fast]) if fast else []
-        written: dict[int, ClaimRecord | None] = {i: records[i] for i, rev in zip(fast, revisions) if rev is not None}
+        fast = [(i, a.revision) for i, a in enumerate(items) if a.revision]  # (index, the revision it was read at)
+        revisions = await svc.claims.replace_many([(records[i], read) for i, read in fast]) if fast else []
+        written: dict[int, ClaimRecord | None] = {i: records[i] for (i, _), rev in zip(fast, revisions)
+                                                  if rev is not None}
         out: list[BaseException | bool] = [True] * len(items)
         now, latency = time.time(), svc.metrics.allocated.observe
         for i, a in enumerate(items):
@@ -113,6 +114,7 @@ class OutcomeWriter:
                 return None
             new = msgspec.structs.replace(unleased(current), state="allocated", node=a.node,
                                           devices=list(a.entry.shares), reason="", updated=time.time())
+            assert revision is not None  # ClaimStore.get gives a record with its revision
             if await svc.claims.replace(new, revision) is not None:
                 return new
 
@@ -132,16 +134,15 @@ class OutcomeWriter:
                 at.append(i)
         records = [msgspec.structs.replace(unleased(r.record), state="unschedulable", reason=r.reason, updated=now)
                    for r in news]
-        fast = [i for i, r in enumerate(news) if r.revision]
-        revisions = await svc.claims.replace_many([(records[i], news[i].revision) for i in fast]) if fast else []
-        written = {i for i, rev in zip(fast, revisions) if rev is not None}
+        fast = [(i, r.revision) for i, r in enumerate(news) if r.revision]  # (index, the revision it was read at)
+        revisions = await svc.claims.replace_many([(records[i], read) for i, read in fast]) if fast else []
+        written = {i for (i, _), rev in zip(fast, revisions) if rev is not None}
         out: list[BaseException | None] = [None] * len(items)
         announce = []
         for i, r in enumerate(news):
             if i not in written:
                 try:
-                    done = await svc.claims.transition(
-                        r.event.claim, "unschedulable", lambda rec, why=r.reason: msgspec.structs.replace(unleased(rec), reason=why))
+                    done = await svc.claims.transition(r.event.claim, "unschedulable", _refused_because(r.reason))
                 except Exception as exc:
                     out[at[i]] = exc
                     continue
@@ -156,3 +157,8 @@ class OutcomeWriter:
         if announce:
             await svc.bus.publish_many(announce)
         return out
+
+
+def _refused_because(reason: str) -> Callable[[ClaimRecord], ClaimRecord]:
+    """The update that records a refusal: the record unleased, with its reason."""
+    return lambda rec: msgspec.structs.replace(unleased(rec), reason=reason)

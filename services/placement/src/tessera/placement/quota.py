@@ -7,6 +7,8 @@ is committed, so two placement replicas cannot both squeeze a tenant past its li
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 from tessera.shared.events import GpuQuota
 
 
@@ -25,7 +27,7 @@ def over_quota(quota: GpuQuota, held: GpuQuota, amount: GpuQuota) -> str | None:
     return "tenant quota exceeded: " + ", ".join(problems)
 
 
-def has_limits(quota: GpuQuota | None) -> bool:
+def has_limits(quota: GpuQuota | None) -> TypeGuard[GpuQuota]:
     return quota is not None and any(
         v is not None for v in (quota.gpus, quota.memory_mib, quota.cores)
     )

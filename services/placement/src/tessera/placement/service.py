@@ -110,6 +110,7 @@ class PlacementService:
         self.releases = Releases(self)
         self.kube: ClaimStatusSync | None = None
         self.reconciler = Reconciler(self, settings.reconcile_seconds, settings.reconcile_grace_seconds)
+        assert ctx.metrics is not None  # ServiceContext.__post_init__ made it
         self.metrics = PlacementMetrics(self, ctx.metrics, ctx.settings.metrics_legacy)
 
     @property
@@ -135,7 +136,7 @@ class PlacementService:
             writer = KubeWriter(timeout=self.settings.kube_timeout_seconds, instance=self.ctx.settings.instance)
             self.kube = ClaimStatusSync(writer, self._give_back, workers=self.settings.kube_workers,
                                         retry_seconds=self.settings.kube_retry_seconds)
-            tasks["kube-status"] = self._run_kube(writer)
+            tasks["kube-status"] = self._run_kube(self.kube, writer)
         return tasks | {
             "watch-inventory": self._watch(subjects.KV_INVENTORY, self.view.on_inventory, open_inventory),
             "watch-ledger": self._watch(subjects.KV_LEDGER, self.view.on_ledger, open_ledger),
@@ -158,9 +159,9 @@ class PlacementService:
             await asyncio.sleep(0.05)
         await idlework.run(self.placer)
 
-    async def _run_kube(self, writer) -> None:
+    async def _run_kube(self, sync: ClaimStatusSync, writer) -> None:
         try:
-            await self.kube.run()
+            await sync.run()
         finally:
             await writer.close()
 
@@ -306,13 +307,15 @@ class PlacementService:
             event, delivery = items[i]
             if "traceparent" in delivery.headers:
                 self.traces[event.claim] = delivery.headers["traceparent"]
-        leasing = await self._send_leases([items[i][0] for i in fast])
+        requested = [e for i in fast if isinstance(e := items[i][0], ClaimRequested)]
+        assert len(requested) == len(fast)  # `_fast` takes only ClaimRequested
+        leasing = await self._send_leases(requested)
         lost_races: list[int] = []
         try:
-            decided = []
+            decided: list[tuple[int, ClaimRequested, Placement | Rejection, LedgerEntry | None, dict[str, str]]] = []
             observe = self.metrics.decided_batch.observe
-            for i in fast:
-                event, delivery = items[i]
+            for i, event in zip(fast, requested):
+                delivery = items[i][1]
                 with self.ctx.telemetry.span("placement handle requested", parent_headers=delivery.headers,
                                              kind=SpanKind.CONSUMER) as span:
                     started = time.perf_counter()
@@ -324,22 +327,22 @@ class PlacementService:
                 if not isinstance(decision, Rejection):
                     entry = ledger_entry(event.claim, event.tenant, event.spec, decision)
                     self.view.book(decision.node, entry)
-                decided.append((i, decision, entry, headers))
+                decided.append((i, event, decision, entry, headers))
         finally:
             leased = await leasing  # also when deciding failed: no write is left unawaited
 
         booked: list[tuple[int, Allocation]] = []
         rejected: list[tuple[int, Refusal]] = []
         moved: set[str] = set()
-        for (i, decision, entry, headers), (record, revision) in zip(decided, leased):
-            event = items[i][0]
+        for (i, event, decision, entry, headers), (record, revision) in zip(decided, leased):
             if revision is None:  # the record moved (a peer leased it, a release): decide it again, leased
                 lost_races.append(i)
                 if entry is not None:
                     moved.add(event.claim)
-            elif entry is None:
+            elif isinstance(decision, Rejection):  # (its entry is None)
                 rejected.append((i, Refusal(event, decision.reason, decision.filtered, record, revision, headers)))
             else:
+                assert entry is not None  # booked above for every placement
                 booked.append((i, Allocation(event, decision.node, entry, record, revision, headers)))
         if moved:
             self.view.unbook_all(moved)
@@ -367,9 +370,9 @@ class PlacementService:
             else:
                 writes.append((i, allocation))
         if writes:
-            for (i, _), outcome in zip(writes, await self.outcomes.allocated([a for _, a in writes])):
-                if isinstance(outcome, BaseException):
-                    outcomes[i] = outcome
+            for (i, _), allocated in zip(writes, await self.outcomes.allocated([a for _, a in writes])):
+                if isinstance(allocated, BaseException):
+                    outcomes[i] = allocated
 
         async def one(i: int, raise_conflict: bool = False) -> None:
             event, delivery = items[i]
@@ -441,21 +444,25 @@ class PlacementService:
             record = self._requested_record(event)
             revision: int | None = event.record_revision
         else:
-            record, revision = await self.claims.get(event.claim)
-            if record is None:
+            stored, revision = await self.claims.get(event.claim)
+            if stored is None:
                 record = ClaimRecord(claim=event.claim, tenant=event.tenant, state="requested", spec=event.spec,
                                      kube=event.kube)
                 revision = await self.claims.create(record)
                 if revision is None:
                     raise ConflictError(f"{event.claim} was created concurrently")
-            elif record.tenant != event.tenant:
-                raise PermanentError(f"claim {event.claim} belongs to tenant {record.tenant!r}, not {event.tenant!r}: "
-                                     "a tenant can only place its own claims (pick a claim id of your own)")
-            elif record.spec != event.spec or record.kube != event.kube:
-                # A peer's waiting claim: its record holds the spec and the ResourceClaim.
-                event = msgspec.structs.replace(event, spec=record.spec, kube=record.kube or event.kube)
-                if event.claim in self.pending:
-                    self.pending[event.claim] = event
+            else:
+                record = stored
+                if record.tenant != event.tenant:
+                    raise PermanentError(f"claim {event.claim} belongs to tenant {record.tenant!r}, not "
+                                         f"{event.tenant!r}: a tenant can only place its own claims (pick a claim "
+                                         "id of your own)")
+                if record.spec != event.spec or record.kube != event.kube:
+                    # A peer's waiting claim: its record holds the spec and the ResourceClaim.
+                    event = msgspec.structs.replace(event, spec=record.spec, kube=record.kube or event.kube)
+                    if event.claim in self.pending:
+                        self.pending[event.claim] = event
+        assert revision is not None  # (ClaimStore.get gives a record with its revision)
         # From here until its outcome is written this replica alone places the claim (lease.py).
         record, revision = await lease.take(self.claims, self.placer_id, record, revision)
         if owner_of(record.state, "allocated") != "placement" or record.release_requested:
@@ -498,10 +505,10 @@ class PlacementService:
         if has_limits(quota):
             usage, quota_revision = await self.ledger.read_tenant(event.tenant)
             if event.claim not in usage.claims:
-                reason = over_quota(quota, tenant_totals(usage), claim_quota(entry))
-                if reason:
-                    spans.settled(event, "unschedulable", reason, placer=self.placer)
-                    await self._unschedulable(event, reason, {"quota": 1}, record, revision)
+                over = over_quota(quota, tenant_totals(usage), claim_quota(entry))
+                if over:
+                    spans.settled(event, "unschedulable", over, placer=self.placer)
+                    await self._unschedulable(event, over, {"quota": 1}, record, revision)
                     return False
                 await self.ledger.reserve_quota(event.tenant, event.claim, claim_quota(entry), usage, quota_revision)
         try:

@@ -80,6 +80,7 @@ class TranslatorService:
         # Kubernetes path: events whose record change is written but which are not on the stream
         # yet, by message id (see ``flush``).
         self.unpublished: dict[str, tuple[str, msgspec.Struct]] = {}
+        assert ctx.metrics is not None  # ServiceContext.__post_init__ made it
         claims = ctx.metrics.counter(
             "tessera_translator_claims",
             "claim requests by where they came from (api: submit requests; kubernetes: ResourceClaims) and "
@@ -147,7 +148,8 @@ class TranslatorService:
             async def tenant_check(namespace: str) -> str | None:
                 tenant = claimflow.namespace_tenant(await cluster.namespace(namespace))
                 problem = claimflow.tenant_problem(namespace, tenant)
-                if problem is None and not await self._tenant_exists(tenant):
+                # (tenant_problem finds none only in a tenant that is named)
+                if problem is None and tenant is not None and not await self._tenant_exists(tenant):
                     problem = (f'namespace "{namespace}" names the tenant {tenant!r} ({TENANT_LABEL}), which does '
                                f"not exist in Tessera: create it with 'tessera tenant create {tenant}', or correct "
                                f"the Namespace's {TENANT_LABEL}")
@@ -305,7 +307,9 @@ class TranslatorService:
             return rejected, api.error(reason, field="tenant", code="not-found")
         refused = await self._record_and_request(event)
         if refused is not None:
-            decided(event, "refused", api.decode_reply(refused[1]).error.message)
+            error = api.decode_reply(refused[1]).error
+            assert error is not None  # the reply is an api.error's (`_record_and_request`)
+            decided(event, "refused", error.message)
             return refused
         decided(event, "requested")
         log.info("claim %s for tenant %s requested: %s", event.claim, event.tenant, spec)
@@ -334,6 +338,7 @@ class TranslatorService:
                 _, revision = await self.claims.get(event.claim)
                 fresh = ClaimRequested(claim=existing.claim, tenant=existing.tenant, spec=existing.spec,
                                        source="api", kube=existing.kube, record_revision=revision or 0)
+            assert fresh is not None  # `_record` gives the event when it is not given an existing record
             await self._publish_requested(fresh)
         except Exception as exc:  # a timeout or lost connection of the bucket or the stream: outcome unknown
             return "unavailable", api.error(f"{exc!r}: the claim may or may not be recorded; submit again with claim id "

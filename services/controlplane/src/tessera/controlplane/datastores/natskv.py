@@ -132,8 +132,11 @@ class NatsKvDriver:
     @classmethod
     def from_settings(cls, bus: Bus, settings: ControlPlaneSettings) -> "NatsKvDriver":
         parts = urlsplit(bus.settings.servers[0])  # a cluster: its first member
+        if parts.hostname is None:
+            raise ValueError(f"the NATS URL {parts.scheme}://{parts.path} names no host: set TESSERA_NATS_URL "
+                             "to nats://<host>:<port> (or TESSERA_CP_NATS_TENANT_URL to the tenants' URL)")
         bare = urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
-        users = None
+        users: UsersFile | None = None  # (UsersSecret is one)
         if settings.nats_users_secret:
             from tessera.controlplane.kube import UsersSecret
 

@@ -62,12 +62,24 @@ def _timed(pods: list[TracePod]) -> list[TracePod]:
     return timed
 
 
+def _born(p: TracePod) -> int:
+    """A timed pod's creation time (the replay sees only pods `_timed` kept: both times set)."""
+    assert p.creation_time is not None
+    return p.creation_time
+
+
+def _lifetime(p: TracePod) -> int:
+    """A timed pod's lifetime in trace seconds, at least 1."""
+    assert p.creation_time is not None and p.deletion_time is not None
+    return max(1, p.deletion_time - p.creation_time)
+
+
 def window(pods: list[TracePod], skip: float = WINDOW_SKIP) -> tuple[list[TracePod], int, int]:
     """The pods of the replayed window (arrival order), its start and its length in trace seconds."""
     timed = sorted(_timed(pods), key=lambda p: (p.creation_time, p.name))
-    start = timed[int(skip * len(timed))].creation_time
-    kept = [p for p in timed if p.creation_time >= start]
-    length = kept[-1].creation_time - start
+    start = _born(timed[int(skip * len(timed))])
+    kept = [p for p in timed if _born(p) >= start]
+    length = _born(kept[-1]) - start
     if length <= 0:
         raise ValueError("the pod list's arrivals all fall at one instant: nothing to replay")
     return kept, start, length
@@ -78,7 +90,7 @@ def compression(pods: list[TracePod], capacity: int, load: float) -> float:
     time mean, over the measured passes, of the GPUs every pod would hold if it ran on arrival for
     its lifetime. Found by bisection (more compression, more pods alive at once)."""
     kept, t0, length = window(pods)
-    work = [(p.gpu_units, p.creation_time - t0, max(1, p.deletion_time - p.creation_time)) for p in kept]
+    work = [(p.gpu_units, _born(p) - t0, _lifetime(p)) for p in kept]
 
     def offered(k: float) -> float:
         period = length / k
@@ -117,11 +129,11 @@ def replay(nodes: list[TraceNode], pods: list[TracePod], policy: str, load: floa
     mix.observe_all(demands[p] for p in timed)
     typical = TypicalPods(demands[p] for p in timed) if policy == PAPER_FGD else None
     placer = Placer(fleet, policy, mix=mix, learn=False, seed=seed, fluid_memory=True, typical=typical)
-    lives = sorted(max(1, p.deletion_time - p.creation_time) for p in timed)
+    lives = sorted(_lifetime(p) for p in timed)
     unit = float(lives[len(lives) // 2])
     n = len(timed)
     period = length / k
-    arrivals = [((p.creation_time - t0) / k + r * period, r * n + i, p)
+    arrivals = [((_born(p) - t0) / k + r * period, r * n + i, p)
                 for r in range(PASSES) for i, p in enumerate(timed)]
     arrivals.sort(key=lambda a: a[:2])
     horizon = PASSES * period
@@ -163,7 +175,7 @@ def replay(nodes: list[TraceNode], pods: list[TracePod], policy: str, load: floa
         fleet.commit(r.node, LedgerEntry(claim=f"p{i}", tenant="bench", shares=r.shares, cpu_millis=d.cpu,
                                          host_memory_mib=d.hostmem, ts=0.0))
         allocated += p.gpu_units
-        heapq.heappush(departures, (now + max(1, p.deletion_time - p.creation_time), i, r.node))
+        heapq.heappush(departures, (now + _lifetime(p), i, r.node))
         return True
 
     ai = 0

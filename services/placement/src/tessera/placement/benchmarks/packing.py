@@ -29,6 +29,7 @@ import resource
 import statistics
 import sys
 import time
+from typing import Iterator
 from pathlib import Path
 
 from tessera.shared.events import LedgerEntry
@@ -228,7 +229,7 @@ def run_families(args: argparse.Namespace) -> int:
     return 0
 
 
-_seed_of: dict[tuple, list[int]] = {}
+_seed_of: dict[tuple, dict[int, float]] = {}  # (family, level, policy) -> seed -> unallocated %
 
 
 def _per_seed(got: dict, fam: str, lv: int, ours: str, base: str) -> str:
@@ -306,6 +307,7 @@ def run_placement(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     results: dict[str, list[dict]] = {p: [] for p in policies}
     n_jobs = max(1, min(args.jobs or os.cpu_count() or 1, len(jobs)))
+    it: Iterator[dict]
     if n_jobs == 1:
         it = map(_job, jobs)
         pool = None
@@ -359,7 +361,7 @@ def run_placement(args: argparse.Namespace) -> int:
 # --- dynamic ------------------------------------------------------------------------------------
 
 
-def _dyn_job(args: tuple):
+def _dyn_job(args: tuple) -> dynamic.ReplayResult:
     policy, load, seed = args
     return dynamic.replay(_nodes, _pods, policy, load, seed, fleet_of=build_fleet)
 
@@ -380,6 +382,7 @@ def run_dynamic(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     n_jobs = max(1, min(args.jobs or os.cpu_count() or 1, len(jobs)))
     got = {}
+    it: Iterator[dynamic.ReplayResult]
     if n_jobs == 1:
         it = map(_dyn_job, jobs)
         pool = None
@@ -450,7 +453,7 @@ def _speed_one(nodes_path: str, pods_path: str, size: int, policy: str, seed: in
         placer = Placer(fleet, policy, mix=mix, learn=False, seed=seed, fluid_memory=fluid_memory)
         demands = {p: pod_demand(p) for p in _pods}
         lat: list[float] = []
-        phase_at = []
+        phase_at: list[int] = []
         arrived = 0.0
         clock = time.perf_counter
         for i, p in enumerate(tasks):
