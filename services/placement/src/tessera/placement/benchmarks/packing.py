@@ -29,7 +29,7 @@ import resource
 import statistics
 import sys
 import time
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 from pathlib import Path
 
 from tessera.shared.events import LedgerEntry
@@ -159,13 +159,17 @@ def _variant(family: str, level: int) -> list[TracePod]:
     return v
 
 
-def _pool_map(jobs: list[tuple], n_jobs: int):
+T = TypeVar("T")
+
+
+def _pool_map(job: Callable[[tuple], T], jobs: list[tuple], n_jobs: int) -> Iterator[T]:
+    """`job` over `jobs` in `n_jobs` forked workers (in this process for one), results as they come."""
     if n_jobs == 1:
-        yield from map(_job, jobs)
+        yield from map(job, jobs)
         return
     pool = mp.get_context("fork").Pool(n_jobs)
     try:
-        yield from pool.imap_unordered(_job, jobs)
+        yield from pool.imap_unordered(job, jobs)
     finally:
         pool.close()
         pool.join()
@@ -190,7 +194,7 @@ def run_families(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     got: dict[tuple, list[float]] = {}
     n_jobs = max(1, min(args.jobs or os.cpu_count() or 1, len(jobs)))
-    for k, r in enumerate(_pool_map(jobs, n_jobs), 1):
+    for k, r in enumerate(_pool_map(_job, jobs, n_jobs), 1):
         got.setdefault((r["family"], r["level"], r["policy"]), []).append(r["unallocated_pct_at_100"])
         _seed_of.setdefault((r["family"], r["level"], r["policy"]), {})[r["seed"]] = r["unallocated_pct_at_100"]
         print(f"[{k}/{len(jobs)} {time.perf_counter() - t0:6.1f}s] {r['family']} {r['level']} {r['policy']} "
@@ -307,23 +311,11 @@ def run_placement(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     results: dict[str, list[dict]] = {p: [] for p in policies}
     n_jobs = max(1, min(args.jobs or os.cpu_count() or 1, len(jobs)))
-    it: Iterator[dict]
-    if n_jobs == 1:
-        it = map(_job, jobs)
-        pool = None
-    else:
-        pool = mp.get_context("fork").Pool(n_jobs)
-        it = pool.imap_unordered(_job, jobs)
-    try:
-        for k, r in enumerate(it, 1):
-            results[r["policy"]].append(r)
-            print(f"[{k}/{len(jobs)} {time.perf_counter() - t0:6.1f}s] {r['policy']:<20} seed {r['seed']}: "
-                  f"unallocated {r['unallocated_pct_at_100']:.2f}% at 100% arrival, "
-                  f"{r['decisions_per_s']:,.0f} decisions/s", file=sys.stderr, flush=True)
-    finally:
-        if pool is not None:
-            pool.close()
-            pool.join()
+    for k, r in enumerate(_pool_map(_job, jobs, n_jobs), 1):
+        results[r["policy"]].append(r)
+        print(f"[{k}/{len(jobs)} {time.perf_counter() - t0:6.1f}s] {r['policy']:<20} seed {r['seed']}: "
+              f"unallocated {r['unallocated_pct_at_100']:.2f}% at 100% arrival, "
+              f"{r['decisions_per_s']:,.0f} decisions/s", file=sys.stderr, flush=True)
     capacity = sum(n.gpus for n in _nodes)
     out = {"nodes": args.nodes, "pods": args.pods, "node_count": len(_nodes), "gpus": capacity,
            "seeds": seeds, "learn": args.learn, "policies": {}}
@@ -382,22 +374,10 @@ def run_dynamic(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     n_jobs = max(1, min(args.jobs or os.cpu_count() or 1, len(jobs)))
     got = {}
-    it: Iterator[dynamic.ReplayResult]
-    if n_jobs == 1:
-        it = map(_dyn_job, jobs)
-        pool = None
-    else:
-        pool = mp.get_context("fork").Pool(n_jobs)
-        it = pool.imap_unordered(_dyn_job, jobs)
-    try:
-        for r in it:
-            got[(r.policy, r.load)] = r
-            print(f"[{len(got)}/{len(jobs)} {time.perf_counter() - t0:6.1f}s] {r.policy} load {r.load:g}: "
-                  f"served {r.served_pct:.2f}%", file=sys.stderr, flush=True)
-    finally:
-        if pool is not None:
-            pool.close()
-            pool.join()
+    for r in _pool_map(_dyn_job, jobs, n_jobs):
+        got[(r.policy, r.load)] = r
+        print(f"[{len(got)}/{len(jobs)} {time.perf_counter() - t0:6.1f}s] {r.policy} load {r.load:g}: "
+              f"served {r.served_pct:.2f}%", file=sys.stderr, flush=True)
     capacity = sum(n.gpus for n in _nodes)
     arrivals = next(iter(got.values())).pods
     lines = [f"Dynamic replay: {len(_nodes):,} nodes, {capacity:,} GPUs, {arrivals:,} pod arrivals ({dynamic.PASSES} "
