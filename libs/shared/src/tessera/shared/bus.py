@@ -400,9 +400,9 @@ class Bus:
 
     # --- consuming -------------------------------------------------------------------------
 
-    async def consume(self, subscription: Subscription[E], *, ready: asyncio.Event | None = None) -> None:
+    async def consume(self, subscription: Subscription[E]) -> None:
         """Run ``subscription``'s durable pull consumer forever, one handler call per message;
-        returns only by cancellation. ``ready`` is set once the consumer is bound."""
+        returns only by cancellation."""
         if not isinstance(subscription, Subscription):
             raise TypeError(f"consume takes a Subscription, got {type(subscription).__name__}"
                             + (": a BatchSubscription goes to consume_batches"
@@ -422,10 +422,9 @@ class Bus:
             else:
                 await asyncio.gather(*(one(m) for m in msgs), return_exceptions=True)
 
-        await self._consume(subscription, max_deliver, handle, ready)
+        await self._consume(subscription, max_deliver, handle)
 
-    async def consume_batches(self, subscription: BatchSubscription[E], *,
-                              ready: asyncio.Event | None = None) -> None:
+    async def consume_batches(self, subscription: BatchSubscription[E]) -> None:
         """Run ``subscription``'s durable pull consumer forever, one handler call per fetched batch;
         returns only by cancellation. Each item's outcome settles its message exactly as if a
         handler of one message had raised it (`tessera.shared.subscriptions.verdict`)."""
@@ -437,10 +436,10 @@ class Bus:
         async def handle(msgs: list[Msg]) -> None:
             await self._handle_batch(msgs, subscription, max_deliver)
 
-        await self._consume(subscription, max_deliver, handle, ready)
+        await self._consume(subscription, max_deliver, handle)
 
     async def _consume(self, subscription: Subscription[Any] | BatchSubscription[Any], max_deliver: int,
-                       handle: Callable[[list[Msg]], Awaitable[None]], ready: asyncio.Event | None) -> None:
+                       handle: Callable[[list[Msg]], Awaitable[None]]) -> None:
         stream = subscription.stream
         config = api.ConsumerConfig(
             durable_name=subscription.durable,
@@ -455,16 +454,14 @@ class Bus:
         self.consumers[(stream, subscription.durable)] = None
         watch = asyncio.create_task(self.watch_exhausted(stream, subscription.durable))
         try:
-            await self._consume_loop(sub, stream, config, subscription.batch, handle, ready)
+            await self._consume_loop(sub, stream, config, subscription.batch, handle)
         finally:
             watch.cancel()
             await asyncio.gather(watch, return_exceptions=True)
 
     async def _consume_loop(self, sub, stream: str, config: api.ConsumerConfig, batch: int,
-                            handle: Callable[[list[Msg]], Awaitable[None]], ready: asyncio.Event | None) -> None:
+                            handle: Callable[[list[Msg]], Awaitable[None]]) -> None:
         durable = config.durable_name
-        if ready is not None:
-            ready.set()
         try:
             while True:
                 try:
