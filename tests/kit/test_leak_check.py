@@ -8,6 +8,7 @@ the run) naming its task, a test that stops its task with `cancel_and_wait` pass
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -69,8 +70,10 @@ def test_a_test_that_leaks_a_task_fails_naming_it(tmp_path):
     (tmp_path / "pytest.ini").write_text("[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n"
                                          "filterwarnings = error\naddopts = --strict-markers\n")
     (tmp_path / "test_planted.py").write_text(PLANTED)
+    # (the outer run's PYTEST_ADDOPTS, a --basetemp above tmp_path for one, is not the planted run's)
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
     run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", str(tmp_path)],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
     out = run.stdout + run.stderr
     assert run.returncode == 1, out
     # The leaking test itself passed; its teardown is the error that fails the run.
