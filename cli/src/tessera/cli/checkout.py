@@ -1,47 +1,18 @@
-"""Where the Tessera checkout is, for the commands that use its files (profiles/, .run/, docs/,
-deploy/k8s/, bench/): found by its marker files, never by counting parent directories.
-
-The checkout is the directory that holds the workspace's ``pyproject.toml`` (project
-``tessera-workspace``) next to the ``Makefile``. It is looked for upwards from this module (an
-editable install, or a virtual environment inside the checkout) and then from the working
-directory (an install elsewhere, run from inside the repository).
+"""The Tessera checkout for the commands that use its files (profiles/, .run/, docs/, deploy/k8s/,
+bench/): `tessera.shared.checkout` finds it by its marker files; here, the usage error of a command
+that needs it when there is none.
 """
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+from tessera.shared.checkout import MARKERS, WORKSPACE_PROJECT, default_starts, find, is_checkout
 
 from tessera.cli import exitcodes
 from tessera.cli.errors import CliError
 
-WORKSPACE_PROJECT = "tessera-workspace"
-MARKERS = ("pyproject.toml", "Makefile")
-
-
-def is_checkout(path: Path) -> bool:
-    if not all((path / marker).is_file() for marker in MARKERS):
-        return False
-    try:
-        project = tomllib.loads((path / "pyproject.toml").read_text()).get("project", {})
-    except (OSError, tomllib.TOMLDecodeError):
-        return False
-    return project.get("name") == WORKSPACE_PROJECT
-
-
-def default_starts() -> tuple[Path, Path]:
-    """Where the search begins: this module's directory, then the working directory."""
-    return Path(__file__).resolve().parent, Path.cwd().resolve()
-
-
-def find(starts: tuple[Path, ...] | None = None) -> Path | None:
-    """The checkout's root: the first directory, going up from each start in turn, that holds the
-    markers; None when there is none."""
-    for start in starts or default_starts():
-        for path in (start, *start.parents):
-            if is_checkout(path):
-                return path
-    return None
+__all__ = ["MARKERS", "WORKSPACE_PROJECT", "default_starts", "find", "is_checkout", "require"]
 
 
 def require(what: str, starts: tuple[Path, ...] | None = None) -> Path:

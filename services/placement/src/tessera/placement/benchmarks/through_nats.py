@@ -34,7 +34,7 @@ from statistics import median
 
 import msgspec
 
-from tessera.shared import subjects
+from tessera.shared import checkout, subjects
 from tessera.shared.bus import Bus, Outgoing
 from tessera.shared.claimstore import ClaimStore
 from tessera.shared.events import ClaimRecord, ClaimRequested, ClaimSpec, NodeInventory, TenantRecord, encode
@@ -44,15 +44,13 @@ from tessera.shared.settings import BusSettings
 
 from tessera.placement.benchmarks.trace import load_nodes, load_pods, node_inventory
 
+
 def _openb_dir() -> Path:
-    """The openb trace: $TESSERA_OPENB_DIR, else shared/data/openb beside the checkout (the directory
-    above the one holding the Makefile and services/)."""
+    """The openb trace: $TESSERA_OPENB_DIR, else shared/data/openb beside the checkout."""
     if os.environ.get("TESSERA_OPENB_DIR"):
         return Path(os.environ["TESSERA_OPENB_DIR"])
-    for d in Path(__file__).resolve().parents:
-        if (d / "Makefile").is_file() and (d / "services").is_dir():
-            return d.parent / "shared" / "data" / "openb"
-    return Path("shared/data/openb")
+    root = checkout.find()
+    return (root.parent if root else Path.cwd()) / "shared" / "data" / "openb"
 
 
 DEFAULT_DATA = _openb_dir()
