@@ -14,24 +14,11 @@ import msgspec
 from rich.console import Console
 
 from tessera.shared import api
-from tessera.shared.hami_names import (
-    GPU,
-    GPU_POLICY,
-    GPUCORES,
-    GPUMEM,
-    GPUMEM_PERCENTAGE,
-    NODE_POLICY,
-    NOUSE_GPUTYPE,
-    NOUSE_GPUUUID,
-    PRIORITY,
-    USE_GPUTYPE,
-    USE_GPUUUID,
-)
 
 from tessera.cli import exitcodes, views
 from tessera.cli.client import Client
 from tessera.cli.errors import CliError
-from tessera.cli.gpuflags import annotations_from, resources_from
+from tessera.cli.gpuflags import add_gpu_flags, annotations_from, resources_from
 from tessera.cli.options import add_output_arg, client_command
 
 console = Console()
@@ -41,17 +28,7 @@ err = Console(stderr=True)
 def register(sub: argparse._SubParsersAction) -> None:
     s = client_command(sub, "submit", "ask for GPUs (HAMi resource names as flags)")
     s.add_argument("--tenant", required=True)
-    s.add_argument("--gpus", type=int, default=1, help=f"{GPU}: number of GPUs (default 1)")
-    s.add_argument("--gpumem", type=int, help=f"{GPUMEM}: MiB per GPU")
-    s.add_argument("--gpumem-percent", type=int, help=f"{GPUMEM_PERCENTAGE}: percent of each card's memory")
-    s.add_argument("--gpucores", type=int, help=f"{GPUCORES}: percent of SMs per GPU (100 = exclusive)")
-    s.add_argument("--priority", type=int, help=PRIORITY)
-    s.add_argument("--use-gputype", help=USE_GPUTYPE)
-    s.add_argument("--nouse-gputype", help=NOUSE_GPUTYPE)
-    s.add_argument("--use-gpuuuid", help=USE_GPUUUID)
-    s.add_argument("--nouse-gpuuuid", help=NOUSE_GPUUUID)
-    s.add_argument("--node-policy", help=NODE_POLICY)
-    s.add_argument("--gpu-policy", help=GPU_POLICY)
+    add_gpu_flags(s)
     s.add_argument("--claim", help="your own claim id (makes retries idempotent)")
     s.add_argument("--node", help="pin the claim to one node")
     s.add_argument("--wait", action="store_true", help="wait until the claim is prepared or unschedulable")

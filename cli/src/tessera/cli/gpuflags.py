@@ -5,6 +5,9 @@ The names themselves are `tessera.shared.hami_names`, the words the translator r
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Collection
+
 from tessera.shared.hami_names import (
     GPU,
     GPU_POLICY,
@@ -19,12 +22,35 @@ from tessera.shared.hami_names import (
     USE_GPUUUID,
 )
 
-# argparse destination -> the resource it asks for (--gpus is always sent: GPU)
-RESOURCE_FLAGS = (("gpumem", GPUMEM), ("gpumem_percent", GPUMEM_PERCENTAGE), ("gpucores", GPUCORES),
-                  ("priority", PRIORITY))
-# argparse destination -> the annotation it sets (a command defines the ones it offers)
-ANNOTATION_FLAGS = (("use_gputype", USE_GPUTYPE), ("nouse_gputype", NOUSE_GPUTYPE), ("use_gpuuuid", USE_GPUUUID),
-                    ("nouse_gpuuuid", NOUSE_GPUUUID), ("node_policy", NODE_POLICY), ("gpu_policy", GPU_POLICY))
+# Each GPU flag once: (option, the HAMi name it sets, what it means). Resources are numbers, sent
+# only when given (--gpus always: GPU); annotations are text. A command offers all or some of them.
+MEMORY_FLAGS = (("--gpumem", GPUMEM, "MiB per GPU"),
+                ("--gpumem-percent", GPUMEM_PERCENTAGE, "percent of each card's memory"))
+RESOURCES = (*MEMORY_FLAGS,
+             ("--gpucores", GPUCORES, "percent of SMs per GPU (100 = exclusive)"),
+             ("--priority", PRIORITY, "the task's priority"))
+ANNOTATIONS = (("--use-gputype", USE_GPUTYPE, "only these GPU models (comma-separated)"),
+               ("--nouse-gputype", NOUSE_GPUTYPE, "not these GPU models (comma-separated)"),
+               ("--use-gpuuuid", USE_GPUUUID, "only these GPUs (comma-separated UUIDs)"),
+               ("--nouse-gpuuuid", NOUSE_GPUUUID, "not these GPUs (comma-separated UUIDs)"),
+               ("--node-policy", NODE_POLICY, "binpack | spread"),
+               ("--gpu-policy", GPU_POLICY, "binpack | spread | ..."))
+RESOURCE_FLAGS = tuple((option[2:].replace("-", "_"), name) for option, name, _ in RESOURCES)
+ANNOTATION_FLAGS = tuple((option[2:].replace("-", "_"), name) for option, name, _ in ANNOTATIONS)
+
+
+def add_gpu_flags(parser: argparse.ArgumentParser, *, offered: Collection[str] | None = None,
+                  exclusive_memory: bool = False) -> None:
+    """--gpus and the GPU flags in ``offered`` (all by default); with ``exclusive_memory``,
+    --gpumem and --gpumem-percent cannot both be given."""
+    parser.add_argument("--gpus", type=int, default=1, help=f"{GPU}: number of GPUs (default 1)")
+    memory = parser.add_mutually_exclusive_group() if exclusive_memory else parser
+    for option, name, meaning in (*RESOURCES, *ANNOTATIONS):
+        if offered is not None and option not in offered:
+            continue
+        target = memory if any(option == m for m, _, _ in MEMORY_FLAGS) else parser
+        kind = {"type": int} if any(option == r for r, _, _ in RESOURCES) else {}
+        target.add_argument(option, help=f"{name}: {meaning}", **kind)
 
 
 def resources_from(args) -> dict[str, int]:

@@ -42,13 +42,12 @@ from rich.console import Console
 
 from tessera.shared import api, subjects
 from tessera.shared.events import ClaimPrepared, ClaimRecord, ClaimRunning, claim_decoder
-from tessera.shared.hami_names import GPU, GPU_POLICY, GPUCORES, GPUMEM, GPUMEM_PERCENTAGE, USE_GPUUUID
 from tessera.shared.workload import OWNER_LOCK_VAR, RUN_CLAIM_PREFIX
 
 from tessera.cli import exitcodes
 from tessera.cli.client import Client
 from tessera.cli.errors import CliError
-from tessera.cli.gpuflags import annotations_from, resources_from
+from tessera.cli.gpuflags import add_gpu_flags, annotations_from, resources_from
 from tessera.cli.options import add_identity_args
 
 err = Console(stderr=True)
@@ -69,13 +68,8 @@ def register(sub) -> None:
         epilog="example: tessera run --tenant alpha --gpumem 8000 --gpucores 30 -- python train.py",
     )
     p.add_argument("--tenant", required=True)
-    p.add_argument("--gpus", type=int, default=1, help=f"{GPU}: number of GPUs (default 1)")
-    mem = p.add_mutually_exclusive_group()
-    mem.add_argument("--gpumem", type=int, help=f"{GPUMEM}: MiB per GPU")
-    mem.add_argument("--gpumem-percent", type=int, help=f"{GPUMEM_PERCENTAGE}: percent of each card's memory")
-    p.add_argument("--gpucores", type=int, help=f"{GPUCORES}: percent of SMs per GPU (100 = exclusive)")
-    p.add_argument("--use-gpuuuid", help=f"{USE_GPUUUID}: only these GPUs (comma-separated UUIDs)")
-    p.add_argument("--gpu-policy", help=f"{GPU_POLICY}: binpack | spread | ...")
+    add_gpu_flags(p, offered=("--gpumem", "--gpumem-percent", "--gpucores", "--use-gpuuuid", "--gpu-policy"),
+                  exclusive_memory=True)
     p.add_argument("--node", help="the node to run on (default: $TESSERA_NODE, else the hostname)")
     add_identity_args(p)
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the claim to be prepared")
