@@ -148,15 +148,19 @@ def collect(cls: type[S], env: Mapping[str, str] | None = None, **given: Any) ->
     # The relations are still checked, with each bad variable at its default; a field without one
     # (a required variable) is missing, and a check that reads it stops there.
     partial = object.__new__(cls)
+    missing = set()
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if f.name in values or _has_default(f):
             object.__setattr__(partial, f.name, values[f.name] if f.name in values else _default(f))
+        else:
+            missing.add(f.name)
     found = []
     try:
         for problem in partial.check():
             found.append(problem)
-    except AttributeError:
-        pass
+    except AttributeError as exc:
+        if exc.name not in missing:  # a mistake in check() itself, not a required variable left unset
+            raise
     return None, problems + found
 
 
