@@ -46,11 +46,10 @@ class ServiceContext:
     telemetry: Telemetry
     gates: dict[str, bool] = field(default_factory=dict)
     extra_routes: list[web.RouteDef] = field(default_factory=list)
-    metrics: ServiceMetrics | None = None  # made from the settings when not given
+    metrics: ServiceMetrics = field(init=False)  # made from the settings
 
     def __post_init__(self) -> None:
-        if self.metrics is None:
-            self.metrics = ServiceMetrics(self.settings.service, getattr(self.settings, "instance", ""))
+        self.metrics = ServiceMetrics(self.settings.service, getattr(self.settings, "instance", ""))
 
     def gate(self, name: str) -> Callable[[], None]:
         """Declare a readiness gate; call the returned function when it opens."""
@@ -181,7 +180,6 @@ async def serve(settings: ServiceSettings, build: Build, *, stop: asyncio.Event 
         if settings.http_port:
             tasks["probes"] = _probe_server(ctx)
         if settings.metrics_port:
-            assert ctx.metrics is not None  # ServiceContext.__post_init__ made it
             tasks["metrics"] = ctx.metrics.serve(settings.metrics_host, settings.metrics_port)
             tasks["metrics-refresh"] = ctx.metrics.poll(bus, settings.metrics_interval)
         log.info("%s started: %s", settings.service, ", ".join(tasks))

@@ -75,7 +75,6 @@ class CapacityService:
 
     async def start(self) -> dict:
         self.kv = await self.bus.kv(subjects.KV_INVENTORY)
-        assert self.ctx.metrics is not None  # ServiceContext.__post_init__ made it
         self.ctx.metrics.add(CapacityMetrics(self))
         announced = self.ctx.gate("announced")
         tasks = {

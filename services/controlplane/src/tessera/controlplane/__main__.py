@@ -32,7 +32,6 @@ async def build(ctx: ServiceContext, settings: ControlPlaneSettings) -> Mapping[
     tasks.update(manager.root_tasks(on_first=converged))
     if ctx.settings.metrics_port:  # the books are kept only for a listener to serve
         books = TenantBooks(ctx.bus)
-        assert ctx.metrics is not None  # ServiceContext.__post_init__ made it
         ctx.metrics.add(books)
         tasks.update(books.tasks())
     return tasks

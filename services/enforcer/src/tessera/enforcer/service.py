@@ -70,7 +70,6 @@ class EnforcerService:
         self.lost = lostmod.LostNodes(me=settings.node, delay=settings.lost_reclaim_seconds)
         self.gate = UsageGate(heartbeat=settings.usage_heartbeat_seconds)
         self.metrics = EnforcerMetrics(settings.node, ctx.settings.metrics_legacy)
-        assert ctx.metrics is not None  # ServiceContext.__post_init__ made it
         ctx.metrics.add(self.metrics)  # served by the runner's metrics listener (tessera.shared.metrics)
 
     async def start(self) -> dict:

@@ -110,7 +110,6 @@ class PlacementService:
         self.releases = Releases(self)
         self.kube: ClaimStatusSync | None = None
         self.reconciler = Reconciler(self, settings.reconcile_seconds, settings.reconcile_grace_seconds)
-        assert ctx.metrics is not None  # ServiceContext.__post_init__ made it
         self.metrics = PlacementMetrics(self, ctx.metrics, ctx.settings.metrics_legacy)
 
     @property

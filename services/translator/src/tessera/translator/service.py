@@ -80,7 +80,6 @@ class TranslatorService:
         # Kubernetes path: events whose record change is written but which are not on the stream
         # yet, by message id (see ``flush``).
         self.unpublished: dict[str, tuple[str, msgspec.Struct]] = {}
-        assert ctx.metrics is not None  # ServiceContext.__post_init__ made it
         claims = ctx.metrics.counter(
             "tessera_translator_claims",
             "claim requests by where they came from (api: submit requests; kubernetes: ResourceClaims) and "
