@@ -1,11 +1,13 @@
 """Where the nodes a capacity publisher serves come from: a fleet profile, or this machine's NVML.
 
-Its own module because it runs twice: as the settings' check, before anything connects (a broken
-profile or a machine without NVML stops the publisher naming the cause), and when the service starts.
+Its own module because two steps ask for it: the settings' check, before anything connects (a broken
+profile or a machine without NVML stops the publisher naming the cause), and the service's start,
+which gets the nodes that check found (remembered per settings, not read or probed again).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from tessera.shared import profile as profiles
@@ -18,6 +20,15 @@ if TYPE_CHECKING:
 
 def discover(settings: CapacitySettings) -> list[NodeInventory]:
     """The nodes to announce; a ConfigError (a `ProfileError` among them) says what is wrong."""
+    return list(_discovered(settings))
+
+
+@functools.lru_cache(maxsize=4)  # (a failure is not remembered: it raises again)
+def _discovered(settings: CapacitySettings) -> tuple[NodeInventory, ...]:
+    return tuple(_discover(settings))
+
+
+def _discover(settings: CapacitySettings) -> list[NodeInventory]:
     if settings.discovery == "nvml":
         from tessera.capacity.nvml import discover_local_node
 
