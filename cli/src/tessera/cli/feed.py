@@ -45,18 +45,26 @@ async def follow(bus: Bus, model: FleetModel, ready: asyncio.Event | None = None
     """Load, then keep ``model`` current until cancelled."""
     await load(bus, model)
     watchers = [await (await bus.kv(b)).watchall() for b in BUCKETS]
-    usage_sub = await _follow_usage(bus, model)
-    tasks = [asyncio.create_task(_drain(b, w, model), name=f"watch-{b}") for b, w in zip(BUCKETS, watchers)]
-    if ready is not None:
-        ready.set()
+    initial = [asyncio.Event() for _ in BUCKETS]
+    tasks = [asyncio.create_task(_drain(b, w, model, caught_up), name=f"watch-{b}")
+             for b, w, caught_up in zip(BUCKETS, watchers, initial)]
+    # Ready means current: every watch has delivered the values its bucket held when it began, so
+    # whatever was written before `follow` got here is in the model (a view drawn now shows it).
+    caught_up = asyncio.ensure_future(asyncio.gather(*(e.wait() for e in initial)))
+    usage_sub = None
     try:
+        done, _ = await asyncio.wait([*tasks, caught_up], return_when=asyncio.FIRST_COMPLETED)
+        if caught_up in done:
+            usage_sub = await _follow_usage(bus, model)
+            if ready is not None:
+                ready.set()
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for task in done:
             task.result()  # a watch that ended raises here: the caller's root task ends with it
     finally:
-        for task in tasks:
+        for task in (*tasks, caught_up):
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, caught_up, return_exceptions=True)
         for w in watchers:
             with contextlib.suppress(Exception):
                 await w.stop()
@@ -65,9 +73,10 @@ async def follow(bus: Bus, model: FleetModel, ready: asyncio.Event | None = None
                 await usage_sub.unsubscribe()
 
 
-async def _drain(bucket: str, watcher, model: FleetModel) -> None:
+async def _drain(bucket: str, watcher, model: FleetModel, caught_up: asyncio.Event) -> None:
     async for entry in watcher:
         if entry is None:  # the end of the initial values
+            caught_up.set()
             continue
         deleted = entry.operation in ("DEL", "PURGE")
         model.apply(bucket, entry.key, None if deleted else entry.value, entry.revision)

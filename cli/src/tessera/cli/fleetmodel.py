@@ -11,6 +11,7 @@ itself. The snapshot's fields are documented in docs/cli.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from typing import Any
@@ -55,7 +56,7 @@ class FleetModel:
         self.skipped: Counter[str] = Counter()  # values that did not decode, by bucket
         self._revisions: dict[tuple[str, str], int] = {}
         self.version = 0
-        self._cond: asyncio.Condition | None = None
+        self._next: asyncio.Event | None = None  # set (and replaced) by the next change
 
     # --- feeding ------------------------------------------------------------------------------
 
@@ -108,24 +109,17 @@ class FleetModel:
 
     def _bump(self) -> None:
         self.version += 1
-        if self._cond is not None:
-            cond = self._cond
-
-            async def notify() -> None:
-                async with cond:
-                    cond.notify_all()
-
-            asyncio.get_running_loop().create_task(notify())
+        if self._next is not None:  # wakes every waiter now, in this call (no task to schedule)
+            self._next.set()
+            self._next = None
 
     async def changed(self, after: int, timeout: float | None = None) -> int:
         """Wait until ``version`` passes ``after`` (or ``timeout``); returns the version."""
-        if self._cond is None:
-            self._cond = asyncio.Condition()
-        async with self._cond:
-            try:
-                await asyncio.wait_for(self._cond.wait_for(lambda: self.version > after), timeout)
-            except asyncio.TimeoutError:
-                pass
+        if self.version <= after:
+            if self._next is None:
+                self._next = asyncio.Event()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._next.wait(), timeout)
         return self.version
 
     # --- reading ------------------------------------------------------------------------------

@@ -98,6 +98,7 @@ async def cmd_top(args) -> int:
                             await asyncio.sleep(0.25)  # at most four redraws a second
                         else:
                             waiter.cancel()
+                    live.update(render(model))  # the frame left on the screen is the fleet as it is now
                 finally:
                     stopper.cancel()
     finally:
