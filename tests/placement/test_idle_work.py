@@ -14,7 +14,7 @@ import pytest
 
 from fleetkit import inventory
 from kit import eventually
-from tessera.placement import idlework
+from tessera.placement import engine, idlework
 from tessera.placement.engine import Placer
 from tessera.placement.fleet import Fleet
 from tessera.shared.cancelling import cancel_and_wait
@@ -101,3 +101,78 @@ def test_an_index_begun_ahead_is_finished_by_the_claim_that_comes_first():
         a, b = placer.place("y", "team-a", spec), reference.place("y", "team-a", spec)
         assert (a.node, a.shares, a.score) == (b.node, b.shares, b.score)
     assert not placer.warm()
+
+
+def _wide_placer(**kw) -> Placer:
+    """A fleet of many distinct node classes (CPU sizes differ), so that scoring it is many
+    evaluations."""
+    fleet = Fleet()
+    for i in range(120):
+        fleet.upsert_node(inventory(f"w{i:03d}", gpus=2 + i % 3, cpu_millis=16000 + 1000 * i))
+    return Placer(fleet, fluid_memory=True, learn=False, **kw)
+
+
+def _count_evaluations(placer: Placer) -> list[int]:
+    """Classes scored from now on, per call of the placer's entries (current and later indexes)."""
+    counted: list[int] = []
+    entries = placer._entries
+
+    def counting(classes, *rest):
+        classes = list(classes)
+        counted.append(len(classes))
+        return entries(classes, *rest)
+
+    placer._entries = counting  # type: ignore[method-assign]  (what an index made later takes)
+    placer.index.entries = counting
+    return counted
+
+
+def test_a_staged_mix_decides_on_the_indexes_before_it_until_its_own_are_built():
+    placer, before, after = (_wide_placer(staged_mix=True), _wide_placer(), _wide_placer())
+    for p in (placer, before, after):
+        for spec in SHAPES:
+            p.place("x", "team-a", spec)
+    old = placer._epoch
+    for p in (placer, after):
+        p.mix.observe_all(p.demand(s) for s in SHAPES)  # republished ('before' keeps the old mix)
+    counted = _count_evaluations(placer)
+    # the claims right after the republish: the old mix's indexes decide, and each decision spends
+    # a bounded step on the new mix's (not a score of the whole fleet per shape)
+    for spec in SHAPES:
+        a, b = placer.place("y", "team-a", spec), before.place("y", "team-a", spec)
+        assert (a.node, a.shares, a.score) == (b.node, b.shares, b.score)
+        assert placer._epoch == old
+    assert 0 < sum(counted) <= len(SHAPES) * engine._STAGE_STEP
+    while placer.warm():  # idle steps build the rest; the mix is taken up when they are done
+        pass
+    assert placer._epoch == placer.mix.version and _current_indexes(placer) == len(SHAPES)
+    for p in (after,):
+        for spec in SHAPES:
+            p.place("y", "team-a", spec)
+    counted.clear()
+    for spec in SHAPES:  # now decided as by a placer that took the mix up at once
+        a, b = placer.place("z", "team-a", spec), after.place("z", "team-a", spec)
+        assert (a.node, a.shares, a.score) == (b.node, b.shares, b.score)
+    assert sum(counted) <= len(SHAPES)  # (the log's classes born since, not the fleet)
+
+
+def _retired(placer: Placer) -> int:
+    """Entries of the retired tables (an index's: its heap's)."""
+    return sum(sum(len(v[0]) + 1 for v in table.values()) if indexes else len(table)
+               for table, indexes in placer._trash)
+
+
+def test_what_a_republish_retired_is_freed_a_step_at_a_time():
+    placer = _wide_placer()
+    for spec in SHAPES:
+        placer.place("x", "team-a", spec)
+    placer.mix.observe_all(placer.demand(s) for s in SHAPES)
+    assert placer.warm(budget=1) == 1  # the mix taken up: the old one's tables and indexes retired
+    retired = _retired(placer)
+    assert retired > engine._SWEEP
+    steps = 0
+    while placer.warm():
+        left = _retired(placer)
+        assert retired - left <= engine._SWEEP + 1  # (a heap's last entries and its key, one step)
+        retired, steps = left, steps + 1
+    assert not placer._trash and steps >= 2

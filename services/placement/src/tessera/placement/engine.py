@@ -65,9 +65,15 @@ _tokens = count()
 _CACHE_CAP = 64  # cached claim shapes per node class
 _FCACHE_CAP = 120_000
 _node_name = attrgetter("name")
-_SWEEP = 2048  # retired memo entries freed per decision
+# Retired memo entries (or index entries) freed per step, in a decision or between them: 2,048 at
+# once took 1-3 ms inside decisions on the 5,000-node fleet (bench/placement_sim.md).
+_SWEEP = 256
 _WARM_SHAPES = HEAPS_CAP  # shapes indexed again ahead after a republish: all with a live index
 _WARM_STEP = 8  # class evaluations per `warm` call: a short step even on a cold memo (bench/placement_sim.md)
+# Class evaluations each decision spends on the next mix's indexes while they are staged
+# (`staged_mix`): under a stream with no idle moment the next mix is still taken up, in
+# (indexed shapes x classes) / _STAGE_STEP decisions.
+_STAGE_STEP = 16
 
 # The fragmentation-aware index entries compiled (_fgdcore.c: same arithmetic, same memo tables,
 # bit-identical entries); None where it was not built, and the Python below runs instead.
@@ -111,6 +117,12 @@ def _q9(x: float) -> float:
 TIE_STEPS = 40.0
 
 
+def _made_ahead(ck: tuple) -> bool:
+    """Whether a shape's index is built ahead of its claims after a republish (random choices are
+    not made ahead)."""
+    return RANDOM not in (ck[3], ck[4])
+
+
 def _tied(x: float) -> float:
     """`x` to the nearest 1/TIE_STEPS of a GPU (the compiled core repeats it exactly)."""
     return floor(x * TIE_STEPS + 0.5) / TIE_STEPS
@@ -128,7 +140,7 @@ class Placer:
         self, fleet: Fleet, default_node_policy: str = FRAGMENTATION_AWARE,
         default_gpu_policy: str | None = None, mix: WorkloadMix | None = None, *,
         learn: bool = True, seed: int = 0, fluid_memory: bool = False, compiled: bool | None = None,
-        typical: TypicalPods | None = None, paper_ties: str = "name",
+        typical: TypicalPods | None = None, paper_ties: str = "name", staged_mix: bool = False,
     ) -> None:
         for p in (default_node_policy, default_gpu_policy):
             if p is not None:
@@ -168,6 +180,12 @@ class Placer:
         self._roster: tuple[int, list[Node]] = (-1, [])
         self._explainer = Explainer(fleet, self._mask)
         self._trash: list = []  # retired memo tables, freed piecemeal (`_sweep`)
+        # With `staged_mix`, a republished mix is taken up once the indexes of the shapes asked for
+        # lately are built under it (`warm` between decisions, _STAGE_STEP classes in each decision);
+        # until then decisions use the indexes of the mix before. Without it (the benchmarks'
+        # simulators), the next decision takes it up and each shape's next claim builds its index.
+        self.staged_mix = staged_mix
+        self._next: tuple[int, FragTables, ShapeIndex] | None = None  # (mix version, tables, index)
 
     # --- public ---------------------------------------------------------------------------------
 
@@ -200,7 +218,9 @@ class Placer:
         read them, and counting is the only part of a rejection that costs a fleet scan).
         """
         if self._epoch != self.mix.version:
-            self._new_epoch()
+            self._mix_moved()
+        if self._next is not None:
+            self._stage(_STAGE_STEP)
         if self._trash:
             self._sweep()
         node_policy = d.node_policy or self.default_node_policy
@@ -393,12 +413,19 @@ class Placer:
         shapes asked for under the previous mix (a republished mix voids every index, and a shape's
         first index scores the whole fleet, all of them at once after a republish). Meant for
         idle moments (the service calls it between decisions); a claim that comes first finishes
-        the index itself. The result is the same index either way. Returns the class evaluations
-        it spent (0: nothing was left to do).
+        the index itself. The result is the same index either way. With `staged_mix` it builds the
+        staged mix's indexes, and the mix is taken up when they are done. Once nothing is left to
+        build, it frees a step of what the last republish retired. Returns the work done (class
+        evaluations, or entries freed; 0: nothing was left to do).
         """
         if self._epoch != self.mix.version:
-            self._new_epoch()
-        return self.index.warm(budget, self._shape_key)
+            self._mix_moved()
+        if self._next is not None:
+            return self._stage(budget)
+        spent = self.index.warm(budget, self._shape_key)
+        if not spent and self._trash:  # then what a republish retired, a step at a time
+            return self._sweep()
+        return spent
 
     def _shape_key(self, d: Demand, node_policy: str, gpu_policy: str) -> tuple:
         """The key of `d`'s shape in the index and the class caches under this mix (kept on `d`)."""
@@ -409,30 +436,83 @@ class Placer:
 
     # --- mix ------------------------------------------------------------------------------------
 
+    def _mix_moved(self) -> None:
+        """The mix was republished: take it up now, or (`staged_mix`) stage it."""
+        version = self.mix.version
+        if not self.staged_mix or self._epoch < 0:
+            self._new_epoch()
+            return
+        if self._next is not None:
+            if self._next[0] == version:
+                return
+            _, tables, index = self._next  # republished again while staged: that one is void too
+            self._retire(tables, index.heaps, {})
+        index = ShapeIndex(self.fleet, self._entries)
+        index.to_warm = self.index.recent(_made_ahead, _WARM_SHAPES)
+        self._next = (version, self._tables_of(version), index)
+
+    def _stage(self, budget: int) -> int:
+        """Spend up to `budget` class evaluations on the staged mix's indexes (the engine acts as
+        under that mix meanwhile: the compiled core reads `tables`); take the mix up once they are
+        built. Returns the evaluations spent."""
+        assert self._next is not None
+        version, tables, index = self._next
+        held = self._epoch, self.tables, self.index
+        self._epoch, self.tables, self.index = version, tables, index
+        try:
+            spent = index.warm(budget, self._shape_key)
+        finally:
+            self._epoch, self.tables, self.index = held
+        if not index.to_warm:
+            self._next = None
+            self._retire(self.tables, self.index.heaps, self._memo)
+            self._epoch, self.tables, self.index, self._memo = version, tables, index, {}
+        return spent
+
     def _new_epoch(self) -> None:
         self._epoch = self.mix.version
         old = self.tables
-        self.tables = FragTables.of_mix(self.mix.kinds(), (self._token, self._epoch, "own"), self.fluid_memory)
-        # Every score of the old mix is void. Its tables can hold a few hundred thousand entries,
-        # whose freeing was the slowest decision on openb (bench/placement_sim.md): they are swapped for
-        # empty ones here and freed a little at a time by the decisions that follow (`_sweep`).
-        self._trash += [(t, False) for t in (self._memo, *old.memos())]
+        self.tables = self._tables_of(self._epoch)
         # The shapes asked for lately are indexed again ahead of their claims (`warm`), the most
-        # recent first. Random choices are not made ahead.
-        self._trash.append((self.index.retire(lambda ck: RANDOM not in (ck[3], ck[4]), _WARM_SHAPES), True))
+        # recent first.
+        self._retire(old, self.index.retire(_made_ahead, _WARM_SHAPES), self._memo)
         self._memo = {}
 
-    def _sweep(self, budget: int = _SWEEP) -> None:
-        """Free up to `budget` entries of retired tables (a shape's index counts as its length)."""
+    def _tables_of(self, version: int) -> FragTables:
+        return FragTables.of_mix(self.mix.kinds(), (self._token, version, "own"), self.fluid_memory)
+
+    def _retire(self, tables: FragTables, heaps: dict, memo: dict) -> None:
+        """Every score of a mix is void. Its tables can hold a few hundred thousand entries, whose
+        freeing was the slowest decision on openb (bench/placement_sim.md): they are freed a little
+        at a time by the decisions that follow (`_sweep`)."""
+        self._trash += [(t, False) for t in (memo, *tables.memos())]
+        self._trash.append((heaps, True))
+
+    def _sweep(self, budget: int = _SWEEP) -> int:
+        """Free up to `budget` entries of retired tables (a shape's index a part of its heap at a
+        time). Returns the entries freed."""
         trash = self._trash
-        while trash and budget > 0:
+        left = budget
+        while trash and left > 0:
             table, indexes = trash[-1]
             if not table:
                 trash.pop()
                 continue
-            while table and budget > 0:
-                _, v = table.popitem()
-                budget -= len(v[0]) if indexes else 1  # (an index is [heap, last class])
+            if not indexes:
+                while table and left > 0:
+                    table.popitem()
+                    left -= 1
+                continue
+            while table and left > 0:  # (an index is [heap, last class, demand])
+                key = next(reversed(table))
+                heap = table[key][0]
+                if len(heap) > left:
+                    del heap[-left:]
+                    left = 0
+                else:
+                    left -= len(heap) + 1
+                    del table[key]
+        return budget - left
 
     def _frag(self, G: tuple, c: int, m: int) -> float:
         """Expected unusable free GPU capacity (GPU units) of a node with GPUs `G`, CPU/mem free c/m."""

@@ -87,6 +87,7 @@ class PlacementService:
             default_gpu_policy=settings.default_policy,
             fluid_memory=settings.fluid_memory,
             compiled={"auto": None, "compiled": True, "python": False}[settings.core],
+            staged_mix=True,
         )
         self.claims: ClaimStore
         self.view = FleetView(self.fleet)

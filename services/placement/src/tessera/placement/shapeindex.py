@@ -77,11 +77,16 @@ class ShapeIndex:
             idx[0] = heap
         return heap
 
+    def recent(self, keep: Callable[[tuple], bool], shapes: int = HEAPS_CAP) -> list[tuple[Demand, str, str]]:
+        """The last `shapes` used whose key passes `keep`, as (demand, node policy, GPU policy), the
+        most recent last (what another index is to build ahead, by `warm`)."""
+        return [(idx[2], ck[3], ck[4]) for ck, idx in list(self.heaps.items())[-shapes:] if keep(ck)]
+
     def retire(self, keep: Callable[[tuple], bool], shapes: int = HEAPS_CAP) -> OrderedDict:
         """Void every index (a republished mix); the last `shapes` used whose key passes `keep` are
         to be indexed again ahead (`warm`), the most recent first. Returns the old heaps (to free)."""
         old = self.heaps
-        self.to_warm = [(idx[2], ck[3], ck[4]) for ck, idx in list(old.items())[-shapes:] if keep(ck)]
+        self.to_warm = self.recent(keep, shapes)
         self.warming = {}
         self.heaps = OrderedDict()
         return old
