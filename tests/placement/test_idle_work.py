@@ -176,3 +176,22 @@ def test_what_a_republish_retired_is_freed_a_step_at_a_time():
         assert retired - left <= engine._SWEEP + 1  # (a heap's last entries and its key, one step)
         retired, steps = left, steps + 1
     assert not placer._trash and steps >= 2
+
+
+async def test_no_step_is_taken_while_a_claim_is_being_handled():
+    placer = _placer()
+    for spec in SHAPES:
+        placer.place("x", "team-a", spec)
+    placer.mix.observe_all(placer.demand(s) for s in SHAPES)  # republished: indexes to build ahead
+    quiet = asyncio.Event()  # (a claim is being handled)
+    task = asyncio.create_task(idlework.run(placer, pause=0.001, quiet=quiet))
+    try:
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert placer._epoch != placer.mix.version  # nothing was done
+        quiet.set()  # the claim is handled: the steps go on
+        await eventually(lambda: placer._epoch == placer.mix.version and not placer.index.to_warm, every=0.005,
+                         what="the indexes built once no claim was being handled")
+    finally:
+        await cancel_and_wait([task])
+        gc.unfreeze()

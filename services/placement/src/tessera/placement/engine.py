@@ -66,14 +66,16 @@ _CACHE_CAP = 64  # cached claim shapes per node class
 _FCACHE_CAP = 120_000
 _node_name = attrgetter("name")
 # Retired memo entries (or index entries) freed per step, in a decision or between them: 2,048 at
-# once took 1-3 ms inside decisions on the 5,000-node fleet (bench/placement_sim.md).
-_SWEEP = 256
+# once took 1-3 ms inside decisions on the 5,000-node fleet, 256 up to 7 ms (an index entry can
+# hold the last reference to a dead node class and its caches; bench/placement_sim.md).
+_SWEEP = 32
 _WARM_SHAPES = HEAPS_CAP  # shapes indexed again ahead after a republish: all with a live index
 _WARM_STEP = 8  # class evaluations per `warm` call: a short step even on a cold memo (bench/placement_sim.md)
 # Class evaluations each decision spends on the next mix's indexes while they are staged
 # (`staged_mix`): under a stream with no idle moment the next mix is still taken up, in
-# (indexed shapes x classes) / _STAGE_STEP decisions.
-_STAGE_STEP = 16
+# (indexed shapes x classes) / _STAGE_STEP decisions. Few: on a cold memo one evaluation can take
+# a fraction of a millisecond; idle steps do the bulk.
+_STAGE_STEP = 2
 
 # The fragmentation-aware index entries compiled (_fgdcore.c: same arithmetic, same memo tables,
 # bit-identical entries); None where it was not built, and the Python below runs instead.

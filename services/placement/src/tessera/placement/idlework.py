@@ -4,8 +4,10 @@ Two costs used to land inside a decision and make the latency tail (the p99 at 5
 the default model; what they cost and what moving them bought are in bench/placement_sim.md):
 
 - a republished workload mix voids every shape's index, and the next claim of each shape scored
-  the whole fleet (dozens of shapes right after a republish): `Placer.warm` rebuilds the indexes
-  of the shapes asked for lately, a few classes per step, ahead of them;
+  the whole fleet (dozens of shapes right after a republish): `Placer.warm` builds the indexes of
+  the shapes asked for lately under the new mix, two classes per step, while decisions go on with
+  the old mix's (the service's placer stages a republished mix, `staged_mix`), then frees what the
+  old mix leaves, 32 entries per step;
 - the cyclic garbage collector's passes: automatic every 20,000 tracked allocations, each long in
   the service (the engine's index entries and memo tables are young containers that survive, and
   every 20th pass walks hundreds of thousands of them again). They run here instead, in passes a tenth that
@@ -15,9 +17,10 @@ the default model; what they cost and what moving them bought are in bench/place
   (what is frozen is freed by its reference count as ever, but a cycle among it never would be:
   a freeze comes once per republish, and republishes grow rare as the mix's evidence grows).
 
-One step is short (tens of class evaluations, or one young pass), and the task yields to the event
-loop between steps: a claim that arrives meanwhile waits for one step at most. Under a steady
-stream of claims the steps interleave with them; the automatic collector stays on as the backstop.
+One step is short (two class evaluations, 32 entries freed, or one young pass), and the task yields
+to the event loop between steps: a claim that arrives meanwhile waits for one step at most. No step
+is taken while the service handles a batch of claims (`quiet`): a claim awaiting its writes would
+wait for a step at every reply. The automatic collector stays on as the backstop.
 """
 
 from __future__ import annotations
@@ -34,6 +37,11 @@ MIDDLE_PASS_EVERY = 3  # young passes per middle-generation pass (the automatic 
 # Middle passes per full pass: one per 8M allocations, the automatic cadence (20,000 x 20 x 20).
 FULL_PASS_EVERY = GC_THRESHOLDS[0] * GC_THRESHOLDS[1] * GC_THRESHOLDS[2] // (YOUNG_PASS_AT * MIDDLE_PASS_EVERY)
 PAUSE_SECONDS = 0.002  # between looks when there is nothing to do
+# Class evaluations per step: on a cold memo one can take a fraction of a millisecond (eight took
+# up to 4 ms on the 5,000-node fleet right after a republish), and a claim that arrives meanwhile
+# waits for the step. Steps are not joined into longer ones: a step of half a millisecond of
+# evaluations stalled the 500 claims/s stream for most of a second (bench/placement_sim.md).
+WARM_BUDGET = 2
 
 
 def settle_collector() -> None:
@@ -57,17 +65,25 @@ def collect_if_due() -> bool:
     return True
 
 
-async def run(placer: Placer, pause: float = PAUSE_SECONDS) -> None:
-    """Forever: warm the placer's indexes, collect when due, yielding between steps."""
+async def run(placer: Placer, pause: float = PAUSE_SECONDS, quiet: asyncio.Event | None = None) -> None:
+    """Forever: warm the placer's indexes, collect when due, yielding between steps. With `quiet`
+    (set while no claim is being handled), a step waits for it: a claim awaiting its writes gets
+    the loop back at each reply, and a step taken then would delay it once per round trip."""
     warming = False
     while True:
-        if placer.warm():
+        if quiet is not None and not quiet.is_set():
+            await quiet.wait()
+        busy = bool(placer.warm(WARM_BUDGET))
+        if busy:
             warming = True
         elif warming:  # a round of indexes is built: they live until the mix moves again
             warming = False
             gc.collect(0)
             gc.freeze()
-        elif not collect_if_due():
+            busy = True
+        # (a young pass when due while warming too: building allocates, and a pass the collector
+        # starts by itself lands in whatever runs next, a decision as often as not)
+        if not collect_if_due() and not busy:
             await asyncio.sleep(pause)
             continue
         await asyncio.sleep(0)

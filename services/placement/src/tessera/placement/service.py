@@ -99,6 +99,10 @@ class PlacementService:
         self.tenants_known = self.view.tenants_known
         self.tentative = self.view.tentative
         self.claim_locks: dict[str, asyncio.Lock] = {}
+        # Set while no batch of claims is being handled: the work between decisions waits for it.
+        self._handling = 0
+        self._quiet = asyncio.Event()
+        self._quiet.set()
         # Who holds a placing lease: unique per process (TESSERA_INSTANCE may be unset or shared).
         self.placer_id = f"{ctx.settings.instance or 'placement'}/{uuid.uuid4().hex[:12]}"
         self.pending: dict[str, ClaimRequested] = {}  # unschedulable, waiting for a change
@@ -157,7 +161,7 @@ class PlacementService:
     async def _idle_when_ready(self) -> None:
         while not self.ctx.ready:  # (indexes are warmed over the loaded fleet)
             await asyncio.sleep(0.05)
-        await idlework.run(self.placer)
+        await idlework.run(self.placer, quiet=self._quiet)
 
     async def _run_kube(self, sync: ClaimStatusSync, writer) -> None:
         try:
@@ -282,6 +286,8 @@ class PlacementService:
         outcome of every claim not yet settled: they are redelivered, and each redelivery finds what
         this pass did get done. It never escapes, so it cannot end the consumer (and the process)."""
         outcomes: list[BaseException | None] = [None] * len(items)
+        self._handling += 1
+        self._quiet.clear()
         try:
             await self._handle_batch(items, outcomes)
         except Exception as exc:
@@ -289,6 +295,10 @@ class PlacementService:
             error = TemporaryError(f"placement batch failed: {exc!r}", delay=1.0)
             outcomes = [error if outcome is None else outcome for outcome in outcomes]
             self.view.unbook_all({event.claim for event, _ in items})
+        finally:
+            self._handling -= 1
+            if not self._handling:
+                self._quiet.set()
         return outcomes
 
     async def _handle_batch(self, items: Sequence[tuple[ClaimEvent, Delivery]],
