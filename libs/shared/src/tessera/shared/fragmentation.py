@@ -48,16 +48,19 @@ def kind_of(spec: ClaimSpec) -> Kind:
     return (spec.gpus, spec.memory_mib, spec.memory_percent, spec.cores, spec.cpu_millis, spec.host_memory_mib)
 
 
+# A CPU-only kind's weight beside a GPU kind's 1: what it signals is GPUs stranded by CPU or host
+# memory, not GPUs asked for.
+CPU_ONLY_WEIGHT = 0.1
+
+
 def size_weight(kind: Kind) -> float:
-    """sqrt(GPU size): between weighing kinds by popularity alone and by GPU demand."""
-    gpus, memory_mib, memory_percent, cores, _, _ = kind
-    if not gpus:
-        return 0.5 ** 0.5
-    if cores >= 100 or (memory_mib is None and memory_percent is None):
-        share = 1.0
-    else:
-        share = max(cores, memory_percent or 0, 1) / 100
-    return (gpus * share) ** 0.5
+    """A kind's weight per claim in the mix: 1 for every GPU kind (popularity alone, as the FGD
+    paper weighs), CPU_ONLY_WEIGHT for a CPU-only one. Until session 9 a GPU kind also weighed
+    sqrt(its GPU size) and a CPU-only one sqrt(0.5): over seeds 42-51 that left more unallocated on
+    the multi-GPU and CPU-only families (3.27 against 3.14 at 600 multi-GPU pods, behind the paper's
+    FGD; 22.67 against 20.22 at 4,000 CPU-only pods), less with a third of the pods typed (4.50
+    against 5.28). The sweep is in bench/placement_sim.md, the families in placement_families.md."""
+    return 1.0 if kind[0] else CPU_ONLY_WEIGHT
 
 
 def mix_of(counts: Counter | dict, max_kinds: int = MAX_KINDS) -> list[tuple[Kind, float]]:

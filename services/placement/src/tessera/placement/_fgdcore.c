@@ -31,7 +31,7 @@ static PyObject *s_cpu_free, *s_mem_free, *s_cpu_total, *s_devs, *s_cache, *s_id
     *s_km, *s_fmemo, *s_gmemo, *s_gcache, *s_svec, *s_mfit, *s_mfl, *s_cpu, *s_hostmem, *s_gshape,
     *s_parts, *s_gpu_probe, *s_gpu_choice, *s_stv, *s_pgpus, *s_state_vec,
     *s_fleet, *s_states, *s_after_map, *s_after, *s_fit, *s_fits, *s_gpus, *s_cores, *s_memory_mib,
-    *s_memory_percent, *s_free, *s_tables;
+    *s_memory_percent, *s_free, *s_tables, *s_canon;
 
 /* Everything one call needs from the placer and the claim shape (borrowed unless noted). */
 typedef struct {
@@ -536,7 +536,20 @@ static PyObject *gpu_choice(Ctx *c, PyObject *devs, Py_ssize_t bc2, Py_ssize_t b
                     goto trial_fail;
                 }
                 Py_DECREF(G);
-                if (best < 0 || fr < bf || (fr == bf && (free < bfree || (free == bfree && i < bi)))) {
+                fr = floor(fr * 1e9 + 0.5) / 1e9; /* (engine._q9, as the Python rounds it) */
+                int first = best < 0 || fr < bf || (fr == bf && free < bfree);
+                if (!first && fr == bf && free == bfree) { /* ties on the state itself (engine) */
+                    PyObject *a_st = state_of(c, ns), *b_st = state_of(c, bns), *ak = NULL, *bk = NULL;
+                    if (a_st && b_st && (ak = PyObject_GetAttr(a_st, s_canon)) && (bk = PyObject_GetAttr(b_st, s_canon)))
+                        first = PyObject_RichCompareBool(ak, bk, Py_LT);
+                    Py_XDECREF(ak);
+                    Py_XDECREF(bk);
+                    if (!a_st || !b_st || !ak || !bk || first < 0) {
+                        Py_DECREF(ns);
+                        goto trial_fail;
+                    }
+                }
+                if (first) {
                     best = a;
                     bi = i;
                     bf = fr;
@@ -906,7 +919,7 @@ PyMODINIT_FUNC PyInit__fgdcore(void) {
     INTERN(s_gpu_choice, "_gpu_choice") INTERN(s_stv, "state_vectors") INTERN(s_pgpus, "group_gpus") INTERN(s_state_vec, "_state_vec")
     INTERN(s_fleet, "fleet") INTERN(s_states, "states") INTERN(s_after_map, "_after") INTERN(s_after, "after")
     INTERN(s_fit, "_fit") INTERN(s_fits, "fits") INTERN(s_gpus, "gpus") INTERN(s_cores, "cores")
-    INTERN(s_memory_mib, "memory_mib") INTERN(s_memory_percent, "memory_percent") INTERN(s_free, "free")
+    INTERN(s_memory_mib, "memory_mib") INTERN(s_memory_percent, "memory_percent") INTERN(s_free, "free") INTERN(s_canon, "canon")
 #undef INTERN
     Py_INCREF(Py_None);
     BY_BUCKET = Py_None;

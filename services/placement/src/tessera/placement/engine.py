@@ -707,7 +707,10 @@ class Placer:
                     trial = cur.copy()
                     trial[i] = ns
                     G = tuple(sorted(trial))
-                    key = (self._fragb(G, bc, bm), states[ns].free, i)
+                    # Not on raw floats or positions: G's sums run in the order of the states'
+                    # ids, and ids follow the order states were first met in (which differs with
+                    # the work done ahead): to 1e-9, then ties on the state itself.
+                    key = (_q9(self._fragb(G, bc, bm)), states[ns].free, states[ns].canon)
                     if best is None or key < best[0]:
                         best = (key, i, ns)
                 _, i, ns = best

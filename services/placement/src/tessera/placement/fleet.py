@@ -28,7 +28,7 @@ class DeviceState:
 
     __slots__ = (
         "id", "model", "model_lc", "memory_mib", "max_shares", "healthy",
-        "mem_used", "cores_used", "shares", "exclusive", "free", "used_score",
+        "mem_used", "cores_used", "shares", "exclusive", "free", "used_score", "canon",
     )
 
     def __init__(self, sid: int, key: tuple) -> None:
@@ -43,6 +43,9 @@ class DeviceState:
         self.cores_used = cores_used
         self.shares = shares
         self.exclusive = exclusive
+        # The state itself, to order states by: ids follow the order states were first met in, which
+        # differs between a placer that evaluates ahead and one that does not.
+        self.canon = key
         # Unallocated capacity of this GPU in GPU units (the FGD paper's R_g): the smaller of free
         # memory and free compute. An exclusive holder owns the whole card; a sick card is no capacity.
         if not healthy or exclusive:

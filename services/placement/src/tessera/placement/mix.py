@@ -237,10 +237,7 @@ class WorkloadMix:
             acc += n
             if acc >= self.coverage * total:
                 break
-        # Weight = popularity x sqrt(GPU size). The paper weighs kinds by popularity alone; weighing
-        # by GPU demand instead lets a rare 8-GPU job outweigh hundreds of slices. The square root
-        # sits between the two and packs best on openb (seeds 42-51: see bench/placement_sim.md).
-        # A CPU-only kind weighs like a half-GPU task: what it signals is stranded GPUs.
+        # Weight = popularity, as the paper weighs (a CPU-only kind at a fraction: `size_weight`).
         weighted = [(_kind_demand(k), n * _size_weight(k)) for k, n in top]
         z = sum(w for _, w in weighted)
         return [(d, w / z) for d, w in weighted]
