@@ -73,8 +73,11 @@ async def test_the_page_shows_the_fleet_and_follows_a_new_claim(start_cluster, t
                 assert int(await page.get_attribute("body", "data-version")) > drawn
                 frag = await page.inner_text('[data-frag="gpu-0"]')
                 assert "/" in frag  # "<fragmentation> / <free GPU units>"
-                prepared = await page.inner_text('[data-state="prepared"] b')
-                assert int(prepared) == 3
+                # (its slice comes with the ledger, its state with the claim's record: the page may
+                # draw the one before the other)
+                await page.wait_for_function(
+                    """() => { const b = document.querySelector('[data-state="prepared"] b');
+                               return b && b.textContent.trim() === '3'; }""", timeout=30_000)
 
                 # A workload that allocates memory on the simulated driver: its slice shows it used.
                 hold = tmp_path / "release-the-workload"

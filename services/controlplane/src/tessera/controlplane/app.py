@@ -23,6 +23,7 @@ from tessera.controlplane.store import TenantStore
 from tessera.shared import subjects
 from tessera.shared.bus import Bus
 from tessera.shared.claimstore import ClaimStore
+from tessera.shared.errors import TemporaryError
 from tessera.shared.ledger import Ledger
 
 log = logging.getLogger("tessera.controlplane")
@@ -81,7 +82,12 @@ class Manager:
         try:
             first = True
             while True:
-                await self.reconciler.resync()
+                try:
+                    await self.reconciler.resync()
+                except TemporaryError as exc:  # NATS electing a leader, a peer down: try again soon
+                    log.warning("resync put off: %s", exc)
+                    await asyncio.sleep(min(exc.delay, self.settings.resync_seconds))
+                    continue
                 if self.resources is not None and not first:  # (the objects' own loop lists them first)
                     try:
                         await self.resources.resync()  # statuses current, orphans of lost objects gone
