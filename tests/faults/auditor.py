@@ -153,7 +153,9 @@ class StreamTail:
                 raise
             except Exception as exc:  # the server went away or the consumer vanished: start again
                 log.debug("tail of %s interrupted (%r); resuming after %d", self.stream, exc, self.last_seq)
-                await asyncio.sleep(0.3)
+                # Soon: the bucket keeps a few revisions per key, and the system writes again as
+                # soon as a new leader is elected (0.3 s here lost ledger revisions to history in CI).
+                await asyncio.sleep(0.02)
             finally:
                 if sub is not None:
                     with contextlib.suppress(Exception):
