@@ -55,10 +55,6 @@ class DeviceState:
         # HAMi's device score: used/total of shares, cores and memory.
         self.used_score = shares / max_shares + cores_used / 100 + mem_used / memory_mib
 
-    def key(self) -> tuple:
-        return (self.model, self.memory_mib, self.max_shares, self.healthy,
-                self.mem_used, self.cores_used, self.shares, self.exclusive)
-
 
 class DeviceStates:
     """Interning table of device states, shared by a fleet and the placers that read it."""
