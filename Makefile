@@ -11,7 +11,7 @@ PROJECTS := libs/shared services/controlplane services/capacity services/transla
             services/placement services/enforcer cli
 PYPROJECTS := pyproject.toml $(addsuffix /pyproject.toml,$(PROJECTS))
 
-.PHONY: up test bench lint native clean demo help gpu-wheels container-tools browser-tools metrics-tools
+.PHONY: up test bench lint native clean demo help gpu-wheels container-tools browser-tools metrics-tools datastore-tools
 
 help:
 	@echo "make up     install what is missing, run Tessera on a simulated fleet with a live table and the"
@@ -61,7 +61,12 @@ browser-tools:
 metrics-tools:
 	@tests/metrics/install.sh
 
-test: $(STAMP) $(CORE) native lint container-tools browser-tools metrics-tools protos
+# PostgreSQL's server binaries for tests/controlplane (the tests start their own server), from
+# Debian's packages when missing.
+datastore-tools:
+	@tests/controlplane/install.sh
+
+test: $(STAMP) $(CORE) native lint container-tools browser-tools metrics-tools datastore-tools protos
 	$(MAKE) -C native/vgpu test
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -1,5 +1,5 @@
 """A tenant's PostgreSQL role has a CONNECTION LIMIT: one tenant cannot take the shared server's
-connections from the others. Against the real local server (trust authentication on 127.0.0.1)."""
+connections from the others. Against a real server the tests start (tests/kit/postgres.py)."""
 
 from __future__ import annotations
 
@@ -12,18 +12,12 @@ from psycopg import sql
 
 from tessera.controlplane.datastores.postgres import PostgresDriver, role_name
 
-ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 LIMIT = 3
 
 
 @pytest.fixture
-async def tenants():
-    try:
-        conn = await psycopg.AsyncConnection.connect(ADMIN, connect_timeout=3)
-        await conn.close()
-    except psycopg.OperationalError as exc:  # pragma: no cover - depends on the machine
-        pytest.skip(f"PostgreSQL is not reachable at {ADMIN}: {exc}")
-    drv = PostgresDriver(ADMIN, "127.0.0.1:5432", connection_limit=LIMIT)
+async def tenants(postgres):
+    drv = PostgresDriver(postgres.admin_url, postgres.host, connection_limit=LIMIT)
     tag = uuid.uuid4().hex[:6]
     names = [f"cl{tag}-a", f"cl{tag}-b"]
     try:
@@ -33,17 +27,17 @@ async def tenants():
             await drv.remove(name)
 
 
-async def connection_limit_of(role: str) -> int:
-    async with await psycopg.AsyncConnection.connect(ADMIN) as admin:
+async def connection_limit_of(admin_url: str, role: str) -> int:
+    async with await psycopg.AsyncConnection.connect(admin_url) as admin:
         row = await (await admin.execute("SELECT rolconnlimit FROM pg_roles WHERE rolname = %s", (role,))).fetchone()
     return row[0]
 
 
-async def test_one_tenant_past_its_connection_limit_is_refused_while_another_connects(tenants):
+async def test_one_tenant_past_its_connection_limit_is_refused_while_another_connects(tenants, postgres):
     drv, (a, b) = tenants
     ca = await drv.ensure(a, None)
     cb = await drv.ensure(b, None)
-    assert await connection_limit_of(role_name(a)) == LIMIT
+    assert await connection_limit_of(postgres.admin_url, role_name(a)) == LIMIT
     async with contextlib.AsyncExitStack() as held:
         for _ in range(LIMIT):
             await held.enter_async_context(await psycopg.AsyncConnection.connect(ca.endpoint))
@@ -54,20 +48,20 @@ async def test_one_tenant_past_its_connection_limit_is_refused_while_another_con
             assert (await (await other.execute("SELECT 1")).fetchone()) == (1,)
 
 
-async def test_reconcile_applies_the_limit_to_an_existing_role(tenants):
+async def test_reconcile_applies_the_limit_to_an_existing_role(tenants, postgres):
     drv, (a, _) = tenants
     creds = await drv.ensure(a, None)
     # A role as the manager created it before the limit existed: no limit (-1).
-    async with await psycopg.AsyncConnection.connect(ADMIN, autocommit=True) as admin:
+    async with await psycopg.AsyncConnection.connect(postgres.admin_url, autocommit=True) as admin:
         await admin.execute(sql.SQL("ALTER ROLE {} CONNECTION LIMIT -1").format(sql.Identifier(role_name(a))))
-    assert await connection_limit_of(role_name(a)) == -1
+    assert await connection_limit_of(postgres.admin_url, role_name(a)) == -1
     assert await drv.ensure(a, creds) == creds  # the next reconcile pass: same credentials...
-    assert await connection_limit_of(role_name(a)) == LIMIT  # ...and the limit
-    tighter = PostgresDriver(ADMIN, "127.0.0.1:5432", connection_limit=1)  # the setting changed
+    assert await connection_limit_of(postgres.admin_url, role_name(a)) == LIMIT  # ...and the limit
+    tighter = PostgresDriver(postgres.admin_url, postgres.host, connection_limit=1)  # the setting changed
     await tighter.ensure(a, creds)
-    assert await connection_limit_of(role_name(a)) == 1
+    assert await connection_limit_of(postgres.admin_url, role_name(a)) == 1
 
 
 def test_a_limit_below_one_is_refused():
     with pytest.raises(ValueError, match="at least 1"):
-        PostgresDriver(ADMIN, "127.0.0.1:5432", connection_limit=0)
+        PostgresDriver("postgresql://postgres@127.0.0.1:5432/postgres", "127.0.0.1:5432", connection_limit=0)

@@ -12,17 +12,11 @@ import pytest
 
 from tessera.controlplane.datastores.postgres import PostgresDriver, database_name, role_name
 
-ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
 @pytest.fixture
-async def driver():
-    try:
-        conn = await psycopg.AsyncConnection.connect(ADMIN, connect_timeout=3)
-        await conn.close()
-    except psycopg.OperationalError as exc:  # pragma: no cover - depends on the machine
-        pytest.skip(f"PostgreSQL is not reachable at {ADMIN}: {exc}")
-    drv = PostgresDriver(ADMIN, "127.0.0.1:5432")
+async def driver(postgres):
+    drv = PostgresDriver(postgres.admin_url, postgres.host)
     tag = uuid.uuid4().hex[:6]
     names = [f"pg{tag}-a", f"pg{tag}-b"]
     try:
@@ -46,18 +40,20 @@ async def test_tenant_role_reaches_its_database_and_is_refused_on_another(driver
     other = cb.endpoint.replace(database_name(b), database_name(a))
     with pytest.raises(psycopg.OperationalError, match="permission denied for database"):
         await psycopg.AsyncConnection.connect(other)
-    # (This server uses trust authentication on 127.0.0.1, so passwords are not checked here; the
-    # refusal above comes from the CONNECT privilege, which holds under any authentication method.)
+    # the refusal above comes from the CONNECT privilege; the password is checked too (SCRAM):
+    wrong = ca.endpoint.replace(ca.password, "not-" + ca.password)
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        await psycopg.AsyncConnection.connect(wrong)
 
 
-async def test_remove_drops_database_and_role(driver):
+async def test_remove_drops_database_and_role(driver, postgres):
     drv, (a, _) = driver
     creds = await drv.ensure(a, None)
     conn = await psycopg.AsyncConnection.connect(creds.endpoint)  # an open session does not block removal
     await drv.remove(a)
     await drv.remove(a)  # twice is harmless
     await conn.close()
-    async with await psycopg.AsyncConnection.connect(ADMIN) as admin:
+    async with await psycopg.AsyncConnection.connect(postgres.admin_url) as admin:
         db = await (await admin.execute("SELECT 1 FROM pg_database WHERE datname=%s", (database_name(a),))).fetchone()
         role = await (await admin.execute("SELECT 1 FROM pg_roles WHERE rolname=%s", (role_name(a),))).fetchone()
     assert db is None and role is None
@@ -71,10 +67,10 @@ def scram_stored_key(password: str, salt: bytes, iterations: int) -> bytes:
     return hashlib.sha256(hmac.new(salted, b"Client Key", "sha256").digest()).digest()
 
 
-async def test_the_server_is_given_a_scram_verifier_never_the_password(driver):
+async def test_the_server_is_given_a_scram_verifier_never_the_password(driver, postgres):
     drv, (a, _) = driver
     creds = await drv.ensure(a, None)
-    async with await psycopg.AsyncConnection.connect(ADMIN) as admin:
+    async with await psycopg.AsyncConnection.connect(postgres.admin_url) as admin:
         (stored,) = await (await admin.execute("SELECT rolpassword FROM pg_authid WHERE rolname=%s",
                                                (role_name(a),))).fetchone()
     assert creds.password not in stored
