@@ -72,6 +72,18 @@ def test_a_different_allocation_is_not_the_same():
     assert same_allocation(echoed, written)
 
 
+def test_the_server_s_canonical_quantities_are_the_same_allocation():
+    """The API server stores 20480Mi as 20Gi: read back, it is still the allocation placement wrote
+    (compared as text, a restart or a redelivery would give a running pod's GPU back)."""
+    written = allocation(CLAIM, "gpu-0", shares((1, 20480, 10)))
+    canonical = {**written, "devices": {"results": [
+        dict(r, consumedCapacity={**r["consumedCapacity"], "memory": "20Gi"}) for r in written["devices"]["results"]]}}
+    assert same_allocation(canonical, written)
+    other = {**written, "devices": {"results": [
+        dict(r, consumedCapacity={**r["consumedCapacity"], "memory": "20G"}) for r in written["devices"]["results"]]}}
+    assert not same_allocation(other, written)
+
+
 def test_a_percentage_claim_names_the_subrequest_of_the_allocated_model():
     spec = ClaimSpec(memory_percent=50, cores=20)
     claim = resource_claim(spec, "pod-gpu-x7k2p", "team-a", card_memory_mib={H100: 81559, A100: 40960})

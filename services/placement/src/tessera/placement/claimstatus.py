@@ -21,6 +21,7 @@ import json
 import uuid
 from datetime import datetime, timezone
 
+from tessera.shared import quantity
 from tessera.shared.events import DeviceShare
 from tessera.shared.kubeclaims import DRIVER, REQUEST_NAME, device_name, pool_name
 
@@ -86,16 +87,30 @@ def allocation(claim: str, node: str, shares: list[DeviceShare], *, claim_spec: 
     }
 
 
-_RESULT_KEYS = ("request", "driver", "pool", "device", "shareID", "consumedCapacity")
+_RESULT_KEYS = ("request", "driver", "pool", "device", "shareID")
+
+
+def _consumed(result: dict) -> tuple:
+    """A result's consumed capacity by value: the API server canonicalizes the quantities placement
+    wrote (``20480Mi`` is read back as ``20Gi``), so the text is not what was allocated."""
+    consumed = result.get("consumedCapacity") or {}
+    values = []
+    for name, text in sorted(consumed.items()):
+        try:
+            values.append((name, str(quantity.parse(text).normalize())))
+        except quantity.QuantityError:
+            values.append((name, f"text:{text}"))
+    return tuple(values)
 
 
 def _essence(allocation: dict) -> tuple:
     results = ((allocation.get("devices") or {}).get("results")) or []
-    return (sorted(tuple((k, json.dumps(r.get(k), sort_keys=True)) for k in _RESULT_KEYS) for r in results),
+    return (sorted((tuple((k, json.dumps(r.get(k), sort_keys=True)) for k in _RESULT_KEYS), _consumed(r))
+                   for r in results),
             json.dumps(allocation.get("nodeSelector"), sort_keys=True))
 
 
 def same_allocation(written: dict | None, wanted: dict) -> bool:
     """Whether a claim's allocation already says what ``wanted`` says: the same devices, shares,
-    capacities and node (the timestamp, and fields the API server adds, aside)."""
+    capacities (by value) and node (the timestamp, and fields the API server adds, aside)."""
     return written is not None and bool(written) and _essence(written) == _essence(wanted)

@@ -10,17 +10,14 @@ the ledger's. Pure: the ResourceClaim as JSON and the ledger entry in, devices o
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
+from tessera.shared import quantity
 from tessera.shared.events import DeviceShare, LedgerEntry
 from tessera.shared.kubeclaims import DRIVER, claim_id, device_index, pool_name
 
 # A node selector names its node by field (metadata.name) or by the well-known hostname label.
 _NODE_KEYS = ("metadata.name", "kubernetes.io/hostname")
-_QUANTITY = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
-_BYTES = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
-          "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 
 
 class AllocationMismatch(ValueError):
@@ -36,13 +33,6 @@ class AllocatedDevice:
     device: str
     share_id: str | None
     share: DeviceShare
-
-
-def _mib(quantity: str) -> int | None:
-    match = _QUANTITY.match(str(quantity).strip())
-    if not match:
-        return None
-    return int(match.group(1)) * _BYTES[match.group(2)] // (1 << 20)
 
 
 def selected_nodes(node_selector: dict | None) -> set[str]:
@@ -95,10 +85,10 @@ def check(obj: dict, *, uid: str, node: str, entry: LedgerEntry | None) -> list[
     for result, index in zip(ours, indices):
         share = shares[index]
         consumed = result.get("consumedCapacity") or {}
-        if "memory" in consumed and _mib(consumed["memory"]) != share.memory_mib:
+        if "memory" in consumed and quantity.whole_mib(consumed["memory"]) != share.memory_mib:
             raise AllocationMismatch(f"{ref}: gpu-{index} consumes memory {consumed['memory']} but the ledger "
                                      f"of node {node} holds {share.memory_mib}Mi for claim {claim}")
-        if "cores" in consumed and str(consumed["cores"]) != str(share.cores):
+        if "cores" in consumed and not quantity.equal(consumed["cores"], share.cores):
             raise AllocationMismatch(f"{ref}: gpu-{index} consumes cores {consumed['cores']} but the ledger "
                                      f"of node {node} holds {share.cores} for claim {claim}")
         devices.append(AllocatedDevice(request=str(result.get("request", "")), pool=str(result["pool"]),
