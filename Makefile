@@ -18,6 +18,7 @@ help:
 	@echo "            fleet view in a browser (it prints the URL; Ctrl-C stops)"
 	@echo "make test   install what is missing, build native/vgpu, lint (make lint), run the test suite"
 	@echo "make bench  run the benchmarks and print their tables"
+	@echo "make kube-binaries  build the real Kubernetes components the tests run (Go; cached per machine)"
 	@echo "make demo   run the demo scenario to the end and print a summary"
 	@echo "make gpu-wheels  download to .whl/ what a GPU machine without network needs (tests/gpu/run.sh)"
 	@echo "make images      build the compose set's images with Podman (deploy/podman/images.py)"
@@ -66,7 +67,15 @@ metrics-tools:
 datastore-tools:
 	@tests/controlplane/install.sh
 
-test: $(STAMP) $(CORE) native lint container-tools browser-tools metrics-tools datastore-tools protos
+# The real Kubernetes control plane of tests/kubernetes (kube-apiserver, kube-controller-manager,
+# kube-scheduler and kubectl), built with `go` from the modules pinned in tools/kube/v1.36/go.mod into
+# ~/.cache/tessera/kubernetes/<version>/bin; what is cached is not built again (README: cold build time).
+KUBE_COMPONENTS := kube-apiserver kube-controller-manager kube-scheduler kubectl
+.PHONY: kube-binaries
+kube-binaries:
+	@tools/kube/build.sh v1.36 $(KUBE_COMPONENTS) >/dev/null
+
+test: $(STAMP) $(CORE) native lint container-tools browser-tools metrics-tools datastore-tools kube-binaries protos
 	$(MAKE) -C native/vgpu test
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -12,10 +12,9 @@ import uuid
 
 import aiohttp
 import pytest
-import yaml
 
 from apiserver import ApiError
-from kube_objects import DEPLOY_K8S, binding, claim, configmap, namespace, pod
+from kube_objects import binding, claim, configmap, namespace, pod
 
 PODS = "/api/v1/namespaces/default/pods"
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
@@ -485,17 +484,6 @@ async def test_a_pod_may_claim_what_it_lists_and_a_slice_names_one_node_selectio
     with pytest.raises(ApiError) as refused:
         await apiserver.create(resource_slice)
     assert [c["field"] for c in refused.value.details["causes"]] == ["spec.devices[1].name"]
-
-
-async def test_the_shipped_manifests_are_accepted(apiserver):
-    """The emulator's rules refuse nothing a real server accepts, as far as deploy/k8s goes
-    (cert-manager's kinds aside: their CRDs are not installed here)."""
-    docs = [d for p in sorted(DEPLOY_K8S.glob("*.yaml")) if p.name != "kustomization.yaml"
-            for d in yaml.safe_load_all(p.read_text()) if d and not d["apiVersion"].startswith("cert-manager.io/")]
-    docs.sort(key=lambda d: d["kind"] != "Namespace")
-    for doc in docs:
-        await apiserver.create(doc)
-    assert len(apiserver.objects("apps/v1", "deployments", "tessera-system")) >= 2
 
 
 async def test_the_bind_helper_plays_kube_scheduler_by_the_same_rules(apiserver):

@@ -134,15 +134,25 @@ def _unreachable(exc: BaseException) -> Unavailable:
 # ---- the client --------------------------------------------------------------------------------
 
 class KubeApi:
-    def __init__(self, api: client.ApiClient | None = None) -> None:
+    def __init__(self, api: client.ApiClient | None = None, *, kubeconfig: str | None = None) -> None:
         self._api = api
+        self._kubeconfig = kubeconfig
 
     @classmethod
     def for_url(cls, url: str) -> "KubeApi":
         return cls(client.ApiClient(client.Configuration(host=url)))
 
+    @classmethod
+    def for_kubeconfig(cls, path: str) -> "KubeApi":
+        """A client acting as the identity of the kubeconfig at ``path`` (loaded on first use)."""
+        return cls(kubeconfig=str(path))
+
     async def api(self) -> client.ApiClient:
-        if self._api is None:  # in-cluster first, then ~/.kube/config
+        if self._api is None and self._kubeconfig is not None:
+            configuration = client.Configuration()
+            await config.load_kube_config(config_file=self._kubeconfig, client_configuration=configuration)
+            self._api = client.ApiClient(configuration)
+        elif self._api is None:  # in-cluster first, then $KUBECONFIG or ~/.kube/config
             try:
                 config.load_incluster_config()
             except config.ConfigException:
