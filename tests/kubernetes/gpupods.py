@@ -1,0 +1,47 @@
+"""A GPU pod's objects on the real control plane, made by the identities that make them in a
+cluster: the translator's ResourceClaimTemplate (its service account, as its webhook does), the
+pod with Tessera's scheduling gate, and the ResourceClaim that Kubernetes' resourceclaim controller
+makes from the template. deploy/k8s's admission policies are in force (they refuse any other maker).
+"""
+
+from __future__ import annotations
+
+from tessera.shared.events import ClaimSpec
+from tessera.shared.kubeapi import KubeApi, object_path
+from tessera.shared.kubeclaims import RESOURCE_API_VERSION, SCHEDULING_GATE
+
+from tessera.translator.dra import resource_claim_template
+
+from kit import eventually
+from kit.kubecluster import KubeControlPlane, apply, manifests, service_identity
+
+
+class GpuPods:
+    def __init__(self, plane: KubeControlPlane) -> None:
+        apply(plane, manifests("deviceclass.yaml") + manifests("admission-policies.yaml"))
+        self.admin = KubeApi.for_kubeconfig(plane.admin_kubeconfig)
+        self.translator = KubeApi.for_kubeconfig(service_identity(plane, "translator.yaml"))
+
+    async def create(self, namespace: str, name: str, spec: ClaimSpec, *, gates: tuple[str, ...] = ()) -> tuple[dict, dict]:
+        """(pod, claim): the pod as the webhook leaves it and its claim once the controller made it."""
+        template = f"tessera-{name}"
+        await self.translator.create(object_path(RESOURCE_API_VERSION, "resourceclaimtemplates", namespace=namespace),
+                                     resource_claim_template(spec, template, namespace))
+        pod = await self.admin.create(object_path("v1", "pods", namespace=namespace), {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"schedulingGates": [{"name": SCHEDULING_GATE}, *({"name": g} for g in gates)],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+                     "containers": [{"name": "main", "image": "registry.example/train:1",
+                                     "resources": {"claims": [{"name": "gpu"}]}}]}})
+        claim = await eventually(lambda: self.claim_of(pod), timeout=30, what=f"the claim of pod {name}")
+        return pod, claim
+
+    async def claim_of(self, pod: dict) -> dict | None:
+        meta = pod["metadata"]
+        items, _ = await self.admin.list(object_path(RESOURCE_API_VERSION, "resourceclaims", namespace=meta["namespace"]))
+        return next((c for c in items if any(o.get("uid") == meta["uid"]
+                                             for o in c["metadata"].get("ownerReferences") or [])), None)
+
+    async def close(self) -> None:
+        await self.admin.close()
+        await self.translator.close()
