@@ -20,6 +20,7 @@ import logging
 from typing import Awaitable, Callable, Iterable
 
 from tessera.shared.events import NodeInventory
+from tessera.shared.featuregates import require_consumable_capacity
 from tessera.shared.kubeapi import KubeApi, object_path
 
 from tessera.capacity.slices import API_VERSION, DRIVER, SLICE_LABELS, devices, resource_slice, slice_name
@@ -74,7 +75,10 @@ class SliceWriter:
             return None
         node = await self.api.get(object_path("v1", "nodes", inv.node))
         uid = ((node or {}).get("metadata") or {}).get("uid")
-        await self.api.apply(path, COLLECTION, resource_slice(inv, generation, uid), FIELD_MANAGER)
+        body = resource_slice(inv, generation, uid)
+        stored = await self.api.apply(path, COLLECTION, body, FIELD_MANAGER)
+        # a server without consumable capacity keeps the slice but drops what lets GPUs be shared
+        require_consumable_capacity(f"ResourceSlice {slice_name(inv.node)}", body, stored)
         self.written[inv.node] = (generation, want)
         why = "written" if current is None else "re-applied"
         log.info("ResourceSlice %s %s: %d GPUs, pool generation %d", slice_name(inv.node), why, len(want), generation)

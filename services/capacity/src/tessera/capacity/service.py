@@ -37,6 +37,7 @@ from tessera.shared.events import (
     inventory_decoder,
     usage_decoder,
 )
+from tessera.shared.featuregates import FeatureGateOff
 from tessera.shared.kvkeys import live_keys
 from tessera.shared.runner import ServiceContext
 from tessera.shared.telemetry import NODE, decided
@@ -169,6 +170,8 @@ class CapacityService:
                     else:
                         await self.slices.publish(inv, listed.get(slice_name(node)))
                     self.slices_due.discard(inv.node)
+                except FeatureGateOff:
+                    raise  # no retry helps: the service stops, saying which gate to turn on
                 except Exception as exc:  # API server away or refusing: said once per try, retried next beat
                     log.warning("ResourceSlice of %s not written (retried at the next heartbeat): %s", inv.node, exc)
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 
 from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
 from tessera.shared.events import DeviceShare
+from tessera.shared.featuregates import FeatureGateOff, require_consumable_capacity
 from tessera.shared.kubeclaims import KubeClaimRef
 
 from tessera.placement.claimstatus import allocation, same_allocation
@@ -185,7 +186,15 @@ class ClaimStatusSync:
                 return False  # written before (by us, a peer, or a write whose answer was lost)
             raise PermanentError(f"it already shows another allocation ({_where(current)}), written by "
                                  f"another allocator")
-        await self.writer.write_allocation(ref, claim, wanted)
+        stored = await self.writer.write_allocation(ref, claim, wanted)
+        try:
+            require_consumable_capacity(f"ResourceClaim {ref.namespace}/{ref.name}",
+                                        {"status": {"allocation": wanted}}, stored)
+        except FeatureGateOff:
+            # what the server kept is a whole-card allocation with no share: take it back before the
+            # scheduler or the kubelet acts on it (the caller gives the GPUs back, naming the gate)
+            await self.writer.write_allocation(ref, stored, None)
+            raise
         return True
 
     async def _withdraw(self, job: Allocated) -> None:

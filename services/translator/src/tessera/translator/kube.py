@@ -20,6 +20,7 @@ import hashlib
 import logging
 from collections.abc import AsyncGenerator
 
+from tessera.shared.featuregates import FeatureGateOff, require_consumable_capacity
 from tessera.shared.kubeapi import AlreadyExists, KubeApi, object_path
 from tessera.shared.kubeclaims import RESOURCE_API_VERSION
 
@@ -41,12 +42,19 @@ class TemplateWriter:
 
     async def __call__(self, namespace: str, claims: list[ContainerClaim]) -> None:
         for claim in claims:
+            collection = object_path(RESOURCE_API_VERSION, "resourceclaimtemplates", namespace=namespace)
             try:
-                await self.kube.create(object_path(RESOURCE_API_VERSION, "resourceclaimtemplates",
-                                                   namespace=namespace), claim.template)
-                log.info("created ResourceClaimTemplate %s/%s", namespace, claim.template_name)
+                stored = await self.kube.create(collection, claim.template)
             except AlreadyExists:
-                pass
+                continue
+            log.info("created ResourceClaimTemplate %s/%s", namespace, claim.template_name)
+            try:  # a server without consumable capacity would have the claim take a whole card
+                require_consumable_capacity(f"ResourceClaimTemplate {namespace}/{claim.template_name}",
+                                            claim.template, stored)
+            except FeatureGateOff:
+                await self.kube.delete(object_path(RESOURCE_API_VERSION, "resourceclaimtemplates",
+                                                   claim.template_name, namespace))
+                raise
 
     async def close(self) -> None:
         await self.kube.close()
