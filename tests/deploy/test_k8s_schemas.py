@@ -47,6 +47,7 @@ def test_every_object_names_its_namespace_or_is_cluster_scoped():
     cluster_scoped = {
         "Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "DeviceClass",
         "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "PriorityClass",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
     }
     missing = [m.id for m in manifests() if m.obj["kind"] not in cluster_scoped and not m.obj["metadata"].get("namespace")]
     assert not missing, f"namespaced objects without metadata.namespace: {missing}"
