@@ -22,8 +22,10 @@ class GpuPods:
         self.admin = KubeApi.for_kubeconfig(plane.admin_kubeconfig)
         self.translator = KubeApi.for_kubeconfig(service_identity(plane, "translator.yaml"))
 
-    async def create(self, namespace: str, name: str, spec: ClaimSpec, *, gates: tuple[str, ...] = ()) -> tuple[dict, dict]:
-        """(pod, claim): the pod as the webhook leaves it and its claim once the controller made it."""
+    async def create(self, namespace: str, name: str, spec: ClaimSpec, *, gates: tuple[str, ...] = (),
+                     tolerate_all: bool = False) -> tuple[dict, dict]:
+        """(pod, claim): the pod as the webhook leaves it and its claim once the controller made it
+        (``tolerate_all``: a pod that tolerates every taint, for nodes that no kubelet keeps Ready)."""
         template = f"tessera-{name}"
         await self.translator.create(object_path(RESOURCE_API_VERSION, "resourceclaimtemplates", namespace=namespace),
                                      resource_claim_template(spec, template, namespace))
@@ -32,7 +34,8 @@ class GpuPods:
             "spec": {"schedulingGates": [{"name": SCHEDULING_GATE}, *({"name": g} for g in gates)],
                      "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
                      "containers": [{"name": "main", "image": "registry.example/train:1",
-                                     "resources": {"claims": [{"name": "gpu"}]}}]}})
+                                     "resources": {"claims": [{"name": "gpu"}]}}],
+                     **({"tolerations": [{"operator": "Exists"}]} if tolerate_all else {})}})
         claim = await eventually(lambda: self.claim_of(pod), timeout=30, what=f"the claim of pod {name}")
         return pod, claim
 

@@ -124,3 +124,25 @@ async def kubelet_start(apiserver, pod: dict) -> dict:
     return await apiserver.patch("v1", "pods", meta["name"], {"status": status}, meta["namespace"],
                                  kind="merge", subresource="status")
 
+
+
+DELETE_PROTECTION = "resource.kubernetes.io/delete-protection"
+
+
+async def claims_released(apiserver, claims: list[dict]) -> None:
+    """The resourceclaim controller once the claims' pod is gone: each claim no longer reserved for
+    it, its allocation cleared and the delete-protection finalizer removed (which lets a claim the
+    garbage collector is deleting go)."""
+    for claim in claims:
+        meta = claim["metadata"]
+        current = apiserver.object(claim["apiVersion"], "resourceclaims", meta["name"], meta["namespace"])
+        if current is None:
+            continue
+        status = dict(current.get("status") or {})
+        if status.get("reservedFor") or status.get("allocation"):
+            status.pop("reservedFor", None)
+            status.pop("allocation", None)
+            current = await apiserver.replace({**current, "status": status}, "status")
+        finalizers = [f for f in current["metadata"].get("finalizers") or [] if f != DELETE_PROTECTION]
+        if finalizers != (current["metadata"].get("finalizers") or []):
+            await apiserver.replace({**current, "metadata": {**current["metadata"], "finalizers": finalizers}})

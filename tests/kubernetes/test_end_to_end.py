@@ -20,7 +20,8 @@ from tessera.shared.kubeclaims import SCHEDULING_GATE, TENANT_LABEL, claim_id
 from tessera.placement.claimstatus import allocation, same_allocation
 
 from kube_objects import namespace
-from kubeparts import Refused, allocated_node, claims_of, gpu_pod, kubelet_start, make_claims, schedule
+from kubeparts import (Refused, allocated_node, claims_of, claims_released, gpu_pod, kubelet_start, make_claims,
+                       schedule)
 from kit import eventually
 from kubetessera import create_tenant, ledgers, quota_in_use, whole_tessera
 
@@ -74,8 +75,12 @@ async def test_a_gpu_pod_from_creation_to_deletion(tessera, apiserver):
     assert running["status"]["phase"] == "Running" and running["spec"]["nodeName"] == record.node
     assert set((await quota_in_use(client, "alpha")).claims) == {cid}
 
-    # kubectl delete pod: the garbage collector deletes its claim; everything is given back.
+    # kubectl delete pod: the garbage collector deletes its claim, which stays (placement's
+    # delete-protection finalizer) until the resourceclaim controller sees the pod gone; then
+    # everything is given back.
     await apiserver.delete("v1", "pods", "train", "team-a")
+    assert apiserver.object(RC, "resourceclaims", claim["metadata"]["name"], "team-a")["metadata"]["deletionTimestamp"]
+    await claims_released(apiserver, [claim])
     assert apiserver.object(RC, "resourceclaims", claim["metadata"]["name"], "team-a") is None
     released = await client.wait_for(cid, {"released"}, timeout=30)
     assert released.state == "released"

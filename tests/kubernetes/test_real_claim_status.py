@@ -105,7 +105,7 @@ async def test_a_status_write_without_the_binding_permission_is_refused_by_the_s
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "status-only", "namespace": kube_namespace}},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
          "metadata": {"name": "status-only", "namespace": kube_namespace},
-         "rules": [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+         "rules": [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get", "update"]},
                    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"], "verbs": ["update"]}]},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
          "metadata": {"name": "status-only", "namespace": kube_namespace},

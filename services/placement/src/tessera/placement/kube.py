@@ -26,6 +26,11 @@ from tessera.placement.podreport import condition_patch, event
 log = logging.getLogger("tessera.placement.kube")
 
 
+# The finalizer of claims allocated by kube-scheduler (resourceapi.Finalizer): the resourceclaim
+# controller removes it once the claim is deallocated and unused.
+DELETE_PROTECTION = "resource.kubernetes.io/delete-protection"
+
+
 class ClaimGone(PermanentError):
     """The ResourceClaim no longer exists (or a new one of the same name does): nothing to write."""
 
@@ -65,6 +70,21 @@ class KubeWriter:
         if (claim.get("metadata") or {}).get("deletionTimestamp"):
             raise ClaimGone(f"ResourceClaim {ref.namespace}/{ref.name} is being deleted")
         return claim
+
+    async def protect(self, ref: KubeClaimRef, claim: dict) -> dict:
+        """The claim with the delete-protection finalizer kube-scheduler puts on the claims it
+        allocates (added now, with the resourceVersion read, if missing): a deleted claim then stays
+        until its pods stop using it, when the resourceclaim controller clears the allocation and
+        removes the finalizer, and only then are its GPUs released."""
+        finalizers = list((claim.get("metadata") or {}).get("finalizers") or [])
+        if DELETE_PROTECTION in finalizers:
+            return claim
+        body = {**claim, "metadata": {**claim["metadata"], "finalizers": [*finalizers, DELETE_PROTECTION]}}
+        try:
+            return await self._bounded(f"protect ResourceClaim {ref.namespace}/{ref.name}",
+                                       self.api.replace(self.claim_path(ref), body))
+        except NotFound:
+            raise ClaimGone(f"ResourceClaim {ref.namespace}/{ref.name} was deleted before it was allocated") from None
 
     async def write_allocation(self, ref: KubeClaimRef, claim: dict, allocation: dict | None) -> dict:
         """Update the claim's ``status.allocation`` (None: remove it) as of the resourceVersion in

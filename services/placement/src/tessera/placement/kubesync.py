@@ -186,6 +186,7 @@ class ClaimStatusSync:
                 return False  # written before (by us, a peer, or a write whose answer was lost)
             raise PermanentError(f"it already shows another allocation ({_where(current)}), written by "
                                  f"another allocator")
+        claim = await self.writer.protect(ref, claim)
         stored = await self.writer.write_allocation(ref, claim, wanted)
         try:
             require_consumable_capacity(f"ResourceClaim {ref.namespace}/{ref.name}",

@@ -93,6 +93,18 @@ def is_deleting(claim: Mapping) -> bool:
     return bool((claim.get("metadata") or {}).get("deletionTimestamp"))
 
 
+def is_reserved(claim: Mapping) -> bool:
+    """Whether a pod is still listed as using the claim (``status.reservedFor``)."""
+    return bool((claim.get("status") or {}).get("reservedFor"))
+
+
+def is_ended(claim: Mapping) -> bool:
+    """A claim being deleted that no pod uses any more: its GPUs may be released. (One being
+    deleted while a pod still uses it — a foreground delete, a hand-made delete — is not: its
+    containers may still run. The delete-protection finalizer placement adds keeps it until then.)"""
+    return is_deleting(claim) and not is_reserved(claim)
+
+
 def is_allocated(claim: Mapping) -> bool:
     return bool((claim.get("status") or {}).get("allocation"))
 
@@ -153,7 +165,7 @@ def reconcile(claims: Iterable[Mapping], records: Iterable[ClaimRecord]) -> Repa
     written), and a claim created in between shows up as unrecorded, which a create-only record
     write makes harmless.
     """
-    live = {tessera_id(c): c for c in claims if not is_deleting(c)}
+    live = {tessera_id(c): c for c in claims if not is_ended(c)}
     recorded = {r.claim: r for r in records}
     request = [c for cid, c in live.items() if cid not in recorded]
     orphans = [r for r in recorded.values()

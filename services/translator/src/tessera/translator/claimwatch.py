@@ -103,7 +103,7 @@ class ClaimWatcher:
         seen_allocated = self.allocated
         self.allocated = {c["metadata"]["uid"] for c in claims if claimflow.is_allocated(c)}
         for claim in claims:
-            if claimflow.is_deleting(claim):
+            if claimflow.is_ended(claim):
                 await self.release(claim, DELETED)
             elif claim["metadata"]["uid"] in seen_allocated - self.allocated:  # between watch and list
                 await self.deallocated(claim)
@@ -127,9 +127,11 @@ class ClaimWatcher:
         if not claimflow.is_tessera_claim(claim):
             return
         uid = claim["metadata"]["uid"]
-        if kind == "DELETED" or claimflow.is_deleting(claim):
+        if kind == "DELETED" or claimflow.is_ended(claim):
             await self.release(claim, DELETED)
             return
+        if claimflow.is_deleting(claim):
+            return  # still used by a pod: released when the pod stops (reservedFor empties) or it is gone
         allocated = claimflow.is_allocated(claim)
         if uid in self.allocated and not allocated:
             self.allocated.discard(uid)
@@ -198,6 +200,13 @@ class ClaimWatcher:
         if ref.pod:
             targets.append({"apiVersion": "v1", "kind": "Pod",
                             "metadata": {"name": ref.pod, "namespace": ref.namespace, "uid": ref.pod_uid}})
+        failed = False
         for target in targets:
-            await self.cluster.event(target, reason, message)
-        self.reported.add((uid, message))
+            try:
+                await self.cluster.event(target, reason, message)
+            except Exception as exc:  # refused (a namespace being deleted, RBAC) or unreachable: the
+                failed = True          # report is lost, never the sync pass (tried again next pass)
+                log.warning("Event %s on %s %s/%s not written: %s", reason, target["kind"], ref.namespace,
+                            target["metadata"]["name"], exc)
+        if not failed:
+            self.reported.add((uid, message))
