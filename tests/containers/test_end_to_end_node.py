@@ -26,7 +26,7 @@ from tessera.shared.kubeclaims import DRIVER, TENANT_LABEL, claim_id
 
 from kube_objects import namespace
 from kubeletkit import Kubelet
-from kubeparts import allocated_node, gpu_pod, kubelet_start, make_claims, schedule, stored
+from kubeparts import allocated_node, claims_released, gpu_pod, kubelet_start, make_claims, schedule, stored
 from kit import eventually
 from kubetessera import create_tenant, ledgers, quota_in_use, whole_tessera
 from runtime import Podman
@@ -104,6 +104,8 @@ async def test_a_pod_admitted_allocated_prepared_and_enforced_then_given_back(
             await kubelet.close()
         await apiserver.patch("v1", "pods", "train", {"metadata": {"finalizers": None}}, "team-a")
         assert stored(apiserver, pod) is None
+        # the claim stays (delete protection) until the resourceclaim controller sees the pod gone
+        await claims_released(apiserver, [held])
         assert apiserver.object(RC, "resourceclaims", held["metadata"]["name"], "team-a") is None
         await client.wait_for(cid, {"released"}, timeout=30)
 
