@@ -2,6 +2,7 @@
 
 Two publishers serve one node each, as they would on two real machines; when one is killed, the
 other marks that node lost (inventory label and a `lost` event), and restarting it restores the node.
+A peer that announced itself while this publisher was starting its watch is watched as well.
 """
 
 from __future__ import annotations
@@ -12,8 +13,15 @@ import msgspec
 
 from tessera.shared import subjects
 from tessera.shared.bus import Bus
-from tessera.shared.settings import BusSettings
-from tessera.shared.events import NodeInventory, NodeLost, inventory_decoder
+from tessera.shared.cancelling import cancel_and_wait
+from tessera.shared.runner import ServiceContext
+from tessera.shared.settings import BusSettings, ServiceSettings
+from tessera.shared.events import GpuDevice, NodeInventory, NodeLost, encode, inventory_decoder
+from tessera.shared.telemetry import Telemetry
+
+from tessera.capacity import service as capacity_service
+from tessera.capacity.service import CapacityService
+from tessera.capacity.settings import CapacitySettings
 
 from tessera.cli.client import Client
 from tessera.cli.cluster import LocalCluster
@@ -74,3 +82,43 @@ async def test_a_silent_node_is_marked_lost_and_restored_when_it_speaks_again(na
         await sub.unsubscribe()
         await client.close()
         cluster.stop()
+
+
+def node(name: str) -> NodeInventory:
+    return NodeInventory(node=name, devices=[GpuDevice(uuid=f"GPU-{name}-0", index=0, model="sim", memory_mib=16000)])
+
+
+async def test_a_peer_announced_while_the_watch_starts_is_marked_lost_when_it_never_beats(nats_url, monkeypatch):
+    """Issue 27: the publisher reads the nodes already announced and subscribes to the heartbeats.
+    A peer that announces itself in between and dies before its first heartbeat must still be
+    marked lost. The ordering is forced, not waited for: the peer announces at the very moment the
+    read of the inventory bucket returns (read first, subscribe after, and it is never heard of)."""
+    bus = await Bus.connect(BusSettings(url=nats_url), "capacity")
+    peer = await Bus.connect(BusSettings(url=nats_url), "capacity")
+    await bus.ensure_topology()
+    ctx = ServiceContext(settings=ServiceSettings(service="capacity", bus=BusSettings(url=nats_url)),
+                         bus=bus, telemetry=Telemetry("capacity", None))
+    service = CapacityService(ctx, CapacitySettings(heartbeat_seconds=0.2, lost_after_seconds=1.0), [node("gpu-0")])
+    peer_kv = await peer.kv(subjects.KV_INVENTORY)
+    read = capacity_service.live_keys
+
+    async def read_then_the_peer_announces(kv):
+        keys = await read(kv)
+        await peer_kv.put("gpu-1", encode(node("gpu-1")))  # what CapacityService.announce does, once
+        await peer.publish(subjects.inventory("gpu-1"), node("gpu-1"))
+        return keys
+
+    monkeypatch.setattr(capacity_service, "live_keys", read_then_the_peer_announces)
+    kv = await bus.kv(subjects.KV_INVENTORY)
+    tasks = [asyncio.create_task(coro, name=f"capacity-{name}") for name, coro in (await service.start()).items()]
+    try:
+        async def gpu1_lost():
+            return _inventory.decode((await kv.get("gpu-1")).value).labels.get("tessera.dev/lost") == "true"
+
+        await eventually(gpu1_lost, what="gpu-1, announced once and silent since, labelled lost")
+        assert "tessera.dev/lost" not in _inventory.decode((await kv.get("gpu-0")).value).labels
+        assert ctx.ready
+    finally:
+        await cancel_and_wait(tasks)
+        await peer.close()
+        await bus.close()

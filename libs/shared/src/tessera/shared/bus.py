@@ -302,12 +302,21 @@ class Bus:
             raise TemporaryError(f"cannot read {stream} for {subject}: {exc!r}") from exc
 
     async def follow(self, subject: str, decoder: msgspec.json.Decoder,
-                     on_event: Callable[[Any, Mapping[str, str]], Awaitable[None] | None]) -> None:
+                     on_event: Callable[[Any, Mapping[str, str]], Awaitable[None] | None], *,
+                     subscribed: Callable[[], Awaitable[None]] | None = None) -> None:
         """Watch ``subject`` on core NATS (no storage, no acks) and hand each event and its headers
         to ``on_event``; runs until cancelled. For signs of life and hints that every replica
-        follows: what does not decode is skipped here (the streams' consumers dead-letter it)."""
+        follows: what does not decode is skipped here (the streams' consumers dead-letter it).
+
+        ``subscribed`` is awaited once the server holds the subscription and before the first event
+        is handed on (what arrives meanwhile waits): a read of what is already there (a bucket's
+        keys) done in it can then miss nothing that the subscription does not deliver. Read before
+        subscribing, something published between the read and the subscription is seen by neither."""
         sub = await self._nc.subscribe(subject)
         try:
+            if subscribed is not None:
+                await self._nc.flush()  # the server has the subscription: what it is sent from now is ours
+                await subscribed()
             async for msg in sub.messages:
                 try:
                     event = decoder.decode(msg.data)

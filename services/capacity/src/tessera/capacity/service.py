@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Callable
 
 import msgspec
 
@@ -78,9 +79,10 @@ class CapacityService:
         self.kv = await self.bus.kv(subjects.KV_INVENTORY)
         self.ctx.metrics.add(CapacityMetrics(self))
         announced = self.ctx.gate("announced")
+        watching = self.ctx.gate("watching")  # the peers' heartbeats, once the nodes known are read
         tasks = {
             "announce-and-heartbeat": self._heartbeats(announced),
-            "watch-heartbeats": self._watch_heartbeats(),
+            "watch-heartbeats": self._watch_heartbeats(watching),
             "watch-enforcers": self._watch_enforcers(),
             "detect-lost": self._detect_lost(),
         }
@@ -175,16 +177,24 @@ class CapacityService:
                 except Exception as exc:  # API server away or refusing: said once per try, retried next beat
                     log.warning("ResourceSlice of %s not written (retried at the next heartbeat): %s", inv.node, exc)
 
-    async def _watch_heartbeats(self) -> None:
-        """Every publisher tracks every node's last sign of life (core subscription, no storage)."""
-        now = time.time()
-        for key in await live_keys(self.kv):
-            self.last_seen.setdefault(key, now)  # grace period for nodes known before we started
+    async def _watch_heartbeats(self, watching: Callable[[], None]) -> None:
+        """Every publisher tracks every node's last sign of life (core subscription, no storage).
+
+        The nodes already announced are read from the bucket *after* the subscription is in place:
+        a peer that announces itself between the two is then heard by the subscription, where
+        reading first would miss it (not in the bucket yet, and its announcement published before
+        anyone listened); such a peer dying before its first heartbeat would never be marked lost."""
+        async def known_nodes() -> None:
+            now = time.time()
+            for key in await live_keys(self.kv):
+                self.last_seen.setdefault(key, now)  # grace period for nodes known before we started
+            watching()
+
         async def beat(event, _headers) -> None:
             if isinstance(event, (NodeHeartbeat, NodeInventory)):
                 await self._sign_of_life(self.last_seen, event.node)
 
-        await self.bus.follow(f"{subjects.INVENTORY}.>", inventory_decoder, beat)
+        await self.bus.follow(f"{subjects.INVENTORY}.>", inventory_decoder, beat, subscribed=known_nodes)
 
     async def _detect_lost(self) -> None:
         while True:
