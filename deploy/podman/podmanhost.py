@@ -35,8 +35,12 @@ CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tess
 # Bumped whenever the way the base image is made changes (part of its tag).
 RECIPE = "debootstrap --variant=minbase; apt caches dropped; tar | podman import; v2"
 NETWORK_TOOLS = ("/usr/lib/podman/netavark", "/usr/lib/podman/aardvark-dns")
-INSTALL_HINT = ("'make container-tools' installs Podman, runc, debootstrap, netavark and aardvark-dns from "
-                "Debian's packages")
+# netavark sets up every bridge network's NAT and port forwarding with these (Debian's iptables,
+# which Podman only suggests); without them each container start on a network fails with
+# "netavark: No such file or directory (os error 2)".
+FIREWALL_TOOLS = ("iptables", "ip6tables")
+INSTALL_HINT = ("'make container-tools' installs Podman, runc, debootstrap, netavark, aardvark-dns and iptables "
+                "from Debian's packages")
 
 CONTAINERS_CONF = """\
 # Written by deploy/podman/podmanhost.py; the machine's own config is untouched.
@@ -80,9 +84,15 @@ def find_tools(*tools: str) -> dict[str, str]:
 
 
 def require_network_backend() -> None:
+    """netavark, aardvark-dns and the iptables netavark runs: what a container on a network needs."""
     missing = [p for p in NETWORK_TOOLS if not os.access(p, os.X_OK)]
     if missing:
         raise PodmanMissing(f"{', '.join(missing)} missing (Debian's netavark and aardvark-dns): {INSTALL_HINT}")
+    path = f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"
+    missing = [tool for tool in FIREWALL_TOOLS if shutil.which(tool, path=path) is None]
+    if missing:
+        raise PodmanMissing(f"{', '.join(missing)} not installed (Debian's iptables; netavark needs it for every "
+                            f"container on a network): {INSTALL_HINT}")
 
 
 def _write(path: Path, text: str) -> None:
