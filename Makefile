@@ -49,8 +49,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check --quiet .
 	$(VENV)/bin/mypy
 
-# Podman, runc and debootstrap for tests/containers (a real runtime applies the CDI specs), from
-# Debian's packages when missing.
+# Podman, runc and debootstrap for tests/containers (a real runtime applies the CDI specs), and
+# netavark, aardvark-dns and iptables for the compose set's network, from Debian's packages when missing.
 container-tools:
 	@tests/containers/install.sh
 

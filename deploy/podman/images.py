@@ -64,8 +64,10 @@ class Builder:
         LOGS.mkdir(parents=True, exist_ok=True)
 
     def run(self, args, stdin=None, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([self.podman, *args], env=self.env, stdin=stdin, capture_output=True, text=True,
-                              timeout=timeout)
+        """One podman command; ``podmanhost.Overran`` (it and what it started killed) after ``timeout``."""
+        return podmanhost.run_bounded([self.podman, *args], timeout, env=self.env,
+                                      stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                                      what=f"podman {' '.join(args[:2])}")
 
     def build(self, name: str, tag: str, containerfile: Path, context: Path, build_args: dict[str, str],
               trust_host_ca: bool = True) -> None:
@@ -79,8 +81,8 @@ class Builder:
         print(f"building {tag} ({shown}) ... log: {log.relative_to(ROOT)}", flush=True)
         started = time.monotonic()
         with log.open("w") as out:
-            done = subprocess.run(["nice", "-n", "10", self.podman, *args, str(context)], env=self.env,
-                                  stdout=out, stderr=subprocess.STDOUT, timeout=1800)
+            done = podmanhost.run_bounded(["nice", "-n", "10", self.podman, *args, str(context)], 1800, env=self.env,
+                                          stdout=out, stderr=subprocess.STDOUT, what=f"podman build {tag}")
         seconds = time.monotonic() - started
         if done.returncode != 0:
             tail = "".join(log.read_text().splitlines(keepends=True)[-30:])
@@ -176,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
 
                     shutil.copy(find_binary(), Path(context) / "nats-server")
                 builder.build(name, tag, Path(context) / f"{name}.Containerfile", Path(context), build_args)
-    except podmanhost.PodmanMissing as exc:
+    except (podmanhost.PodmanMissing, podmanhost.Overran) as exc:
         print(f"make images: {exc}", file=sys.stderr)
         return 1
     print(f"\n{'image':<58} {'build s':>8} {'size MB':>8}  (size: the whole image, base layers included)")

@@ -26,17 +26,22 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import IO, Callable, Sequence
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tessera" / "containers"
 # Bumped whenever the way the base image is made changes (part of its tag).
 RECIPE = "debootstrap --variant=minbase; apt caches dropped; tar | podman import; v2"
 NETWORK_TOOLS = ("/usr/lib/podman/netavark", "/usr/lib/podman/aardvark-dns")
-INSTALL_HINT = ("'make container-tools' installs Podman, runc, debootstrap, netavark and aardvark-dns from "
-                "Debian's packages")
+# netavark sets up every bridge network's NAT and port forwarding with these (Debian's iptables,
+# which Podman only suggests); without them each container start on a network fails with
+# "netavark: No such file or directory (os error 2)".
+FIREWALL_TOOLS = ("iptables", "ip6tables")
+INSTALL_HINT = ("'make container-tools' installs Podman, runc, debootstrap, netavark, aardvark-dns and iptables "
+                "from Debian's packages")
 
 CONTAINERS_CONF = """\
 # Written by deploy/podman/podmanhost.py; the machine's own config is untouched.
@@ -80,9 +85,62 @@ def find_tools(*tools: str) -> dict[str, str]:
 
 
 def require_network_backend() -> None:
+    """netavark, aardvark-dns and the iptables netavark runs: what a container on a network needs."""
     missing = [p for p in NETWORK_TOOLS if not os.access(p, os.X_OK)]
     if missing:
         raise PodmanMissing(f"{', '.join(missing)} missing (Debian's netavark and aardvark-dns): {INSTALL_HINT}")
+    path = f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"
+    missing = [tool for tool in FIREWALL_TOOLS if shutil.which(tool, path=path) is None]
+    if missing:
+        raise PodmanMissing(f"{', '.join(missing)} not installed (Debian's iptables; netavark needs it for every "
+                            f"container on a network): {INSTALL_HINT}")
+
+
+class Overran(RuntimeError):
+    """A command did not finish in its time and was killed, with everything it started."""
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILLs the process group ``proc`` leads (started with ``start_new_session``), then reaps it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # not reaped after SIGKILL: a process stuck in the kernel
+        pass
+
+
+def run_bounded(argv: Sequence[str], timeout: float, *, env: dict[str, str] | None = None,
+                stdin: int | IO | None = subprocess.DEVNULL, stdout: int | IO | None = subprocess.PIPE,
+                stderr: int | IO | None = subprocess.PIPE, what: str | None = None) -> subprocess.CompletedProcess:
+    """``subprocess.run`` that always returns or raises ``Overran`` within about ``timeout`` seconds.
+
+    subprocess.run's own timeout kills only the process it started, then waits for its pipes to
+    close, which a child it left behind (podman-compose's ``podman wait``, a ``podman`` under
+    ``nice``) holds open for ever. Here the command leads a process group of its own, and the whole
+    group is killed; output a process outside the group still holds is given up after 5 s."""
+    proc = subprocess.Popen(list(argv), env=env, stdin=stdin, stdout=stdout, stderr=stderr, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        try:
+            out, err = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            out, err = "", ""
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+        said = ((out or "") + (err or "")).strip()[-2000:]
+        raise Overran(f"{what or ' '.join(argv)}: no answer in {timeout:.0f} s, killed"
+                      + (f"; it had said:\n{said}" if said else "")) from None
+    except BaseException:  # Ctrl-C or a test's timeout: leave nothing running behind
+        kill_group(proc)
+        raise
+    return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
 
 
 def _write(path: Path, text: str) -> None:
@@ -145,8 +203,7 @@ def debian_base(run_podman: RunPodman, cache: Path = CACHE, debootstrap: str | N
             return tag
         work = Path(tempfile.mkdtemp(prefix="rootfs-", dir=cache))
         try:
-            built = subprocess.run([debootstrap, "--variant=minbase", suite, str(work / "root"), mirror],
-                                   capture_output=True, text=True, timeout=900)
+            built = run_bounded([debootstrap, "--variant=minbase", suite, str(work / "root"), mirror], 900)
             if built.returncode != 0:
                 raise PodmanMissing(f"debootstrap {suite} from {mirror} failed: {built.stderr[-2000:]}")
             # The downloaded packages and the package lists (80 MB): an image that installs more runs
@@ -156,9 +213,14 @@ def debian_base(run_podman: RunPodman, cache: Path = CACHE, debootstrap: str | N
                 cached.unlink()
             tar = subprocess.Popen(["tar", "-C", str(work / "root"), "--numeric-owner", "-c", "."],
                                    stdout=subprocess.PIPE)
-            imported = run_podman(["import", "-", tag], tar.stdout, 600)
-            tar.stdout.close()
-            if tar.wait() != 0 or imported.returncode != 0:
+            try:
+                imported = run_podman(["import", "-", tag], tar.stdout, 600)
+            except BaseException:
+                tar.kill()  # the import overran: tar would wait on a pipe nobody reads
+                raise
+            finally:
+                tar.stdout.close()
+            if tar.wait(timeout=60) != 0 or imported.returncode != 0:
                 raise PodmanMissing(f"podman import of the base image failed: {imported.stderr[-2000:]}")
         finally:
             shutil.rmtree(work, ignore_errors=True)

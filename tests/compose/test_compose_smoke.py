@@ -52,8 +52,11 @@ SCRAPED_S = 180
 
 
 def podman(environment, *args, check=True, timeout=120) -> subprocess.CompletedProcess:
-    return subprocess.run(["podman", *args], env=environment, capture_output=True, text=True, check=check,
-                          timeout=timeout)
+    """One podman command, killed with whatever it started when it has not answered in ``timeout``."""
+    done = podmanhost.run_bounded(["podman", *args], timeout, env=environment, what=f"podman {' '.join(args)}")
+    if check and done.returncode != 0:
+        raise subprocess.CalledProcessError(done.returncode, done.args, done.stdout, done.stderr)
+    return done
 
 
 def containers(environment, service: str | None = None) -> list[str]:
@@ -76,17 +79,18 @@ def compose_set(tmp_path_factory):
     except podmanhost.PodmanMissing as exc:
         missing = str(exc)
     if missing:  # a failure, never a skip: this test exists to run the set
-        pytest.fail(f"the compose smoke test needs Podman: {missing}", pytrace=False)
+        pytest.fail(f"the compose smoke test cannot run the set here: {missing}", pytrace=False)
     # Free host ports: the defaults (4222, ...) may be taken by a NATS or a set already running here.
     environment.update({variable: str(free_port()) for variable in compose.published_ports()})
-    compose.down("-v", environment=environment, capture=True)  # an earlier run's
+    compose.down("-v", environment=environment, capture=True, timeout=300)  # an earlier run's
     try:
+        failed = None
         try:
-            compose.up(environment, timeout=600)
-        except podmanhost.PodmanMissing as exc:
-            missing = str(exc)  # an image is not built
-        if missing:
-            pytest.fail(missing, pytrace=False)
+            compose.up(environment, timeout=compose.UP_TIMEOUT_S)
+        except (podmanhost.PodmanMissing, podmanhost.Overran, compose.ComposeFailed) as exc:
+            failed = str(exc)  # an image is not built, or a container did not start: its name and podman's reason
+        if failed:
+            pytest.fail(failed, pytrace=False)
         yield environment
     finally:
         # Every container's log, kept for a failure's post-mortem (the set itself goes away now).
@@ -102,7 +106,7 @@ def compose_set(tmp_path_factory):
 def cli(environment, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env = dict(os.environ, TESSERA_NATS_URL=compose.host_nats_url(environment), TESSERA_NATS_USER="operator",
                TESSERA_NATS_PASSWORD_FILE=str(compose.AUTH_DIR / "passwords" / "operator"))
-    return subprocess.run([str(TESSERA), *args], env=env, capture_output=True, text=True, timeout=timeout)
+    return podmanhost.run_bounded([str(TESSERA), *args], timeout, env=env)
 
 
 def wait_healthy(environment) -> None:
@@ -117,7 +121,8 @@ def wait_healthy(environment) -> None:
         pending = [n for n in pending if podman(environment, "healthcheck", "run", n, check=False).returncode != 0]
         if pending:
             time.sleep(5)
-    assert not pending, "not healthy in time: " + ", ".join(pending) + "\n" + "\n".join(
+    assert not pending, "not healthy in time: " + ", ".join(pending) + "\n" + compose.describe(
+        c for c in compose.container_states(environment) if c["Name"] in pending) + "\n" + "\n".join(
         logs_of(environment, n) for n in pending)
 
 
