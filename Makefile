@@ -17,6 +17,7 @@ help:
 	@echo "make up     install what is missing, run Tessera on a simulated fleet with a live table and the"
 	@echo "            fleet view in a browser (it prints the URL; Ctrl-C stops)"
 	@echo "make test   install what is missing, build native/vgpu, lint (make lint), run the test suite"
+	@echo "make test-fast  unit-level tests only, no servers (about 25 s): the edit-test loop"
 	@echo "make bench  run the benchmarks and print their tables"
 	@echo "make kube-binaries  build the real Kubernetes components the tests run (Go; cached per machine)"
 	@echo "make demo   run the demo scenario to the end and print a summary"
@@ -74,6 +75,11 @@ KUBE_COMPONENTS := kube-apiserver kube-controller-manager kube-scheduler kubectl
 .PHONY: kube-binaries
 kube-binaries:
 	@tools/kube/build.sh v1.36 $(KUBE_COMPONENTS) >/dev/null
+
+# The edit-test loop: unit-level tests only, no servers (docs/development.md); CI runs `make test`.
+.PHONY: test-fast
+test-fast: $(STAMP) $(CORE)
+	$(PY) -m pytest --fast -q $(PYTEST_ARGS)
 
 test: $(STAMP) $(CORE) native lint container-tools browser-tools metrics-tools datastore-tools kube-binaries protos
 	$(MAKE) -C native/vgpu test

@@ -7,6 +7,8 @@ see each other's streams and a test may kill or restart its server freely.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tessera.shared.natsserver import NatsServer
@@ -16,6 +18,39 @@ from kit.clusters import PROFILES, start_cluster  # noqa: F401 - a fixture, regi
 from kit.kubecluster import kube_cluster, kube_namespace  # noqa: F401 - fixtures, registered by being here
 from kit.postgres import postgres  # noqa: F401 - a fixture, registered by being here
 from kit.leaks import _task_census, no_leaked_tasks, pytest_configure  # noqa: F401 - the leak check
+
+
+# --- `make test-fast`: the edit-test loop -----------------------------------------------------
+
+# Tests that use one of these start a server (or a whole Tessera, a browser, a container runtime):
+# `pytest --fast` leaves them out. `make test` (and CI) runs everything.
+SERVERS = {"nats_server", "nats_url", "bus", "bus_service", "platform_bus", "secured_nats", "start_cluster",
+           "kube_cluster", "kube_namespace", "postgres", "etcd_endpoint", "apiserver", "kube", "otlp_collector"}
+SLOW_DIRS = ("containers", "ui", "reliability", "faults", "e2e", "metrics", "compose", "isolation", "gpu", "vgpu",
+             "cli", "enforcer", "controlplane", "kubernetes", "capacity", "properties")
+# Files elsewhere whose tests spawn processes of their own (the linters, the compiled core, nats-server).
+SLOW_FILES = ("layering/test_make_lint.py", "placement/test_compiled_core.py", "placement/test_natsbench.py",
+              "deploy/test_compose_nats_cluster.py", "kit/test_leak_check.py", "shared/test_claim_pruning.py")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fast", action="store_true",
+                     help="unit-level tests only: none that starts a server, a container or a browser")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--fast"):
+        return
+    here = Path(__file__).parent
+    slow_roots = tuple(str(here / d) + "/" for d in SLOW_DIRS)
+    slow_files = {str(here / f) for f in SLOW_FILES}
+    keep, drop = [], []
+    for item in items:
+        path = str(item.path)
+        slow = path.startswith(slow_roots) or path in slow_files or SERVERS & set(getattr(item, "fixturenames", ()))
+        (drop if slow else keep).append(item)
+    config.hook.pytest_deselected(items=drop)
+    items[:] = keep
 
 
 @pytest.fixture
@@ -36,7 +71,6 @@ def nats_url(nats_server) -> str:
 
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
