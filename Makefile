@@ -20,6 +20,7 @@ help:
 	@echo "make test-fast  unit-level tests only, no servers (about 25 s): the edit-test loop"
 	@echo "make bench  run the benchmarks and print their tables"
 	@echo "make kube-binaries  build the real Kubernetes components the tests run (Go; cached per machine)"
+	@echo "make kube-node-binaries  build/install the real node's kubelet, containerd, runc and images"
 	@echo "make demo   run the demo scenario to the end and print a summary"
 	@echo "make gpu-wheels  download to .whl/ what a GPU machine without network needs (tests/gpu/run.sh)"
 	@echo "make images      build the compose set's images with Podman (deploy/podman/images.py)"
@@ -81,7 +82,19 @@ kube-binaries:
 test-fast: $(STAMP) $(CORE)
 	$(PY) -m pytest --fast -q $(PYTEST_ARGS)
 
-test: $(STAMP) $(CORE) native lint container-tools browser-tools metrics-tools datastore-tools kube-binaries protos
+# The real node of tests/kubernetes (tests/kit/kubenode.py): the kubelet, built like the control plane;
+# containerd 2.x, its runc shim and ctr from the module pinned in tools/kube/containerd/go.mod
+# (tools/kube/build-containerd.sh, cached in ~/.cache/tessera/containerd/<version>/bin); runc, the CNI
+# plugins and a static busybox from Debian's packages when missing (tests/kubernetes/install-node.sh);
+# the pause and busybox images, packed here (tools/kube/images.py; no registry).
+.PHONY: kube-node-binaries
+kube-node-binaries:
+	@tests/kubernetes/install-node.sh
+	@tools/kube/build.sh v1.36 kubelet >/dev/null
+	@tools/kube/build-containerd.sh >/dev/null
+	@$(PYTHON) tools/kube/images.py >/dev/null
+
+test: $(STAMP) $(CORE) native lint container-tools browser-tools metrics-tools datastore-tools kube-binaries kube-node-binaries protos
 	$(MAKE) -C native/vgpu test
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -16,6 +16,7 @@ from tessera.shared.natsserver import NatsServer
 from kit.bus import bus, bus_service, bus_settings  # noqa: F401 - fixtures, registered by being here
 from kit.clusters import PROFILES, start_cluster  # noqa: F401 - a fixture, registered by being here
 from kit.kubecluster import kube_cluster, kube_namespace  # noqa: F401 - fixtures, registered by being here
+from kit.kubenode import kube_node  # noqa: F401 - a fixture, registered by being here
 from kit.postgres import postgres  # noqa: F401 - a fixture, registered by being here
 from kit.leaks import _task_census, no_leaked_tasks, pytest_configure  # noqa: F401 - the leak check
 

@@ -179,6 +179,8 @@ class KubeControlPlane:
             f"--client-ca-file={pki.ca_file}",
             f"--kubelet-client-certificate={kubelet_client[0]}", f"--kubelet-client-key={kubelet_client[1]}",
             f"--kubelet-certificate-authority={pki.ca_file}",
+            # a test node's name resolves nowhere: the API server reaches its kubelet (logs, exec) by IP
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-account-key-file={self.workdir / 'pki' / 'sa.pub'}",
             f"--service-account-signing-key-file={self.workdir / 'pki' / 'sa.key'}",

@@ -1,0 +1,40 @@
+/* The pod sandbox's one process (the role of Kubernetes' build/pause/linux/pause.c): holds the
+ * pod's namespaces, reaps the zombies it inherits as PID 1, and exits 0 on SIGTERM or SIGINT.
+ * Built static by tools/kube/images.py and packed as the node's sandbox image (no registry). */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void on_stop(int sig) {
+    (void)sig;
+    _exit(0);
+}
+
+static void on_child(int sig) {
+    (void)sig;
+    while (waitpid(-1, NULL, WNOHANG) > 0) {
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "-v") == 0) {
+        puts("pause (tessera)");
+        return 0;
+    }
+    if (getpid() != 1) {
+        fprintf(stderr, "pause: warning: not PID 1\n");
+    }
+    struct sigaction stop = {.sa_handler = on_stop};
+    struct sigaction child = {.sa_handler = on_child, .sa_flags = SA_NOCLDSTOP};
+    if (sigaction(SIGINT, &stop, NULL) < 0 || sigaction(SIGTERM, &stop, NULL) < 0 ||
+        sigaction(SIGCHLD, &child, NULL) < 0) {
+        perror("pause: sigaction");
+        return 1;
+    }
+    for (;;) {
+        pause();
+    }
+}
