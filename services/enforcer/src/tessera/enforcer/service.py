@@ -108,7 +108,8 @@ class EnforcerService:
         try:
             await reader.connect()
             await plugin.restore()
-            await serve(plugin, self.settings.kubelet_registry_dir, self.settings.kubelet_plugin_dir, ready)
+            await serve(plugin, self.settings.kubelet_registry_dir, self.settings.kubelet_plugin_dir, ready,
+                        self.settings.pod_uid)
         finally:
             await reader.close()
 

@@ -9,6 +9,8 @@ Kubernetes mode, where the kubelet meets its DRA plugin and the container runtim
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +62,14 @@ def _absolute(raw: str) -> Path:
     if not path.is_absolute():
         raise ValueError("must be an absolute path (the kubelet's directory on the node)")
     return path
+
+
+def _pod_uid(raw: str) -> str:
+    """A pod uid as the API server assigns it (it becomes part of two socket file names)."""
+    value = raw.strip().lower()
+    if value and not re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", value):
+        raise ValueError("must be the pod's metadata.uid (a UUID such as 3f1c...-...), as the downward API gives it")
+    return value
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,6 +137,12 @@ class EnforcerSettings(FromEnv):
         "TESSERA_KUBELET_PLUGIN_DIR", "the plugin's directory: the DRA socket `dra.sock`, the checkpoint of "
         "prepared claims `checkpoint.json` and its lock (absolute path)", Path(f"/var/lib/kubelet/plugins/{DRIVER}"),
         parse=_absolute, group="kubernetes")
+    # The enforcer pod's uid (the downward API's metadata.uid): in the sockets' names, so that two
+    # instances can serve side by side during a rolling update with a surge.
+    pod_uid: str = setting(
+        "TESSERA_POD_UID", "the enforcer pod's uid, put in the plugin's socket names (`gpu.tessera.dev-<uid>-reg.sock`, "
+        "`dra-<uid>.sock`) so that a rolling update can start the new pod before the old one stops; empty: the "
+        "fixed names", "", parse=_pod_uid, group="kubernetes")
     # The kernel's id of this boot: a checkpoint written in another boot describes nothing that exists.
     boot_id_file: Path = setting(
         "TESSERA_BOOT_ID_FILE", "where the node's boot id is read; a checkpoint from another boot is dropped with "

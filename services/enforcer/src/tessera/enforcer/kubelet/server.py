@@ -7,6 +7,11 @@ NodeUnprepareResources on the DRA socket in the plugin directory. Both DRA versi
 speaks (v1, and v1beta1 for older kubelets) are served by one implementation (plugin.py). The DRA
 socket is listening before the registration socket appears, and both sockets are removed on the
 way out, so the kubelet never registers a plugin that cannot answer, and sees it leave.
+
+Rolling updates with a surge (the DaemonSet's maxSurge: 1): given its pod's uid, each instance's
+sockets carry it (``gpu.tessera.dev-<uid>-reg.sock``, ``dra-<uid>.sock``), the names the kubelet
+(1.33+) expects of two instances of one driver side by side; it may call either, and the plugin's
+node-wide lock and checkpoint (plugin.py) make that safe. Without a uid the names are the fixed ones.
 """
 
 from __future__ import annotations
@@ -35,6 +40,14 @@ log = logging.getLogger("tessera.enforcer.kubelet")
 PLUGIN_TYPE = "DRAPlugin"
 REGISTRATION_SOCKET = f"{DRIVER}-reg.sock"
 DRA_SOCKET = "dra.sock"
+
+
+def socket_names(pod_uid: str = "") -> tuple[str, str]:
+    """(registration socket, DRA socket) of the instance running in pod ``pod_uid`` ("" for none)."""
+    if not pod_uid:
+        return REGISTRATION_SOCKET, DRA_SOCKET
+    return f"{DRIVER}-{pod_uid}-reg.sock", f"dra-{pod_uid}.sock"
+
 # The gRPC services the kubelet may call, as it names them in supported_versions.
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 STOP_GRACE_SECONDS = 2.0
@@ -108,9 +121,11 @@ async def _listen(server: grpc.aio.Server, socket: Path) -> None:
     await server.start()
 
 
-async def serve(plugin: DraPlugin, registry_dir: Path, plugin_dir: Path, ready: Callable[[], None]) -> None:
+async def serve(plugin: DraPlugin, registry_dir: Path, plugin_dir: Path, ready: Callable[[], None],
+                pod_uid: str = "") -> None:
     """Serve until cancelled: the DRA socket first, then the registration socket."""
-    dra_socket, registration_socket = plugin_dir / DRA_SOCKET, registry_dir / REGISTRATION_SOCKET
+    registration_name, dra_name = socket_names(pod_uid)
+    dra_socket, registration_socket = plugin_dir / dra_name, registry_dir / registration_name
     dra, registration = grpc.aio.server(), grpc.aio.server()
     dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraV1(plugin), dra)
     dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraV1beta1(plugin), dra)
