@@ -322,6 +322,25 @@ def service_identity(plane: KubeControlPlane, manifest: str) -> Path:
     return plane.token_kubeconfig(meta["name"], token)
 
 
+def node_bound_identity(plane: KubeControlPlane, manifest: str, node: str) -> Path:
+    """A kubeconfig acting as deploy/k8s/``manifest``'s service account from a pod bound to ``node``,
+    as a DaemonSet's pod there would: its token names the pod and the node (the
+    authentication.kubernetes.io/node-name extra that node-scoped policies read). The Node object
+    is made if missing; the pod is never run (no kubelet needs to serve that node)."""
+    service_identity(plane, manifest)
+    [account] = manifests(manifest, ("ServiceAccount",))
+    namespace, name = account["metadata"]["namespace"], account["metadata"]["name"]
+    pod = f"{name}-{node}"
+    apply(plane, [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}},
+                  {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "namespace": namespace},
+                   "spec": {"serviceAccountName": name, "nodeName": node, "automountServiceAccountToken": False,
+                            "tolerations": [{"operator": "Exists"}],
+                            "containers": [{"name": "main", "image": "registry.example/none:1"}]}}])
+    token = plane.kubectl("create", "token", "-n", namespace, name, "--bound-object-kind=Pod",
+                          f"--bound-object-name={pod}", "--duration=10h").stdout.strip()
+    return plane.token_kubeconfig(f"{name}-{node}", token)
+
+
 def _start_or_fail(**kw) -> KubeControlPlane:
     try:
         return start_control_plane(**kw)

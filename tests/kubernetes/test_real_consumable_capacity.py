@@ -18,7 +18,7 @@ from tessera.translator.dra import resource_claim_template
 from tessera.translator.kube import TemplateWriter
 from tessera.translator.webhook import ContainerClaim
 
-from kit.kubecluster import remove, service_identity, start_control_plane
+from kit.kubecluster import node_bound_identity, remove, service_identity, start_control_plane
 
 GPU = GpuDevice(uuid="GPU-11111111-1111-4111-8111-111111111111", index=0, model="NVIDIA H100 80GB HBM3",
                 memory_mib=81559)
@@ -40,8 +40,8 @@ def gate_off():
 
 
 async def test_the_publisher_s_slice_is_kept_as_written_with_the_gate_on(kube_cluster):
-    writer = SliceWriter(KubeApi.for_kubeconfig(service_identity(kube_cluster, "capacity.yaml")))
     node = "gate-on-0"
+    writer = SliceWriter(KubeApi.for_kubeconfig(node_bound_identity(kube_cluster, "capacity.yaml", node)))
     try:
         assert await writer.publish(inventory(node)) == 1
         stored = await writer.api.get(object_path(API_VERSION, "resourceslices", slice_name(node)))
@@ -53,7 +53,7 @@ async def test_the_publisher_s_slice_is_kept_as_written_with_the_gate_on(kube_cl
 
 
 async def test_the_publisher_refuses_naming_the_gate_when_it_is_off(gate_off):
-    writer = SliceWriter(KubeApi.for_kubeconfig(service_identity(gate_off, "capacity.yaml")))
+    writer = SliceWriter(KubeApi.for_kubeconfig(node_bound_identity(gate_off, "capacity.yaml", "gate-off-0")))
     try:
         with pytest.raises(FeatureGateOff, match=r"allowMultipleAllocations.*DRAConsumableCapacity feature gate is off"):
             await writer.publish(inventory("gate-off-0"))
