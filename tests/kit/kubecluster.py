@@ -270,14 +270,18 @@ class KubeControlPlane:
 
     def stop(self) -> None:
         for name in reversed(list(self.procs)):
-            proc = self.procs[name]
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            terminate(self.procs[name])
         self.procs.clear()
+
+
+def terminate(proc: subprocess.Popen, grace: float = 15) -> None:
+    """SIGTERM, then SIGKILL if ``proc`` is not gone within ``grace`` seconds; reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def start_control_plane(minor: str = "v1.36", **kw) -> KubeControlPlane:

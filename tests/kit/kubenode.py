@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kit.kubecluster import ROOT, KubeControlPlane, ensure_binaries
+from kit.kubecluster import ROOT, KubeControlPlane, ensure_binaries, terminate
 from tessera.shared.natsserver import free_port
 
 BUILD_CONTAINERD = ROOT / "tools" / "kube" / "build-containerd.sh"
@@ -454,14 +454,8 @@ imports = []
 
     def _stop_proc(self, name: str) -> None:
         proc = self.procs.pop(name, None)
-        if proc is None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            terminate(proc)
 
     def _kill_leftover_tasks(self) -> None:
         if "containerd" not in self.procs:
