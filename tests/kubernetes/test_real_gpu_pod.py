@@ -94,6 +94,7 @@ def _gpu_pod(name: str, namespace: str, image: str) -> dict:
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+            "dnsPolicy": "Default",  # the node has no cluster DNS (the kubelet would warn MissingClusterDNS)
             "containers": [{
                 "name": "main", "image": image, "imagePullPolicy": "Never", "stdin": True,
                 "command": [probeimage.PROBE, "64", "0", "hold"],
@@ -190,7 +191,7 @@ async def test_a_gpu_pod_runs_on_the_real_node_enforced_and_given_back(
         # kubectl delete: the kubelet stops the container and unprepares; the claim goes with the pod
         deleted = time.monotonic()
         await kubectl("delete", "-n", kube_namespace, "pod/train", "--timeout=90s")
-        await client.wait_for(cid, {"released"}, timeout=60)
+        released = await client.wait_for(cid, {"released"}, timeout=60)
 
         async def given_back():
             return all(not lg.entries for lg in (await ledgers(client)).values()) \
@@ -202,6 +203,13 @@ async def test_a_gpu_pod_runs_on_the_real_node_enforced_and_given_back(
         assert not (cluster.state_dir(kube_node.name) / "claims" / cid).exists()
         gone = await kubectl("get", "-n", kube_namespace, "resourceclaim", claim["metadata"]["name"], check=False)
         assert gone.returncode != 0, gone.stdout
+        # an ordinary end: the resourceclaim controller deallocates a claim whose pods are done, and
+        # that is no news to warn anyone about (no Warning on the pod, none on its claim)
+        assert released.reason == "resourceclaim-unused", released
+        events = json.loads((await kubectl("get", "events", "-n", kube_namespace, "-o", "json")).stdout)["items"]
+        warnings = [(e["involvedObject"]["kind"], e["reason"], e["message"]) for e in events if e["type"] == "Warning"
+                    and e["involvedObject"]["kind"] in ("Pod", "ResourceClaim")]
+        assert not warnings, warnings
         print(f"GPU pod created -> Ready in {running_after:.1f} s; probe {reply}; "
               f"deleted -> released in {released_after:.1f} s")
     finally:
