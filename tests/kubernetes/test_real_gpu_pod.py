@@ -105,6 +105,11 @@ def _gpu_pod(name: str, namespace: str, image: str) -> dict:
     }
 
 
+def _checkpoint(dirs: KubeletDirs) -> dict:
+    """The claims in the enforcer's kubelet-plugin checkpoint (ResourceClaim uid -> entry)."""
+    return json.loads((dirs.plugin / "checkpoint.json").read_text())["body"]["claims"]
+
+
 def _log_has(path: Path, text: str) -> bool:
     return path.exists() and text in path.read_text(errors="replace")
 
@@ -174,7 +179,11 @@ async def test_a_gpu_pod_runs_on_the_real_node_enforced_and_given_back(
         [result] = claim["status"]["allocation"]["devices"]["results"]
         assert result["driver"] == DRIVER and result["pool"] == kube_node.name, result
         assert [r["uid"] for r in claim["status"]["reservedFor"]] == [got["metadata"]["uid"]]
+        # the kubelet asked the enforcer (NodePrepareResources) and handed its CDI id to containerd
         assert list(kube_node.cdi_dir.iterdir()), "no CDI spec for the prepared claim"
+        ref = f"{kube_namespace}/{claim['metadata']['name']}"
+        assert _log_has(enforcer_log, f"prepared ResourceClaim {ref} ({cid}) for the kubelet"), enforcer_log.read_text()
+        assert claim["metadata"]["uid"] in _checkpoint(dirs)
 
         # the container's probe: the claim's memory and not a byte more, read through kubectl logs
         async def probed():
@@ -192,6 +201,11 @@ async def test_a_gpu_pod_runs_on_the_real_node_enforced_and_given_back(
         deleted = time.monotonic()
         await kubectl("delete", "-n", kube_namespace, "pod/train", "--timeout=90s")
         released = await client.wait_for(cid, {"released"}, timeout=60)
+        # the kubelet unprepares after the containers stop and before the pod's phase is final,
+        # and only then does the resourceclaim controller deallocate: unprepared before released
+        assert _log_has(enforcer_log, f"unprepared ResourceClaim {ref} ({cid})"), enforcer_log.read_text()
+        assert not list(kube_node.cdi_dir.iterdir()), "the CDI spec outlived the pod"
+        assert claim["metadata"]["uid"] not in _checkpoint(dirs)
 
         async def given_back():
             return all(not lg.entries for lg in (await ledgers(client)).values()) \
@@ -199,7 +213,6 @@ async def test_a_gpu_pod_runs_on_the_real_node_enforced_and_given_back(
 
         assert await eventually(given_back, timeout=30), (await ledgers(client), await quota_in_use(client, TENANT))
         released_after = time.monotonic() - deleted
-        assert not list(kube_node.cdi_dir.iterdir()), "the CDI spec outlived the pod"
         assert not (cluster.state_dir(kube_node.name) / "claims" / cid).exists()
         gone = await kubectl("get", "-n", kube_namespace, "resourceclaim", claim["metadata"]["name"], check=False)
         assert gone.returncode != 0, gone.stdout
@@ -213,8 +226,14 @@ async def test_a_gpu_pod_runs_on_the_real_node_enforced_and_given_back(
         print(f"GPU pod created -> Ready in {running_after:.1f} s; probe {reply}; "
               f"deleted -> released in {released_after:.1f} s")
     finally:
+        # the session's control plane outlives this test: no webhook (Fail for GPU pods) is left
+        # pointing at a translator that is gone
         await kubectl("delete", "mutatingwebhookconfiguration", webhook["metadata"]["name"], "--ignore-not-found",
                       check=False)
+        service, endpoints = _webhook_service(kube_node.ip, port)
+        for kind, doc in (("endpointslices.discovery.k8s.io", endpoints), ("services", service)):
+            await kubectl("delete", "-n", doc["metadata"]["namespace"], kind, doc["metadata"]["name"],
+                          "--ignore-not-found", check=False)
         if client is not None:
             await client.close()
         await asyncio.to_thread(cluster.stop)
