@@ -187,6 +187,9 @@ class KubeControlPlane:
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
             "--allow-privileged=true", "--profiling=false", "--v=0",
+            # webhooks and aggregated APIs reached through their Service's endpoints, not its
+            # ClusterIP: no kube-proxy runs here, so a ClusterIP leads nowhere (test_real_gpu_pod.py)
+            "--enable-aggregator-routing=true",
             *self.extra_apiserver_flags,
         ])
         self.admin_kubeconfig = self.cert_kubeconfig("admin", "tessera-test-admin", ("system:masters",))

@@ -1,4 +1,6 @@
-"""The real Tessera services as processes, in Kubernetes mode, against the API-server emulator.
+"""The real Tessera services as processes, in Kubernetes mode, against the API-server emulator (or
+a real control plane: ``kubeconfigs`` gives each service its own identity, ``kubelets`` a real
+node's directories).
 
 They reach the emulator as they would reach a cluster, through a kubeconfig (``KUBECONFIG``), and a
 real nats-server; the emulator runs in the test's event loop, so a test awaits while they work.
@@ -18,6 +20,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 import yaml
 
@@ -72,9 +75,10 @@ class KubeCluster(LocalCluster):
     """The services of one test, with the kubelet directories of each node."""
 
     kubelet_root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kl-", dir="/tmp")))
+    kubelets: Mapping[str, KubeletDirs] = field(default_factory=dict)  # real nodes' own directories
 
     def kubelet(self, node: str) -> KubeletDirs:
-        return KubeletDirs.of(self.kubelet_root, node)
+        return self.kubelets.get(node) or KubeletDirs.of(self.kubelet_root, node)
 
     def state_dir(self, node: str) -> Path:
         """The enforcer's state directory on ``node`` (claim directories under ``claims/``)."""
@@ -87,23 +91,33 @@ class KubeCluster(LocalCluster):
             shutil.rmtree(self.kubelet_root, ignore_errors=True)
 
 
-async def start_services(workdir: Path, nats_url: str, apiserver_url: str, *, profile: str = "tiny.yaml",
+async def start_services(workdir: Path, nats_url: str, apiserver_url: str | None, *,
+                         profile: str | Path = "tiny.yaml",
                          services: tuple[str, ...] = ("controlplane", "capacity", "placement"),
-                         placement_replicas: int = 1, env: dict[str, str] | None = None) -> KubeCluster:
+                         placement_replicas: int = 1, env: dict[str, str] | None = None,
+                         kubeconfigs: Mapping[str, Path] | None = None,
+                         kubelets: Mapping[str, KubeletDirs] | None = None) -> KubeCluster:
     """``services`` (and an enforcer per node, its node's kubelet plugin) in Kubernetes mode; ready
-    when this returns."""
+    when this returns. ``kubeconfigs`` (service name -> kubeconfig, ``enforcer`` included): each
+    service acts as its own identity, instead of all as the emulator's one user of
+    ``apiserver_url``; ``kubelets``: the directories of a node's real kubelet and runtime
+    (a profile path that is absolute is used as it is)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    kubeconfig = write_kubeconfig(workdir / "kubeconfig", apiserver_url)
-    extra = {"KUBECONFIG": str(kubeconfig), "TESSERA_KUBERNETES": "true", "TESSERA_HEARTBEAT_SECONDS": "1",
-             **(env or {})}
-    cluster = KubeCluster(workdir=workdir, profile=PROFILES / profile, nats_url=nats_url, extra_env=extra)
+    extra = {"TESSERA_KUBERNETES": "true", "TESSERA_HEARTBEAT_SECONDS": "1", **(env or {})}
+    if kubeconfigs is None:
+        assert apiserver_url, "the emulator's URL, or a kubeconfig per service"
+        extra["KUBECONFIG"] = str(write_kubeconfig(workdir / "kubeconfig", apiserver_url))
+    identity = {name: {"KUBECONFIG": str(path)} for name, path in (kubeconfigs or {}).items()}
+    cluster = KubeCluster(workdir=workdir, profile=PROFILES / profile, nats_url=nats_url, extra_env=extra,
+                          kubelets=dict(kubelets or {}))
     for name in services:
         replicas = placement_replicas if name == "placement" else 1
         for i in range(replicas):
-            cluster.spawn(name, instance=f"{name}-{i}" if replicas > 1 else name)
+            cluster.spawn(name, instance=f"{name}-{i}" if replicas > 1 else name, env=identity.get(name))
     for node_name in cluster.nodes():
         cluster.spawn("enforcer", instance=f"enforcer-{node_name}",
-                      env={"TESSERA_NODE": node_name, **cluster.kubelet(node_name).env()})
+                      env={"TESSERA_NODE": node_name, **cluster.kubelet(node_name).env(),
+                           **identity.get("enforcer", {})})
     try:
         await asyncio.to_thread(cluster.wait_ready, 90)
     except BaseException:

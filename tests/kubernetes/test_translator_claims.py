@@ -154,6 +154,25 @@ async def test_allocation_removed_by_someone_else_releases_the_claim(apiserver, 
     await eventually(lambda: any(e["reason"] == "Deallocated" for e in events_about(apiserver, "ml", name)))
 
 
+async def test_a_claim_deallocated_when_its_pods_are_done_is_released_without_a_warning(apiserver, translator):
+    """The resourceclaim controller deallocates a claim once its last consumer is done (the
+    reservation and the allocation go in one status write, before the claim itself is deleted):
+    the ordinary end of every GPU pod on a real cluster (test_real_gpu_pod.py), not something done
+    outside Tessera to warn the pod's owner about."""
+    pod, claim, cid = await requested_claim(apiserver, translator, "trainer")
+    name = claim["metadata"]["name"]
+    allocation = {"devices": {"results": [{"request": "gpu", "driver": "gpu.tessera.dev", "pool": "node-a",
+                                           "device": "gpu-0"}]}}
+    consumer = {"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
+    await apiserver.patch(*RC, name, {"status": {"allocation": allocation}}, "ml", subresource="status")
+    await apiserver.patch(*RC, name, {"status": {"reservedFor": [consumer]}}, "ml", subresource="status")
+    await apiserver.patch(*RC, name, {"status": {"allocation": None, "reservedFor": None}}, "ml",
+                          subresource="status")
+    (release,) = await translator.wait_for("release", cid)
+    assert release.reason == "resourceclaim-unused"
+    assert not events_about(apiserver, "ml", name) and not events_about(apiserver, "ml", "trainer")
+
+
 def hand_written_claim(name: str, namespace: str, spec: ClaimSpec | None, owner: dict | None = None) -> dict:
     if spec is not None:
         doc = dra.resource_claim(spec, name, namespace)

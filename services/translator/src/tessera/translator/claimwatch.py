@@ -4,7 +4,11 @@ In Kubernetes mode a GPU pod's claim is a ResourceClaim that Kubernetes' resourc
 makes from the webhook's template. This loop follows the ResourceClaims of the Tessera device class
 in every namespace: a new one is published as ``requested`` (claim id from its uid, tenant from its
 namespace, spec from its opaque config, the ResourceClaim and pod it stands for); one deleted, being
-deleted, or whose allocation someone else removed is released. Watches miss things (a translator
+deleted, or whose allocation was removed is released. Kubernetes' resourceclaim controller removes
+the allocation itself when the last pod using the claim is done (phase Succeeded or Failed, or
+gone; its reservation and allocation go in one status write, before the claim is deleted): that is
+the ordinary end of a GPU pod, released quietly; an allocation removed while no pod had the claim
+reserved is someone else's doing, and is reported on the claim and its pod. Watches miss things (a translator
 down, a stream broken, a resourceVersion expired), so before every watch, at start and then every
 reconcile period, the claims bucket is compared with a fresh list and both sides repaired.
 
@@ -31,6 +35,7 @@ log = logging.getLogger("tessera.translator.claims")
 # Release reasons, as they appear on the release event and the claim's record.
 DELETED = "resourceclaim-deleted"
 DEALLOCATED = "resourceclaim-deallocated"
+UNUSED = "resourceclaim-unused"  # deallocated by the resourceclaim controller: its pods are done
 MISSING = "resourceclaim-missing"
 
 
@@ -64,6 +69,8 @@ class ClaimWatcher:
         self.recorded: set[str] = set()
         # ResourceClaim uids last seen with status.allocation: losing it then is a deallocation.
         self.allocated: set[str] = set()
+        # ... and with a pod in status.reservedFor: losing both then is the pods' end, not news.
+        self.reserved: set[str] = set()
         # (uid, message) already reported as an Event by this process: one report, not one a period.
         self.reported: set[tuple[str, str]] = set()
         self.started = False
@@ -100,13 +107,15 @@ class ClaimWatcher:
         repairs = claimflow.reconcile(claims, records)
         live = {claimflow.tessera_id(c) for c in claims}
         self.recorded = {r.claim for r in records} & live
-        seen_allocated = self.allocated
+        seen_allocated, seen_reserved = self.allocated, self.reserved
         self.allocated = {c["metadata"]["uid"] for c in claims if claimflow.is_allocated(c)}
+        self.reserved = {c["metadata"]["uid"] for c in claims if claimflow.is_reserved(c)}
         for claim in claims:
+            uid = claim["metadata"]["uid"]
             if claimflow.is_ended(claim):
                 await self.release(claim, DELETED)
-            elif claim["metadata"]["uid"] in seen_allocated - self.allocated:  # between watch and list
-                await self.deallocated(claim)
+            elif uid in seen_allocated - self.allocated:  # between watch and list
+                await self.deallocated(claim, was_reserved=uid in seen_reserved)
         for record in repairs.release:
             if await self.sink.release_kube(record.claim, MISSING):
                 log.info("claim %s has no ResourceClaim any more: released", record.claim)
@@ -133,15 +142,24 @@ class ClaimWatcher:
         if claimflow.is_deleting(claim):
             return  # still used by a pod: released when the pod stops (reservedFor empties) or it is gone
         allocated = claimflow.is_allocated(claim)
+        was_reserved = uid in self.reserved
+        if claimflow.is_reserved(claim):
+            self.reserved.add(uid)
+        else:
+            self.reserved.discard(uid)
         if uid in self.allocated and not allocated:
             self.allocated.discard(uid)
-            await self.deallocated(claim)
+            await self.deallocated(claim, was_reserved=was_reserved)
             return
         if allocated:
             self.allocated.add(uid)
         await self.admit(claim)
 
-    async def deallocated(self, claim: Mapping) -> None:
+    async def deallocated(self, claim: Mapping, *, was_reserved: bool) -> None:
+        if was_reserved and not claimflow.is_reserved(claim):
+            # the resourceclaim controller's deallocation of a claim whose pods are done
+            await self.release(claim, UNUSED)
+            return
         # Tessera clears allocations itself when it releases a claim: only a live one is news.
         if await self.release(claim, DEALLOCATED):
             await self.report(claim, "Deallocated",
@@ -181,6 +199,7 @@ class ClaimWatcher:
         except ValueError:
             return False  # never admitted
         self.allocated.discard(claim["metadata"]["uid"])
+        self.reserved.discard(claim["metadata"]["uid"])
         if not await self.sink.release_kube(cid, reason):
             return False
         ref = claimflow.claim_ref(claim)
