@@ -72,8 +72,10 @@ COPY profiles /opt/tessera/profiles
           native_stage=ENFORCER_NATIVE,
           runtime_files="""\
 # /usr/local/lib/tessera/libvgpu.so is also the enforcer's built-in fallback for TESSERA_LIBVGPU.
-# sim/ is the simulated CUDA driver and NVML, for simulated-hardware runs without a GPU.
+# sim/ is the simulated CUDA driver and NVML, for simulated-hardware runs without a GPU;
+# tessera-cdi-hook is the CDI specs' createContainer hook (TESSERA_CDI_HOOK's fallback too).
 COPY --from=native /src/native/vgpu/build/libvgpu.so /usr/local/lib/tessera/libvgpu.so
+COPY --from=native /src/native/vgpu/build/tessera-cdi-hook /usr/local/lib/tessera/tessera-cdi-hook
 COPY --from=native /src/native/vgpu/build/sim/ /usr/local/lib/tessera/sim/
 # Mount points owned by the service user, so that named volumes (compose) start out writable by it.
 RUN mkdir -p /var/lib/tessera/enforcer /var/run/cdi \\

@@ -77,7 +77,9 @@ def test_simulated_claim_spec_mounts_enforcement_and_needs_only_0_3_0(prepared):
 def test_claim_spec_environment_is_hamis_plus_the_simulated_drivers(prepared):
     directory, node = prepared
     env = env_of(cdi.claim_spec("c-0123abcd", SHARES, directory, node, GPUS))
-    assert env["CUDA_VISIBLE_DEVICES"] == env["NVIDIA_VISIBLE_DEVICES"] == f"{UUID0},{UUID1}"
+    assert env["CUDA_VISIBLE_DEVICES"] == f"{UUID0},{UUID1}"
+    # The spec brings the driver itself: an NVIDIA runtime on the node must inject nothing more.
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1024m" and env["CUDA_DEVICE_MEMORY_LIMIT_1"] == "2048m"
     assert env["CUDA_DEVICE_SM_LIMIT"] == "50"
     assert env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == str(directory.cache)
@@ -180,6 +182,9 @@ def setter(key, value, device=False):
 
 FEATURES = [
     ("nothing newer", lambda s: None, "0.3.0"),
+    # Hooks are in the first tagged release (0.3.0): the driver's ldcache hook raises nothing.
+    ("createContainer hook", with_edit(hooks=[{"hookName": "createContainer", "path": "/bin/h", "args": ["h"]}]),
+     "0.3.0"),
     ("mount type", with_edit(mounts=[{"hostPath": "/a", "containerPath": "/b", "type": "bind"}]), "0.4.0"),
     ("empty mount type", with_edit(mounts=[{"hostPath": "/a", "containerPath": "/b", "type": ""}]), "0.3.0"),
     ("device node hostPath", with_edit(deviceNodes=[{"path": "/dev/x", "hostPath": "/dev/y"}]), "0.5.0"),
@@ -228,6 +233,7 @@ def test_schema_refuses_what_the_specification_does_not_allow():
         "device name with a slash": dict(good, devices=[{"name": "a/b"}]),
         "env without =": dict(good, containerEdits={"env": ["NOVALUE"]}),
         "relative hook path": dict(good, containerEdits={"hooks": [{"hookName": "createContainer", "path": "x"}]}),
+        "unknown hook name": dict(good, containerEdits={"hooks": [{"hookName": "preStart", "path": "/x"}]}),
         "unknown version": dict(good, cdiVersion="0.9.0"),
         "bad permissions": dict(good, containerEdits={"deviceNodes": [{"path": "/dev/x", "permissions": "rx"}]}),
     }

@@ -233,3 +233,24 @@ async def test_a_container_of_a_non_root_user_gets_exactly_its_claims_memory(cla
     # On the host, no user but the enforcer's can get to the claim's accounting file at all.
     cache = next(m["hostPath"] for m in spec["devices"][0]["containerEdits"]["mounts"] if "rw" in m["options"])
     assert oct(Path(cache).parent.stat().st_mode & 0o777) == "0o700"
+
+
+async def test_the_driver_is_in_the_loader_cache_and_visible_devices_is_void_whatever_the_workload_sets(
+        claims, podman, base_image, cuda_probe):
+    # The workload asks for every GPU by environment, as NVIDIA's images do; the spec's edits
+    # override it with "void", so an NVIDIA runtime on the node would inject nothing by itself.
+    spec, device = await claims.prepare(256)
+    assert env_of(spec)["NVIDIA_VISIBLE_DEVICES"] == "void"
+    got = await probe(podman, base_image, cuda_probe, device, run_opts=("--env", "NVIDIA_VISIBLE_DEVICES=all"),
+                      command=("sh", "-c", 'echo "$NVIDIA_VISIBLE_DEVICES"; ls /dev | grep -c nvidia; '
+                                           "ldconfig -p | grep -E 'libcuda|libnvidia-ml' | sed 's/^[[:space:]]*//' "
+                                           "| sort | tr '\\n' ';'; echo; exec " + PROBE + " 64 0"))
+    assert got.code == 0, got.stderr[-2000:]
+    visible, nodes, cache, _ = got.stdout.splitlines()
+    assert (visible, nodes) == ("void", "0")  # simulated hardware: no device node at all
+    # The spec's hook put the simulated driver into the container's loader cache, as ldconfig does
+    # for a driver installed in the image (tools that look libcuda up there find it).
+    assert cache.split(";")[:-1] == ["libcuda.so (libc6,x86-64) => /usr/lib/libcuda.so",
+                                     "libcuda.so.1 (libc6,x86-64) => /usr/lib/libcuda.so.1",
+                                     "libnvidia-ml.so.1 (libc6,x86-64) => /usr/lib/libnvidia-ml.so.1"], cache
+    assert report(got)["allocated_mib"] == 256

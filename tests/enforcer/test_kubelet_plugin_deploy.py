@@ -58,3 +58,23 @@ def test_a_relative_kubelet_directory_is_refused_by_name():
     # a local fleet keeps its CDI specs in its state directory
     local = EnforcerSettings.from_env({"TESSERA_NODE": "n", "TESSERA_STATE_DIR": "/tmp/x"})
     assert not local.kubernetes and local.cdi_dir == Path("/tmp/x/cdi")
+
+
+def test_the_daemonset_gives_the_specs_the_hosts_driver_and_installs_their_hook():
+    spec = objects()["DaemonSet"]["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    settings = EnforcerSettings.from_env({k: v for k, v in env.items() if v is not None} | {"TESSERA_NODE": "n"})
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    host = {v["name"]: v.get("hostPath", {}).get("path") for v in spec["volumes"]}
+    # The driver root is read where it is mounted (read-only), and named in the specs by the host's path.
+    root = mounts[str(settings.driver_root)]
+    assert root.get("readOnly") and host[root["name"]] == str(settings.driver_root_on_host)
+    assert settings.dev_root == settings.driver_root / "dev"  # the host's /dev, not the pod's
+    # The hook the specs name is where the init container installs it, at the same path on the host.
+    hook = settings.cdi_hook
+    assert host[mounts[str(hook.parent)]["name"]] == str(hook.parent)
+    (init,) = spec["initContainers"]
+    script = " ".join(init["command"])
+    assert f"/host-vgpu/{hook.name}" in script and "/usr/local/lib/tessera/tessera-cdi-hook" in script
+    assert {m["mountPath"]: m["name"] for m in init["volumeMounts"]}["/host-vgpu"] == mounts[str(hook.parent)]["name"]

@@ -1,35 +1,50 @@
 """The CDI spec of a prepared claim: what a container runtime must do so enforcement holds inside.
 
 A container runtime (Podman, containerd, CRI-O) given ``--device gpu.tessera.dev/gpu=<name>`` (or a
-kubelet plugin's answer naming that id) applies the spec's container edits. Environment variables
-alone enforce nothing in a container: the paths they name do not exist there and a workload can
-unset them. So each claim's spec also carries
+kubelet plugin's answer naming that id) applies the spec's container edits. The spec is the whole of
+what the container gets, as NVIDIA's DRA driver and ``nvidia-ctk cdi generate`` make theirs: no
+NVIDIA runtime, runtime hook or ``NVIDIA_VISIBLE_DEVICES`` is needed or honoured. Environment
+variables alone enforce nothing in a container: the paths they name do not exist there and a
+workload can unset them. So each claim's spec carries
 
-- the device nodes of its GPUs (``/dev/nvidia<i>``) and of the driver (``nvidiactl`` and
-  ``nvidia-uvm``, without which CUDA cannot start; ``nvidia-uvm-tools`` where the host has it);
-  none on simulated hardware. Type and numbers are read under ``NodeFiles.dev_root``, which must
-  be the host's ``/dev`` as the enforcer sees it;
+- the device nodes of its GPUs (``/dev/nvidia<minor>``, the minor the kernel driver lists for the
+  GPU's UUID, its index where the kernel lists none) and of the driver (``nvidiactl`` and
+  ``nvidia-uvm``, without which CUDA cannot start; ``nvidia-uvm-tools`` and ``nvidia-modeset``
+  where the host has them), no other GPU's; none on simulated hardware. Type and numbers are read
+  under ``NodeFiles.dev_root``, which must be the host's ``/dev`` as the enforcer sees it;
+- the driver's user-space files (driver.py: the libraries of the installed version, found from the
+  driver root's loader cache, and ``nvidia-smi``), each read-only at its path in the driver root;
+  on simulated hardware the simulated ``libcuda.so.1`` and ``libnvidia-ml.so.1`` in ``/usr/lib``;
+- a createContainer hook, native/vgpu's ``tessera-cdi-hook update-ldcache``, which runs the
+  host's ldconfig inside the container over the libraries' directories (soname links, the loader
+  cache, a conf file naming them) and links ``libcuda.so`` to ``libcuda.so.1``: what NVIDIA's
+  ``update-ldcache`` and ``create-symlinks`` hooks do, so the libraries load in any glibc image;
 - mounts: ``libvgpu.so`` read-only at `CONTAINER_LIBVGPU`; the claim's preload file read-only at
   ``/etc/ld.so.preload`` (the dynamic loader honours it whatever the environment says); the claim's
   limits file read-only at libvgpu's node config path ``/etc/tessera/vgpu.conf`` (libvgpu takes the
   lowest limit over its sources and the cache path from that file first, so raised or unset
   variables lift nothing); the accounting file itself, writable, at its host path (which the
   limits file names; a mounted file cannot be deleted or replaced from inside, so a workload cannot
-  start itself a fresh budget); on simulated hardware the simulated ``libcuda.so.1`` and
-  ``libnvidia-ml.so.1`` in ``/usr/lib``, where the loader looks without being told;
-- the environment: HAMi's limit variables, the cache path, the visible GPUs by UUID, ``LD_PRELOAD``
-  (for tools that look at it), and on simulated hardware the simulated driver's own variables.
+  start itself a fresh budget);
+- the environment: HAMi's limit variables, the cache path, the visible GPUs by UUID
+  (``CUDA_VISIBLE_DEVICES``), ``LD_PRELOAD`` (for tools that look at it),
+  ``NVIDIA_VISIBLE_DEVICES=void`` (it replaces whatever the image or the pod set, so an NVIDIA
+  runtime on the node injects nothing of its own: a pod that asks for ``all`` gets its claim's
+  GPUs and no other), and on simulated hardware the simulated driver's own variables.
 
 ``cdiVersion`` is the lowest version whose features the content uses, by the rules of the CDI
 specification's version table (the reference library's ``MinimumRequiredVersion``): runtimes with an
 older CDI library (Debian's Podman 4.3 reads up to 0.5.0) reject a spec that declares more than they
-know. Our content needs 0.3.0 unless a claim id starts with a digit (0.5.0).
+know. Device nodes by path, mounts without ``type`` and hooks are all 0.3.0 features, so our content
+needs 0.3.0 unless a claim id starts with a digit (0.5.0).
 
 Public API (the kubelet plugin's prepare and the enforcer's NATS path both use it):
 
 - ``KIND`` = ``gpu.tessera.dev/gpu``;
 - ``device_name(claim) -> str``: the CDI device name of a claim (the claim id where valid);
-- ``NodeFiles(libvgpu, sim_driver_dir="", dev_root=Path("/dev"))``: what this node offers containers;
+- ``NodeFiles(libvgpu, sim_driver_dir="", dev_root=Path("/dev"), driver=None, cdi_hook="",
+  proc_driver=Path("/proc/driver/nvidia"))``: what this node offers containers (``driver``: the
+  real driver's files, driver.find; the simulated driver's come from ``sim_driver_dir``);
 - ``claim_spec(claim, shares, directory, node, gpus={}) -> dict``: the spec (``directory`` created);
 - ``min_version(spec) -> str``: the minimum ``cdiVersion`` of any spec dict;
 - ``device_ids(spec) -> list[str]``: the fully qualified ids (``gpu.tessera.dev/gpu=<name>``);
@@ -43,6 +58,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 import re
 import stat
 import tempfile
@@ -53,7 +69,9 @@ from typing import Any, Iterator, Mapping, Sequence
 from tessera.shared.events import DeviceShare, GpuDevice
 from tessera.shared.kubeclaims import DRIVER
 
+from tessera.enforcer import driver as nvdriver
 from tessera.enforcer.claimdir import CONTAINER_LIBVGPU, ClaimDir
+from tessera.enforcer.driver import CONTAINER_SIM_DRIVER_DIR, SIM_DRIVER_LIBS, DriverFiles  # noqa: F401 (re-exported)
 from tessera.enforcer.limits import simulated_driver_env, workload_env
 
 VENDOR = DRIVER
@@ -63,12 +81,13 @@ KIND = f"{VENDOR}/{CLASS}"
 # libvgpu's node config path (native/vgpu/src/config.c): read first, its limits are ceilings.
 CONTAINER_LIMITS = "/etc/tessera/vgpu.conf"
 CONTAINER_PRELOAD = "/etc/ld.so.preload"
-# A default directory of the dynamic loader, so the simulated driver is found with no variable set.
-CONTAINER_SIM_DRIVER_DIR = "/usr/lib"
-SIM_DRIVER_LIBS = ("libcuda.so.1", "libnvidia-ml.so.1")
-# The driver's nodes, shared by all GPUs: CUDA needs the first two; the profiler's only where present.
+# The driver's nodes, shared by all GPUs: CUDA needs the first two; the profiler's and the display
+# driver's only where present.
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm")
-OPTIONAL_NODES = ("nvidia-uvm-tools",)
+OPTIONAL_NODES = ("nvidia-uvm-tools", "nvidia-modeset")
+# What a runtime's NVIDIA hook reads: "void" makes it inject nothing (the spec has it all).
+NVIDIA_VISIBLE_DEVICES = "void"
+HOOK_NAME = "tessera-cdi-hook"
 
 _READ_ONLY = ["ro", "nosuid", "nodev", "bind"]
 _WRITABLE = ["rw", "nosuid", "nodev", "bind"]
@@ -86,10 +105,21 @@ class NodeFiles:
     # Directory with the simulated libcuda.so.1 and libnvidia-ml.so.1; "" = the real driver.
     sim_driver_dir: str = ""
     dev_root: Path = Path("/dev")
+    # The real driver's files (driver.find); None: none are mounted (the simulated driver's are).
+    driver: DriverFiles | None = None
+    # tessera-cdi-hook, as the host's runtime finds it; "": the libraries are mounted, no hook runs.
+    cdi_hook: str | Path = ""
+    # The kernel driver's per-GPU information (each GPU UUID's device minor).
+    proc_driver: Path = Path("/proc/driver/nvidia")
 
     @property
     def simulated(self) -> bool:
         return bool(self.sim_driver_dir)
+
+    def driver_files(self) -> DriverFiles | None:
+        if self.simulated:
+            return nvdriver.simulated(self.sim_driver_dir)
+        return self.driver
 
 
 def device_name(claim: str) -> str:
@@ -121,7 +151,10 @@ def claim_spec(
     if not shares:
         raise ValueError(f"claim {claim} has no devices: there is nothing to put into a container")
     env = workload_env(list(shares), directory.cache, libvgpu=CONTAINER_LIBVGPU)
-    mounts = [
+    env["NVIDIA_VISIBLE_DEVICES"] = NVIDIA_VISIBLE_DEVICES
+    files = node.driver_files()
+    mounts = [_mount(f.host, f.container, _READ_ONLY) for f in (files.libraries + files.binaries)] if files else []
+    mounts += [
         _mount(node.libvgpu, CONTAINER_LIBVGPU, _READ_ONLY),
         _mount(directory.preload, CONTAINER_PRELOAD, _READ_ONLY),
         _mount(directory.config, CONTAINER_LIMITS, _READ_ONLY),
@@ -132,27 +165,68 @@ def claim_spec(
         sim = simulated_driver_env(list(shares), gpus or {}, node.sim_driver_dir)
         sim.pop("LD_LIBRARY_PATH")  # a host path; the libraries sit in a default loader directory
         env.update(sim)
-        for lib in SIM_DRIVER_LIBS:
-            host = (Path(node.sim_driver_dir) / lib).resolve()
-            mounts.append(_mount(host, f"{CONTAINER_SIM_DRIVER_DIR}/{lib}", _READ_ONLY))
     else:
-        nodes = gpu_device_nodes(shares, node.dev_root)
+        nodes = gpu_device_nodes(shares, node.dev_root, node.proc_driver)
     edits: dict[str, Any] = {"env": [f"{k}={v}" for k, v in sorted(env.items())]}
     if nodes:
         edits["deviceNodes"] = nodes
     edits["mounts"] = mounts
+    if files and files.libraries and node.cdi_hook:
+        edits["hooks"] = [ldcache_hook(node.cdi_hook, files)]
     spec: dict[str, Any] = {"cdiVersion": "", "kind": KIND,
                             "devices": [{"name": device_name(claim), "containerEdits": edits}]}
     spec["cdiVersion"] = min_version(spec)
     return spec
 
 
-def gpu_device_nodes(shares: Sequence[DeviceShare], dev_root: Path = Path("/dev")) -> list[dict[str, Any]]:
+def ldcache_hook(hook: str | Path, files: DriverFiles) -> dict[str, Any]:
+    """The createContainer hook that makes the mounted libraries loadable in the container."""
+    args = [HOOK_NAME, "update-ldcache"]
+    for folder in files.library_dirs:
+        args += ["--folder", folder]
+    libcuda = files.libcuda
+    if libcuda:
+        folder, name = posixpath.split(libcuda.container)
+        # The soname link first (ldconfig would make it, but only a link that is there before it
+        # runs gets libcuda.so into the cache too), then the development name many programs dlopen:
+        # the links NVIDIA's specs create.
+        if name != "libcuda.so.1":
+            args += ["--link", f"{name}::{folder}/libcuda.so.1"]
+        args += ["--link", f"libcuda.so.1::{folder}/libcuda.so"]
+    return {"hookName": "createContainer", "path": str(hook), "args": args}
+
+
+def kernel_minors(proc_driver: Path = Path("/proc/driver/nvidia")) -> dict[str, int]:
+    """GPU UUID -> device minor (``/dev/nvidia<minor>``), as the kernel driver lists them in
+    ``<proc_driver>/gpus/<PCI address>/information`` (``GPU UUID:`` and ``Device Minor:``); empty
+    where there is no driver. The minor is the kernel's numbering, which need not follow NVML's
+    index (the claim's), so the node of a GPU is looked up, not computed."""
+    minors: dict[str, int] = {}
+    try:
+        infos = sorted((proc_driver / "gpus").glob("*/information"))
+    except OSError:
+        return minors
+    for path in infos:
+        try:
+            info = path.read_text()
+        except OSError:
+            continue
+        uuid = re.search(r"^GPU UUID:\s*(\S+)\s*$", info, re.MULTILINE)
+        minor = re.search(r"^Device Minor:\s*(\d+)\s*$", info, re.MULTILINE)
+        if uuid and minor:
+            minors[uuid.group(1)] = int(minor.group(1))
+    return minors
+
+
+def gpu_device_nodes(shares: Sequence[DeviceShare], dev_root: Path = Path("/dev"),
+                     proc_driver: Path = Path("/proc/driver/nvidia")) -> list[dict[str, Any]]:
     """Device nodes of the claim's GPUs and the driver's (always named: a missing one must fail the
     container at its start, not leave it running without), then the optional ones the host has.
     Type and numbers are read from the host so that runtimes with an old CDI library need not look
     them up; ``path`` alone keeps the spec at 0.3.0."""
-    paths = [dev_root / f"nvidia{s.index}" for s in sorted(shares, key=lambda s: s.index)]
+    known = kernel_minors(proc_driver)
+    minors = dict.fromkeys(known.get(s.uuid, s.index) for s in sorted(shares, key=lambda s: s.index))
+    paths = [dev_root / f"nvidia{minor}" for minor in minors]
     paths += [dev_root / n for n in CONTROL_NODES]
     paths += [p for p in (dev_root / n for n in OPTIONAL_NODES) if p.exists()]
     nodes = []

@@ -5,6 +5,11 @@ run`) or as the kubelet's NodePrepareResources (Kubernetes). Both need exactly t
 disk — the claim directory with its accounting file and read-only limits file, the workload's
 environment, and one CDI spec naming it — so both call ``materialize``; and both undo it with
 ``remove``. Neither touches the ledger: what is allocated is placement's and the release path's.
+
+On a node with the real driver the spec carries the driver's files (driver.py), looked up under the
+driver root at every prepare (a read of its loader cache and one directory: milliseconds), so a
+driver installed or upgraded after the enforcer started (the GPU operator's) is what the next
+container gets; where none is found the prepare fails with the reason (``DriverNotFound``).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import Mapping
 
 from tessera.shared.events import DeviceShare, GpuDevice
 
-from tessera.enforcer import cdi
+from tessera.enforcer import cdi, driver
 from tessera.enforcer.claimdir import ClaimDir, ClaimDirs
 from tessera.enforcer.limits import OWNER_LOCK_VAR, simulated_driver_env, vgpu_config, workload_env
 from tessera.enforcer.settings import EnforcerSettings
@@ -33,7 +38,14 @@ class Preparation:
     def __init__(self, settings: EnforcerSettings, dirs: ClaimDirs) -> None:
         self.settings = settings
         self.dirs = dirs
-        self.node_files = cdi.NodeFiles(libvgpu=settings.libvgpu, sim_driver_dir=settings.sim_driver_dir)
+
+    @property
+    def node_files(self) -> cdi.NodeFiles:
+        """What this node puts into every claim's container now (the real driver looked up afresh)."""
+        found = None if self.settings.simulated else driver.find(self.settings.driver_root,
+                                                                 self.settings.driver_root_on_host)
+        return cdi.NodeFiles(libvgpu=self.settings.libvgpu, sim_driver_dir=self.settings.sim_driver_dir,
+                             dev_root=self.settings.dev_root, driver=found, cdi_hook=self.settings.cdi_hook)
 
     def materialize(self, claim: str, shares: list[DeviceShare], devices: Mapping[str, GpuDevice],
                     *, workload_uid: int | None = None) -> Prepared:
@@ -41,6 +53,7 @@ class Preparation:
 
         ``workload_uid``: the host uid of a `tessera run` workload (the claim's spec carries it);
         None for a claim meant for containers (the kubelet's, or one submitted without it)."""
+        node = self.node_files  # first: without a driver nothing is made (DriverNotFound)
         directory = self.dirs.of(claim)
         env = workload_env(shares, directory.cache, libvgpu=self.settings.libvgpu)
         env["TESSERA_VGPU_CONFIG"] = str(directory.config)
@@ -48,7 +61,7 @@ class Preparation:
         if self.settings.simulated:
             env.update(simulated_driver_env(shares, devices, self.settings.sim_driver_dir))
         directory.create(env, vgpu_config(shares, directory.cache), workload_uid=workload_uid)
-        spec = cdi.claim_spec(claim, shares, directory, self.node_files, devices)
+        spec = cdi.claim_spec(claim, shares, directory, node, devices)
         cdi.write_spec(self.settings.cdi_dir, spec)
         return Prepared(claim=claim, env=env, directory=directory, cdi_device=cdi.device_ids(spec)[0])
 

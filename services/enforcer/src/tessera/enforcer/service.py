@@ -47,6 +47,7 @@ from tessera.shared.telemetry import NODE, decided
 
 from tessera.enforcer import lost as lostmod
 from tessera.enforcer.claimdir import ClaimDirs
+from tessera.enforcer.driver import DriverNotFound
 from tessera.enforcer.gpustats import GpuStats
 from tessera.enforcer.metrics import EnforcerMetrics
 from tessera.enforcer.observe import NodeView, Observer
@@ -93,6 +94,18 @@ class EnforcerService:
         self.gpustats = GpuStats(enabled=not self.settings.simulated)
         if self.settings.simulated:
             log.info("simulated fleet: workloads get the simulated driver from %s", self.settings.sim_driver_dir)
+        else:
+            try:
+                found = self.preparation.node_files.driver
+            except DriverNotFound as exc:  # looked up again at every prepare
+                log.warning("%s; claims cannot be prepared until it is there", exc)
+            else:
+                assert found is not None
+                log.info("NVIDIA driver %s: %d libraries and %d programs under %s go into the CDI specs",
+                         found.version, len(found.libraries), len(found.binaries), self.settings.driver_root)
+        if not self.settings.cdi_hook.is_file():
+            log.warning("TESSERA_CDI_HOOK=%s does not exist here: a container runtime cannot run the CDI specs' "
+                        "hook and will not start claims' containers", self.settings.cdi_hook)
 
     # --- Kubernetes: the kubelet's DRA plugin ----------------------------------------------------
 

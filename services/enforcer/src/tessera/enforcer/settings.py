@@ -32,6 +32,11 @@ def _default_libvgpu() -> str:
     return str(found) if found else "/usr/local/lib/tessera/libvgpu.so"
 
 
+def _default_cdi_hook() -> str:
+    found = _in_tree("tessera-cdi-hook")
+    return str(found) if found else "/usr/local/lib/tessera/tessera-cdi-hook"
+
+
 def _has_nvidia_driver() -> bool:
     return Path("/dev/nvidiactl").exists() or Path("/proc/driver/nvidia/version").exists()
 
@@ -54,6 +59,14 @@ def _found_sim_driver_dir() -> str:
         return ""
     found = _in_tree("sim", "libcuda.so.1")
     return str(found.parent) if found else ""
+
+
+def _host_path(raw: str) -> Path:
+    """A path of the node's (the host's, or the host's as the enforcer sees it): absolute."""
+    path = Path(raw)
+    if not path.is_absolute():
+        raise ValueError("must be an absolute path")
+    return path
 
 
 def _absolute(raw: str) -> Path:
@@ -94,6 +107,25 @@ class EnforcerSettings(FromEnv):
         shown="`<state>/cdi`; `/var/run/cdi` in Kubernetes mode")
     libvgpu: str = setting("TESSERA_LIBVGPU", "path of `libvgpu.so`, preloaded into workloads",
                            unset=lambda read: _default_libvgpu(), shown="the in-tree build")
+    # The CDI specs' createContainer hook: it makes the driver's mounted libraries loadable in the
+    # container (ldconfig there). A host path, since the container runtime runs it.
+    cdi_hook: Path = setting(
+        "TESSERA_CDI_HOOK", "path of `tessera-cdi-hook` (native/vgpu) on the host, the createContainer hook of "
+        "every claim's CDI spec that makes the driver's libraries loadable in the container (absolute path)",
+        default_factory=lambda: Path(_default_cdi_hook()), parse=_host_path, shown="the in-tree build")
+    # The real driver: its files are found under the driver root as the enforcer sees it, and
+    # mounted into containers from the same directory as the host sees it.
+    driver_root: Path = setting(
+        "TESSERA_DRIVER_ROOT", "where the enforcer sees the root of the NVIDIA driver's installation (the host's "
+        "`/` mounted at `/driver-root` in the DaemonSet); its `etc/ld.so.cache` finds the driver's libraries for "
+        "the CDI specs", Path("/"), parse=_host_path)
+    host_driver_root: Path | None = setting(
+        "TESSERA_HOST_DRIVER_ROOT", "the same directory as the host (the container runtime) sees it: `/`, or "
+        "`/run/nvidia/driver` for a driver the GPU operator installs", None, parse=_host_path,
+        shown="`TESSERA_DRIVER_ROOT`")
+    dev_root: Path = setting(
+        "TESSERA_DEV_ROOT", "the host's `/dev` as the enforcer sees it: the GPUs' and the driver's device nodes "
+        "are read there for the CDI specs", Path("/dev"), parse=_host_path)
     # Host mode: where to install libvgpu's node file making enforcement mandatory (None: not
     # installed; /etc/tessera/vgpu.conf on a node whose host processes use the GPUs). See
     # docs/isolation-host-mode.md.
@@ -151,6 +183,11 @@ class EnforcerSettings(FromEnv):
     @property
     def simulated(self) -> bool:
         return bool(self.sim_driver_dir)
+
+    @property
+    def driver_root_on_host(self) -> Path:
+        """The driver root as the container runtime sees it (what a spec's mounts name)."""
+        return self.host_driver_root or self.driver_root
 
     @property
     def tick_seconds(self) -> float:
