@@ -70,12 +70,14 @@ datastore-tools:
 	@tests/controlplane/install.sh
 
 # The real Kubernetes control plane of tests/kubernetes (kube-apiserver, kube-controller-manager,
-# kube-scheduler and kubectl), built with `go` from the modules pinned in tools/kube/v1.36/go.mod into
+# kube-scheduler and kubectl) of both pinned versions (v1.36, supported; v1.37, the next release), built
+# with `go` from the modules pinned in tools/kube/<minor>/go.mod into
 # ~/.cache/tessera/kubernetes/<version>/bin; what is cached is not built again (README: cold build time).
 KUBE_COMPONENTS := kube-apiserver kube-controller-manager kube-scheduler kubectl
 .PHONY: kube-binaries
 kube-binaries:
 	@tools/kube/build.sh v1.36 $(KUBE_COMPONENTS) >/dev/null
+	@tools/kube/build.sh v1.37 $(KUBE_COMPONENTS) >/dev/null
 
 # The edit-test loop: unit-level tests only, no servers (docs/development.md); CI runs `make test`.
 .PHONY: test-fast
@@ -91,6 +93,7 @@ test-fast: $(STAMP) $(CORE)
 kube-node-binaries:
 	@tests/kubernetes/install-node.sh
 	@tools/kube/build.sh v1.36 kubelet >/dev/null
+	@tools/kube/build.sh v1.37 kubelet >/dev/null
 	@tools/kube/build-containerd.sh >/dev/null
 	@$(PYTHON) tools/kube/images.py >/dev/null
 

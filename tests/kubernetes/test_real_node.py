@@ -23,7 +23,7 @@ def test_the_kubelet_registers_the_node_with_its_own_identity(kube_cluster, kube
     ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}
     assert ready["Ready"] == "True", node["status"]["conditions"]
     info = node["status"]["nodeInfo"]
-    assert info["kubeletVersion"] == kube_version()
+    assert info["kubeletVersion"] == kube_version(kube_cluster.minor)
     assert info["containerRuntimeVersion"] == f"containerd://{containerd_version().lstrip('v')}"
     addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
     assert addresses["InternalIP"] == kube_node.ip
