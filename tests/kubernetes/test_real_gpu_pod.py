@@ -197,6 +197,15 @@ async def test_a_gpu_pod_runs_on_the_real_node_enforced_and_given_back(
         in_use = await ledgers(client)
         assert [e for lg in in_use.values() for e in lg.entries], in_use
 
+        # the kubelet shows the device's health, from the plugin's dra-health stream, in the pod's status
+        async def health():
+            got = json.loads((await kubectl("get", "-n", kube_namespace, "pod/train", "-o", "json")).stdout)
+            statuses = [r for c in got["status"].get("containerStatuses") or []
+                        for r in c.get("allocatedResourcesStatus") or []]
+            return [h for r in statuses for h in r.get("resources") or []]
+        reported = await eventually(health, timeout=60, what="the device's health in the pod's status")
+        assert {h.get("health") for h in reported} == {"Healthy"}, reported
+
         # kubectl delete: the kubelet stops the container and unprepares; the claim goes with the pod
         deleted = time.monotonic()
         await kubectl("delete", "-n", kube_namespace, "pod/train", "--timeout=90s")

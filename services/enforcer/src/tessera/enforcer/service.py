@@ -110,6 +110,7 @@ class EnforcerService:
     # --- Kubernetes: the kubelet's DRA plugin ----------------------------------------------------
 
     async def _kubelet_plugin(self) -> None:
+        from tessera.enforcer.kubelet.health import DeviceHealth
         from tessera.enforcer.kubelet.kube import ClaimReader
         from tessera.enforcer.kubelet.plugin import DraPlugin
         from tessera.enforcer.kubelet.server import serve
@@ -122,9 +123,14 @@ class EnforcerService:
             await reader.connect()
             await plugin.restore()
             await serve(plugin, self.settings.kubelet_registry_dir, self.settings.kubelet_plugin_dir, ready,
-                        self.settings.pod_uid)
+                        self.settings.pod_uid, DeviceHealth(self.node, self._current_devices))
         finally:
             await reader.close()
+
+    async def _current_devices(self):
+        """The node's GPUs as its inventory says now (for the kubelet's health stream)."""
+        await self.observer.inventory()
+        return list(self.observer.devices.values())
 
     async def _devices(self):
         if not self.observer.devices:

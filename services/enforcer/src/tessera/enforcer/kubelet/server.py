@@ -26,6 +26,7 @@ import grpc
 from tessera.shared.kubeclaims import DRIVER
 
 from tessera.enforcer.kubelet.api import (
+    dra_health_v1alpha1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
@@ -33,6 +34,7 @@ from tessera.enforcer.kubelet.api import (
     pluginregistration_v1_pb2 as registration_pb2,
     pluginregistration_v1_pb2_grpc as registration_pb2_grpc,
 )
+from tessera.enforcer.kubelet.health import DeviceHealth
 from tessera.enforcer.kubelet.plugin import ClaimRef, DraPlugin
 
 log = logging.getLogger("tessera.enforcer.kubelet")
@@ -122,13 +124,16 @@ async def _listen(server: grpc.aio.Server, socket: Path) -> None:
 
 
 async def serve(plugin: DraPlugin, registry_dir: Path, plugin_dir: Path, ready: Callable[[], None],
-                pod_uid: str = "") -> None:
-    """Serve until cancelled: the DRA socket first, then the registration socket."""
+                pod_uid: str = "", health: DeviceHealth | None = None) -> None:
+    """Serve until cancelled: the DRA socket first (with the device-health stream, given ``health``),
+    then the registration socket."""
     registration_name, dra_name = socket_names(pod_uid)
     dra_socket, registration_socket = plugin_dir / dra_name, registry_dir / registration_name
     dra, registration = grpc.aio.server(), grpc.aio.server()
     dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraV1(plugin), dra)
     dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraV1beta1(plugin), dra)
+    if health is not None:
+        dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(health, dra)
     registration_pb2_grpc.add_RegistrationServicer_to_server(Registration(dra_socket), registration)
     try:
         await _listen(dra, dra_socket)
