@@ -37,7 +37,7 @@ async def test_the_kubelet_registers_the_plugin_and_prepares_this_nodes_claims(n
     info = await node.kubelet.register()
     assert info.type == "DRAPlugin" and info.name == DRIVER
     assert info.endpoint == str(node.plugin_dir / "dra.sock")
-    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
     assert "the kubelet registered DRA plugin" in node.log()
 
     one = await node.allocate("one", devices=((0, 8000, 50),))

@@ -50,8 +50,10 @@ def socket_names(pod_uid: str = "") -> tuple[str, str]:
         return REGISTRATION_SOCKET, DRA_SOCKET
     return f"{DRIVER}-{pod_uid}-reg.sock", f"dra-{pod_uid}.sock"
 
-# The gRPC services the kubelet may call, as it names them in supported_versions.
-SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# The gRPC services the kubelet may call, as it names them in supported_versions: the DRA service
+# in both versions, and the device-health stream (a 1.37 kubelet opens it only if it is named here;
+# 1.36 opens it regardless, and ignores names it does not know).
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
 STOP_GRACE_SECONDS = 2.0
 
 
