@@ -22,7 +22,6 @@ import msgspec
 from msgspec import Meta, Struct, field
 
 from tessera.shared.kubeclaims import KubeClaimRef
-from tessera.shared.podconstraints import PodConstraints
 
 # --- shared value types -------------------------------------------------------------------------
 
@@ -137,11 +136,6 @@ class ClaimSpec(Struct, frozen=True, kw_only=True):
     # The host uid a `tessera run` workload runs as: the enforcer makes the claim's accounting file
     # writable by it alone (docs/isolation-host-mode.md). None: a claim for containers.
     workload_uid: Uid | None = None
-    # Kubernetes mode: what kube-scheduler's node filters read of the claim's pod (its node selector
-    # and required affinity, tolerations, resource requests), read by the translator when the claim
-    # is requested: placement places only where the scheduler can then bind the pod. None: not known
-    # (no pod, or a claim that is not a ResourceClaim's), and no node is ruled out for it.
-    pod: PodConstraints | None = None
 
 
 class ClaimEventBase(Event):
@@ -170,19 +164,6 @@ class ClaimAllocated(ClaimEventBase, tag="allocated"):
     node: NodeName
     devices: list[DeviceShare]
     spec: ClaimSpec = ClaimSpec()
-    ts: float = field(default_factory=now)
-
-
-class ClaimDeallocated(ClaimEventBase, tag="deallocated"):
-    """Kubernetes mode: the allocation placement wrote into the claim's ResourceClaim was removed by
-    someone else (kube-scheduler's PostFilter, when it cannot bind the pod there) while the pod is
-    still waiting. Published by the translator, which watches the claims, on the node the allocation
-    named; placement takes the claim off that node and places it again (the pod is never left with
-    no allocation). ``pod``: the pod's constraints as they are now (they may have been tightened)."""
-
-    node: NodeName
-    pod: PodConstraints | None = None
-    kube: KubeClaimRef | None = None
     ts: float = field(default_factory=now)
 
 
@@ -233,7 +214,6 @@ ClaimEvent = (
     | ClaimReleaseRequested
     | ClaimReleased
     | ClaimFailed
-    | ClaimDeallocated
 )
 
 CLAIM_EVENT_KINDS: tuple[str, ...] = kinds(ClaimEvent)
@@ -356,9 +336,6 @@ class ClaimRecord(Struct, kw_only=True):
     # claim alone meanwhile, so one claim is never written into two nodes' ledgers at once.
     placer: str = ""
     placing_until: float = 0.0
-    # Kubernetes mode: the nodes kube-scheduler took this claim's allocation back from (it could not
-    # bind the pod there), latest last: placement places it elsewhere while another node fits.
-    withdrawn: list[str] = []
 
 
 class TenantRecord(Struct, kw_only=True):
@@ -377,10 +354,6 @@ class LedgerEntry(Struct, frozen=True, kw_only=True):
     cpu_millis: int = 0
     host_memory_mib: int = 0
     ts: float = field(default_factory=now)
-    # Kubernetes mode: the uid of the claim's pod. Until kube-scheduler binds it, the pod's CPU,
-    # memory and pod slot count on this node in placement's view (as the scheduler counts the pods
-    # it has assumed), so that two pods placed at once never overfill the node.
-    pod_uid: str = ""
 
 
 class NodeLedger(Struct, kw_only=True):
