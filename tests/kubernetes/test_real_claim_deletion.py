@@ -121,8 +121,10 @@ async def test_a_claim_deleted_while_its_pod_holds_it_is_released_only_when_the_
         return current if (current.get("status") or {}).get("reservedFor") else None
     held = await eventually(reserved, timeout=60, what="the claim reserved for the bound pod")
     assert "resource.kubernetes.io/delete-protection" in held["metadata"]["finalizers"]
-    bound = await pods.admin.get(object_path("v1", "pods", "train", ns))
-    assert bound["spec"]["nodeName"] == NODE
+    # (the scheduler reserves the claim in PreBind, then binds: the binding may come a moment later)
+    async def bound():
+        return ((await pods.admin.get(object_path("v1", "pods", "train", ns)))["spec"]).get("nodeName")
+    assert await eventually(bound, timeout=30, what="the pod bound") == NODE
 
     # deleted while the pod holds it: it stays (the finalizer), and nothing is released
     await pods.admin.delete(path)
