@@ -77,13 +77,15 @@ static void release_cb(int dev, uint64_t size) { ledger_release(dev, size); }
 
 /* ---- plain allocations ---------------------------------------------------------------------- */
 
-#define ALLOC_WRAPPER(sym, ptr_t, size_expr, call_args, ...)                                         \
+/* `captured`: a stream-ordered allocation on a stream being captured makes a graph memory node, which
+ * is charged when the graph runs (hooks_graph.c), not now */
+#define ALLOC_WRAPPER_IF(sym, captured, ptr_t, size_expr, call_args, ...)                            \
     VGPU_EXPORT CUresult sym(ptr_t *dptr, __VA_ARGS__)                                              \
     {                                                                                                \
         VGPU_ENTER(sym);                                                                             \
         uint64_t bytes = (uint64_t)(size_expr);                                                      \
         int dev;                                                                                     \
-        if (!dptr || bytes == 0 || (dev = vgpu_current_device()) == -1)                                \
+        if (!dptr || bytes == 0 || (captured) || (dev = vgpu_current_device()) == -1)                 \
             return REAL(sym) call_args;                                                              \
         if (ledger_reserve(dev, bytes))                                                              \
             return CUDA_ERROR_OUT_OF_MEMORY;                                                         \
@@ -94,16 +96,19 @@ static void release_cb(int dev, uint64_t size) { ledger_release(dev, size); }
             ledger_release(dev, bytes);                                                              \
         return r;                                                                                    \
     }
+#define ALLOC_WRAPPER(sym, ...) ALLOC_WRAPPER_IF(sym, 0, __VA_ARGS__)
 
 ALLOC_WRAPPER(cuMemAlloc, CUdeviceptr_v1, bytesize, (dptr, bytesize), unsigned int bytesize)
 ALLOC_WRAPPER(cuMemAlloc_v2, CUdeviceptr, bytesize, (dptr, bytesize), size_t bytesize)
 ALLOC_WRAPPER(cuMemAllocManaged, CUdeviceptr, bytesize, (dptr, bytesize, flags), size_t bytesize, unsigned int flags)
-ALLOC_WRAPPER(cuMemAllocAsync, CUdeviceptr, bytesize, (dptr, bytesize, stream), size_t bytesize, CUstream stream)
-ALLOC_WRAPPER(cuMemAllocAsync_ptsz, CUdeviceptr, bytesize, (dptr, bytesize, stream), size_t bytesize, CUstream stream)
-ALLOC_WRAPPER(cuMemAllocFromPoolAsync, CUdeviceptr, bytesize, (dptr, bytesize, pool, stream), size_t bytesize,
-              CUmemoryPool pool, CUstream stream)
-ALLOC_WRAPPER(cuMemAllocFromPoolAsync_ptsz, CUdeviceptr, bytesize, (dptr, bytesize, pool, stream), size_t bytesize,
-              CUmemoryPool pool, CUstream stream)
+ALLOC_WRAPPER_IF(cuMemAllocAsync, vgpu_capturing(stream, 0), CUdeviceptr, bytesize, (dptr, bytesize, stream),
+                 size_t bytesize, CUstream stream)
+ALLOC_WRAPPER_IF(cuMemAllocAsync_ptsz, vgpu_capturing(stream, 1), CUdeviceptr, bytesize, (dptr, bytesize, stream),
+                 size_t bytesize, CUstream stream)
+ALLOC_WRAPPER_IF(cuMemAllocFromPoolAsync, vgpu_capturing(stream, 0), CUdeviceptr, bytesize,
+                 (dptr, bytesize, pool, stream), size_t bytesize, CUmemoryPool pool, CUstream stream)
+ALLOC_WRAPPER_IF(cuMemAllocFromPoolAsync_ptsz, vgpu_capturing(stream, 1), CUdeviceptr, bytesize,
+                 (dptr, bytesize, pool, stream), size_t bytesize, CUmemoryPool pool, CUstream stream)
 
 #define FREE_WRAPPER(sym, ptr_t, call_args, ...)                                                     \
     VGPU_EXPORT CUresult sym(ptr_t dptr __VA_ARGS__)                                                 \

@@ -115,6 +115,10 @@ static void resolve_imports(void)
         IMPORT(cuEventElapsedTime, "cuEventElapsedTime_v2");
     IMPORT(cuStreamIsCapturing, "cuStreamIsCapturing");
     IMPORT(cuStreamIsCapturing_ptsz, "cuStreamIsCapturing_ptsz");
+    IMPORT(cuGraphGetNodes, "cuGraphGetNodes");
+    IMPORT(cuGraphNodeGetType, "cuGraphNodeGetType");
+    IMPORT(cuGraphMemAllocNodeGetParams, "cuGraphMemAllocNodeGetParams");
+    IMPORT(cuGraphChildGraphNodeGetGraph, "cuGraphChildGraphNodeGetGraph");
 #undef IMPORT
     vgpu_drv.nvmlDeviceGetUUID = (__typeof__(vgpu_drv.nvmlDeviceGetUUID))(nvml_handle ? vgpu_real_dlsym(nvml_handle, "nvmlDeviceGetUUID") : NULL);
     if (cuda_handle && !vgpu_drv.cuCtxGetDevice)
