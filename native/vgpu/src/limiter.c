@@ -36,15 +36,20 @@ typedef struct {
 #define GRAPH_ESTIMATES 16 /* executable graphs with an estimate of their own, per device */
 
 typedef struct {
+    uint64_t key;   /* 0: kernels; else the executable graph */
+    int64_t ns;     /* moving average of measured device time */
+    int calibrated; /* measured at least once (the first launch is measured synchronously) */
+} estimate_t;
+
+typedef struct {
     pthread_mutex_t mu;
     pair pairs[RING];
     int ring[RING];   /* indices into pairs, in flight, oldest first */
     int head, count;
     int free_list[RING];
     int nfree, npairs;
-    int64_t est_ns;
-    int calibrated;
-    struct { uint64_t key; int64_t est_ns; } graphs[GRAPH_ESTIMATES];
+    estimate_t kernels;
+    estimate_t graphs[GRAPH_ESTIMATES];
     int next_graph;
 } devstate;
 
@@ -88,19 +93,20 @@ static void wait_admission(int dev)
 
 /* under d->mu: the moving-average estimate of a kernel (key 0) or of one executable graph; NULL for a
  * graph that no longer has one (`make` 0) */
-static int64_t *estimate(devstate *d, uint64_t key, int make)
+static estimate_t *estimate(devstate *d, uint64_t key, int make)
 {
     if (!key)
-        return &d->est_ns;
+        return &d->kernels;
     for (int i = 0; i < GRAPH_ESTIMATES; i++)
         if (d->graphs[i].key == key)
-            return &d->graphs[i].est_ns;
+            return &d->graphs[i];
     if (!make)
         return NULL;
-    int i = d->next_graph++ % GRAPH_ESTIMATES; /* the oldest graph gives its place up */
-    d->graphs[i].key = key;
-    d->graphs[i].est_ns = 0;
-    return &d->graphs[i].est_ns;
+    estimate_t *e = &d->graphs[d->next_graph++ % GRAPH_ESTIMATES]; /* the oldest graph gives its place up */
+    e->key = key;
+    e->ns = 0;
+    e->calibrated = 0;
+    return e;
 }
 
 /* under d->mu: settle the oldest in-flight launch; `wait` blocks until it has run */
@@ -117,9 +123,11 @@ static int settle_oldest(int dev, devstate *d, int wait)
     if (q == CUDA_SUCCESS && vgpu_drv.cuEventElapsedTime(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
         int64_t actual = (int64_t)((double)ms * 1e6);
         tat_add(dev, actual - p->charged_ns, p->pct, 0);
-        int64_t *est = estimate(d, p->key, 0);
-        if (est)
-            *est = *est ? (7 * *est + actual) / 8 : actual;
+        estimate_t *est = estimate(d, p->key, 0);
+        if (est) {
+            est->ns = est->calibrated ? (7 * est->ns + actual) / 8 : actual;
+            est->calibrated = 1;
+        }
     }
     d->head = (d->head + 1) % RING;
     d->count--;
@@ -224,7 +232,8 @@ void limiter_end(vgpu_launch *l, CUresult r)
         pthread_mutex_unlock(&d->mu);
         return;
     }
-    int64_t est = *estimate(d, l->key, 1);
+    estimate_t *e = estimate(d, l->key, 1);
+    int64_t est = e->ns;
     tat_add(l->dev, est, l->pct, 1);
     if (l->pair >= 0) {
         pair *p = &d->pairs[l->pair];
@@ -236,11 +245,11 @@ void limiter_end(vgpu_launch *l, CUresult r)
             p->key = l->key;
             d->ring[(d->head + d->count) % RING] = l->pair;
             d->count++;
-            if (!d->calibrated || (l->key && !est)) {
+            if (!e->calibrated) {
                 /* the first launch (of each graph) is measured at once, so no estimate is zero for long */
                 while (d->count)
                     settle_oldest(l->dev, d, 1);
-                d->calibrated |= !l->key;
+                e->calibrated = 1;
             }
         }
     }
@@ -306,8 +315,7 @@ void limiter_fork_child(void)
     /* the parent's events belong to its contexts, which the child cannot use */
     for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
         ds[d].head = ds[d].count = ds[d].nfree = ds[d].npairs = 0;
-        ds[d].calibrated = 0;
-        ds[d].est_ns = 0;
+        memset(&ds[d].kernels, 0, sizeof ds[d].kernels);
         memset(ds[d].graphs, 0, sizeof ds[d].graphs);
         pthread_mutex_unlock(&ds[d].mu);
     }
