@@ -57,6 +57,10 @@ CUAPI CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes);
 CUAPI CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props);
 CUAPI CUresult cuMemPoolDestroy(CUmemoryPool pool);
 CUAPI CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev);
+CUAPI CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev);
+CUAPI CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep);
+CUAPI CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value);
+CUAPI CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value);
 CUAPI CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                            unsigned long long flags);
 CUAPI CUresult cuMemRelease(CUmemGenericAllocationHandle handle);

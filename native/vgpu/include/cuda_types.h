@@ -98,6 +98,13 @@ typedef struct {
     size_t maxSize; unsigned short usage; unsigned char reserved[54];
 } CUmemPoolProps;
 
+/* CUmemPool_attribute (the ones used) */
+#define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
+#define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5
+#define CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH 6
+#define CU_MEMPOOL_ATTR_USED_MEM_CURRENT 7
+#define CU_MEMPOOL_ATTR_USED_MEM_HIGH 8
+
 /* cuLaunchKernelEx */
 typedef struct CUlaunchAttribute_st CUlaunchAttribute;
 typedef struct {

@@ -31,7 +31,13 @@ struct CUevent_st { int magic; int recorded; int64_t ts; };
 struct CUmod_st { int magic; int dev; uint64_t bytes; };
 struct CUarray_st { int magic; };
 struct CUmipmappedArray_st { int magic; };
-struct CUmemPoolHandle_st { int magic; int dev; };
+/* A memory pool keeps what its allocations gave back (reserved) until a synchronisation releases what
+ * is above its release threshold (default 0), or cuMemPoolTrimTo; the card counts what it reserves. */
+struct CUmemPoolHandle_st {
+    int magic, dev;
+    uint64_t reserved, in_use, threshold, reserved_high, used_high;
+    struct CUmemPoolHandle_st *next;
+};
 static struct CUctx_st primary[SIM_MAX_DEVICES];
 static int primary_refs[SIM_MAX_DEVICES];
 static struct CUmemPoolHandle_st default_pool[SIM_MAX_DEVICES];
@@ -340,10 +346,13 @@ static int64_t device_busy_until(int dev)
     return t;
 }
 
+static void pools_synchronized(void);
+
 CUAPI CUresult cuCtxSynchronize(void)
 {
     NEED_CTX();
     sleep_until(device_busy_until(current->dev));
+    pools_synchronized();
     return CUDA_SUCCESS;
 }
 
@@ -420,6 +429,53 @@ static CUresult alloc_common(uint64_t *out, uint64_t size, int dev, int low)
     return r;
 }
 
+static struct CUmemPoolHandle_st *pools; /* created pools (the default ones are default_pool[]) */
+
+/* under mu: a stream-ordered allocation from `pool`: the card gives only what the pool lacks */
+static CUresult pool_alloc(struct CUmemPoolHandle_st *pool, uint64_t size, uint64_t *out)
+{
+    uint64_t need = pool->in_use + size > pool->reserved ? pool->in_use + size - pool->reserved : 0;
+    if (need && sim_card_take(pool->dev, need, cfg.memory))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        if (need)
+            sim_card_give(pool->dev, need);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pool->reserved += need;
+    pool->in_use += size;
+    pool->reserved_high = pool->reserved > pool->reserved_high ? pool->reserved : pool->reserved_high;
+    pool->used_high = pool->in_use > pool->used_high ? pool->in_use : pool->used_high;
+    used[pool->dev] += size;
+    live_allocations++;
+    rec *r = radd(R_PTR, (uint64_t)(uintptr_t)p, pool->dev, size);
+    r->aux = (uint64_t)(uintptr_t)pool;
+    *out = (uint64_t)(uintptr_t)p;
+    return CUDA_SUCCESS;
+}
+
+/* under mu: give back to the card what the pool holds beyond its allocations and `keep` */
+static void pool_release(struct CUmemPoolHandle_st *pool, uint64_t keep)
+{
+    uint64_t floor = pool->in_use > keep ? pool->in_use : keep;
+    if (pool->reserved > floor) {
+        sim_card_give(pool->dev, pool->reserved - floor);
+        pool->reserved = floor;
+    }
+}
+
+/* a synchronisation: every pool releases what is above its threshold */
+static void pools_synchronized(void)
+{
+    pthread_mutex_lock(&mu);
+    for (int d = 0; d < SIM_MAX_DEVICES; d++)
+        pool_release(&default_pool[d], default_pool[d].threshold);
+    for (struct CUmemPoolHandle_st *p = pools; p; p = p->next)
+        pool_release(p, p->threshold);
+    pthread_mutex_unlock(&mu);
+}
+
 static CUresult free_common(uint64_t ptr)
 {
     NEED_INIT();
@@ -431,7 +487,13 @@ static CUresult free_common(uint64_t ptr)
         pthread_mutex_unlock(&mu);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    give((*pp)->dev, (*pp)->size);
+    struct CUmemPoolHandle_st *pool = (struct CUmemPoolHandle_st *)(uintptr_t)(*pp)->aux;
+    if (pool) { /* back to its pool, which keeps the memory */
+        pool->in_use -= (*pp)->size;
+        used[(*pp)->dev] -= (*pp)->size;
+    } else {
+        give((*pp)->dev, (*pp)->size);
+    }
     munmap((void *)(uintptr_t)ptr, (*pp)->size);
     live_allocations--;
     rdel(pp);
@@ -514,8 +576,12 @@ CUAPI CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stre
     CUgraph g = sim_capturing(stream);
     if (g) /* captured: a memory node, whose memory the graph takes when it runs */
         return bytesize ? sim_capture_alloc(g, current->dev, bytesize, dptr) : CUDA_ERROR_INVALID_VALUE;
+    if (!bytesize)
+        return CUDA_ERROR_INVALID_VALUE;
     uint64_t p;
-    CUresult r = alloc_common(&p, bytesize, current->dev, 0);
+    pthread_mutex_lock(&mu);
+    CUresult r = pool_alloc(&default_pool[current->dev], bytesize, &p);
+    pthread_mutex_unlock(&mu);
     if (r == CUDA_SUCCESS)
         *dptr = p;
     return r;
@@ -528,11 +594,13 @@ CUAPI CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream
 CUAPI CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream)
 {
     (void)stream;
-    if (!dptr || !pool || pool->magic != MAGIC)
+    if (!dptr || !pool || pool->magic != MAGIC || !bytesize)
         return CUDA_ERROR_INVALID_VALUE;
     NEED_CTX();
     uint64_t p;
-    CUresult r = alloc_common(&p, bytesize, pool->dev, 0);
+    pthread_mutex_lock(&mu);
+    CUresult r = pool_alloc(pool, bytesize, &p);
+    pthread_mutex_unlock(&mu);
     if (r == CUDA_SUCCESS)
         *dptr = p;
     return r;
@@ -585,6 +653,10 @@ CUAPI CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
     struct CUmemPoolHandle_st *p = calloc(1, sizeof *p);
     p->magic = MAGIC;
     p->dev = props->location.id;
+    pthread_mutex_lock(&mu);
+    p->next = pools;
+    pools = p;
+    pthread_mutex_unlock(&mu);
     *pool = p;
     return CUDA_SUCCESS;
 }
@@ -594,10 +666,76 @@ CUAPI CUresult cuMemPoolDestroy(CUmemoryPool pool)
     if (!pool || pool->magic != MAGIC)
         return CUDA_ERROR_INVALID_VALUE;
     if (pool < default_pool || pool >= default_pool + SIM_MAX_DEVICES) {
+        pthread_mutex_lock(&mu);
+        pool_release(pool, 0);
+        for (struct CUmemPoolHandle_st **pp = &pools; *pp; pp = &(*pp)->next)
+            if (*pp == pool) {
+                *pp = pool->next;
+                break;
+            }
+        pthread_mutex_unlock(&mu);
+        if (pool->in_use) /* the driver frees it once its allocations are freed; the sim keeps it */
+            return CUDA_SUCCESS;
         pool->magic = 0;
         free(pool);
     }
     return CUDA_SUCCESS;
+}
+
+/* the sim has no cuDeviceSetMemPool: a device's current pool is its default one */
+CUAPI CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) { return cuDeviceGetDefaultMemPool(pool, dev); }
+
+CUAPI CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    if (!pool || pool->magic != MAGIC)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    pool_release(pool, minBytesToKeep);
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value)
+{
+    if (!pool || pool->magic != MAGIC || !value)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    CUresult r = CUDA_SUCCESS;
+    switch (attr) {
+    case 1: case 2: case 3: *(int *)value = 1; break; /* the reuse policies: all allowed */
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *(cuuint64_t *)value = pool->threshold; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = pool->reserved; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *(cuuint64_t *)value = pool->reserved_high; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = pool->in_use; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *(cuuint64_t *)value = pool->used_high; break;
+    default: r = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+CUAPI CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value)
+{
+    if (!pool || pool->magic != MAGIC || !value)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    CUresult r = CUDA_SUCCESS;
+    switch (attr) {
+    case 1: case 2: case 3: break;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: pool->threshold = *(cuuint64_t *)value; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: /* only a reset to 0 */
+        if (*(cuuint64_t *)value)
+            r = CUDA_ERROR_INVALID_VALUE;
+        else if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
+            pool->reserved_high = pool->reserved;
+        else
+            pool->used_high = pool->in_use;
+        break;
+    default: r = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
 }
 
 CUAPI CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
@@ -994,6 +1132,7 @@ CUAPI CUresult cuStreamSynchronize(CUstream stream)
     (void)stream;
     NEED_CTX();
     sleep_until(device_busy_until(current->dev));
+    pools_synchronized();
     return CUDA_SUCCESS;
 }
 CUAPI CUresult cuStreamSynchronize_ptsz(CUstream stream) { return cuStreamSynchronize(stream); }
@@ -1120,6 +1259,9 @@ static const proc_entry procs[] = {
     E(cuMemGetInfo, cuMemGetInfo, 2000, 0), EI(cuMemGetInfo, cuMemGetInfo_v2, 3020, 0),
     E(cuMemPoolCreate, cuMemPoolCreate, 11020, 0), E(cuMemPoolDestroy, cuMemPoolDestroy, 11020, 0),
     E(cuDeviceGetDefaultMemPool, cuDeviceGetDefaultMemPool, 11020, 0),
+    E(cuDeviceGetMemPool, cuDeviceGetMemPool, 11020, 0), E(cuMemPoolTrimTo, cuMemPoolTrimTo, 11020, 0),
+    E(cuMemPoolGetAttribute, cuMemPoolGetAttribute, 11020, 0),
+    E(cuMemPoolSetAttribute, cuMemPoolSetAttribute, 11020, 0),
     E(cuMemCreate, cuMemCreate, 10020, 0), E(cuMemRelease, cuMemRelease, 10020, 0),
     E(cuMemMap, cuMemMap, 10020, 0), E(cuMemUnmap, cuMemUnmap, 10020, 0),
     E(cuMemAddressReserve, cuMemAddressReserve, 10020, 0), E(cuMemAddressFree, cuMemAddressFree, 10020, 0),

@@ -75,19 +75,27 @@ void vgpu_note_device(int ordinal)
 
 static void release_cb(int dev, uint64_t size) { ledger_release(dev, size); }
 
+/* A charge; when refused, what memory pools were charged for keeping is settled first (a
+ * synchronisation may have given it back since) and the charge tried once more. */
+int vgpu_reserve(int dev, uint64_t bytes)
+{
+    if (!ledger_reserve(dev, bytes))
+        return 0;
+    vgpu_pools_settle();
+    return ledger_reserve(dev, bytes);
+}
+
 /* ---- plain allocations ---------------------------------------------------------------------- */
 
-/* `captured`: a stream-ordered allocation on a stream being captured makes a graph memory node, which
- * is charged when the graph runs (hooks_graph.c), not now */
-#define ALLOC_WRAPPER_IF(sym, captured, ptr_t, size_expr, call_args, ...)                            \
+#define ALLOC_WRAPPER(sym, ptr_t, size_expr, call_args, ...)                                         \
     VGPU_EXPORT CUresult sym(ptr_t *dptr, __VA_ARGS__)                                              \
     {                                                                                                \
         VGPU_ENTER(sym);                                                                             \
         uint64_t bytes = (uint64_t)(size_expr);                                                      \
         int dev;                                                                                     \
-        if (!dptr || bytes == 0 || (captured) || (dev = vgpu_current_device()) == -1)                 \
+        if (!dptr || bytes == 0 || (dev = vgpu_current_device()) == -1)                                \
             return REAL(sym) call_args;                                                              \
-        if (ledger_reserve(dev, bytes))                                                              \
+        if (vgpu_reserve(dev, bytes))                                                                \
             return CUDA_ERROR_OUT_OF_MEMORY;                                                         \
         CUresult r = REAL(sym) call_args;                                                            \
         if (r == CUDA_SUCCESS)                                                                       \
@@ -96,19 +104,11 @@ static void release_cb(int dev, uint64_t size) { ledger_release(dev, size); }
             ledger_release(dev, bytes);                                                              \
         return r;                                                                                    \
     }
-#define ALLOC_WRAPPER(sym, ...) ALLOC_WRAPPER_IF(sym, 0, __VA_ARGS__)
 
 ALLOC_WRAPPER(cuMemAlloc, CUdeviceptr_v1, bytesize, (dptr, bytesize), unsigned int bytesize)
 ALLOC_WRAPPER(cuMemAlloc_v2, CUdeviceptr, bytesize, (dptr, bytesize), size_t bytesize)
 ALLOC_WRAPPER(cuMemAllocManaged, CUdeviceptr, bytesize, (dptr, bytesize, flags), size_t bytesize, unsigned int flags)
-ALLOC_WRAPPER_IF(cuMemAllocAsync, vgpu_capturing(stream, 0), CUdeviceptr, bytesize, (dptr, bytesize, stream),
-                 size_t bytesize, CUstream stream)
-ALLOC_WRAPPER_IF(cuMemAllocAsync_ptsz, vgpu_capturing(stream, 1), CUdeviceptr, bytesize, (dptr, bytesize, stream),
-                 size_t bytesize, CUstream stream)
-ALLOC_WRAPPER_IF(cuMemAllocFromPoolAsync, vgpu_capturing(stream, 0), CUdeviceptr, bytesize,
-                 (dptr, bytesize, pool, stream), size_t bytesize, CUmemoryPool pool, CUstream stream)
-ALLOC_WRAPPER_IF(cuMemAllocFromPoolAsync_ptsz, vgpu_capturing(stream, 1), CUdeviceptr, bytesize,
-                 (dptr, bytesize, pool, stream), size_t bytesize, CUmemoryPool pool, CUstream stream)
+/* the stream-ordered ones, which draw on memory pools, are in hooks_pool.c */
 
 #define FREE_WRAPPER(sym, ptr_t, call_args, ...)                                                     \
     VGPU_EXPORT CUresult sym(ptr_t dptr __VA_ARGS__)                                                 \
@@ -119,6 +119,8 @@ ALLOC_WRAPPER_IF(cuMemAllocFromPoolAsync_ptsz, vgpu_capturing(stream, 1), CUdevi
         uint64_t bytes;                                                                              \
         if (r == CUDA_SUCCESS && allocs_take(ALLOC_PTR, (uint64_t)dptr, &dev, &bytes))               \
             ledger_release(dev, bytes);                                                              \
+        if (r == CUDA_SUCCESS)                                                                       \
+            vgpu_pools_settle(); /* a pool may keep what was freed */                                \
         return r;                                                                                    \
     }
 
@@ -362,6 +364,7 @@ static int virtual_info(int dev, uint64_t *free_b, uint64_t *total_b)
 VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
     VGPU_ENTER(cuMemGetInfo_v2);
+    vgpu_pools_settle();
     CUresult r = REAL(cuMemGetInfo_v2)(free_bytes, total_bytes);
     int dev;
     if (r == CUDA_SUCCESS && free_bytes && total_bytes && (dev = vgpu_current_device()) >= 0) {
@@ -377,6 +380,7 @@ VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 VGPU_EXPORT CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes)
 {
     VGPU_ENTER(cuMemGetInfo);
+    vgpu_pools_settle();
     CUresult r = REAL(cuMemGetInfo)(free_bytes, total_bytes);
     int dev;
     if (r == CUDA_SUCCESS && free_bytes && total_bytes && (dev = vgpu_current_device()) >= 0) {

@@ -119,6 +119,8 @@ static void resolve_imports(void)
     IMPORT(cuGraphNodeGetType, "cuGraphNodeGetType");
     IMPORT(cuGraphMemAllocNodeGetParams, "cuGraphMemAllocNodeGetParams");
     IMPORT(cuGraphChildGraphNodeGetGraph, "cuGraphChildGraphNodeGetGraph");
+    IMPORT(cuMemPoolGetAttribute, "cuMemPoolGetAttribute");
+    IMPORT(cuDeviceGetMemPool, "cuDeviceGetMemPool");
 #undef IMPORT
     vgpu_drv.nvmlDeviceGetUUID = (__typeof__(vgpu_drv.nvmlDeviceGetUUID))(nvml_handle ? vgpu_real_dlsym(nvml_handle, "nvmlDeviceGetUUID") : NULL);
     if (cuda_handle && !vgpu_drv.cuCtxGetDevice)

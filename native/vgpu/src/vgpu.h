@@ -72,6 +72,8 @@ typedef struct {
     CUresult (*cuGraphNodeGetType)(CUgraphNode, CUgraphNodeType *);
     CUresult (*cuGraphMemAllocNodeGetParams)(CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS *);
     CUresult (*cuGraphChildGraphNodeGetGraph)(CUgraphNode, CUgraph *);
+    CUresult (*cuMemPoolGetAttribute)(CUmemoryPool, int, void *);
+    CUresult (*cuDeviceGetMemPool)(CUmemoryPool *, CUdevice);
     nvmlReturn_t (*nvmlDeviceGetUUID)(nvmlDevice_t, char *, unsigned int);
 } vgpu_driver;
 extern vgpu_driver vgpu_drv;
@@ -152,6 +154,10 @@ void limiter_end(vgpu_launch *l, CUresult r);
 void limiter_fork_prepare(void);
 void limiter_fork_parent(void);
 void limiter_fork_child(void);
+
+/* memory pools (hooks_pool.c): settle what pools keep against the driver's figures */
+void vgpu_pools_settle(void);
+int vgpu_reserve(int dev, uint64_t bytes); /* ledger_reserve, settling pools once if refused */
 
 /* is work on this stream being captured into a graph (hooks_graph.c)? */
 int vgpu_capturing(CUstream stream, int ptds);

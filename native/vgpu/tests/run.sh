@@ -139,6 +139,7 @@ CARD=(TESSERA_SIM_CONTEXT_MIB=64 TESSERA_SIM_MODULE_KIB=8192 CUDA_DEVICE_CONTEXT
 run_case ctx-overhead     "${CARD[@]}" "TESSERA_SIM_CARD=$WORK/card-overhead" CUDA_DEVICE_MEMORY_LIMIT_0=512m -- \
     "$T/t_ctx" overhead
 run_case ctx-ten-processes "${CARD[@]}" "TESSERA_SIM_CARD=$WORK/card-ten" -- "$T/t_ctx" ten 1024
+run_case ctx-pool-keeps   "$L64" "TESSERA_SIM_CARD=$WORK/card-pool" -- "$T/t_ctx" pool
 run_case ctx-two-claims-fill-card "${CARD[@]}" "TESSERA_SIM_CARD=$WORK/card-fill" TESSERA_SIM_GPU_MEMORY_MIB=2048 -- \
     "$T/t_ctx" fill 1024
 

@@ -7,8 +7,10 @@
  *                       free memory: the card holds no more than the claim's limit
  *   t_ctx fill <mib>    two claims of <mib> each exactly fill the card; three processes each take all
  *                       they are told is free, one claim after the other: no allocation fails
+ *   t_ctx pool          limit 64 MiB: what a memory pool keeps after cuMemFreeAsync (release threshold
+ *                       "everything", as PyTorch sets it) stays charged until the pool gives it back
  * Against the library before contexts were counted, the card held the limit plus ten contexts, and
- * the second claim's allocations failed inside its own limit. */
+ * the second claim's allocations failed inside its own limit, and a pool's kept memory was not charged. */
 #include "vt.h"
 
 #include <dlfcn.h>
@@ -60,6 +62,38 @@ static int overhead(void)
     OK(cuDevicePrimaryCtxRelease_v2(0));
     CHECK_EQ(tessera_sim_card_used(0), 0);
     printf("context and module memory charged and returned; cuMemGetInfo, NVML and the card agree\n");
+    return 0;
+}
+
+static int pool_keeps(void)
+{
+    vt_ctx(0);
+    CUmemoryPool pool;
+    CUstream s;
+    OK(cuStreamCreate(&s, 0));
+    OK(cuDeviceGetDefaultMemPool(&pool, 0));
+    cuuint64_t keep_all = ~0ULL;
+    OK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_all));
+    CUdeviceptr a, b;
+    OK(cuMemAllocAsync(&a, 40 * MiB, s));
+    OK(cuMemFreeAsync(a, s));
+    OK(cuStreamSynchronize(s));
+    CHECK_EQ(tessera_sim_card_used(0), 40 * MiB); /* the pool keeps it ... */
+    CHECK_EQ(vt_used(), 40 * MiB);                 /* ... and the claim is charged for it */
+    CHECK_EQ(nvml_memory().used, 40 * MiB);
+    CHECK_RC(cuMemAlloc_v2(&b, 24 * MiB + 1), CUDA_ERROR_OUT_OF_MEMORY);
+    OK(cuMemAlloc_v2(&b, 24 * MiB));
+    CHECK_EQ(tessera_sim_card_used(0), 64 * MiB);
+    OK(cuMemFree_v2(b));
+    OK(cuMemAllocAsync(&a, 32 * MiB, s)); /* the pool hands out what it keeps: no second charge */
+    CHECK_EQ(vt_used(), 40 * MiB);
+    OK(cuMemFreeAsync(a, s));
+    OK(cuMemPoolTrimTo(pool, 0));
+    CHECK_EQ(tessera_sim_card_used(0), 0);
+    CHECK_EQ(vt_used(), 0); /* settled at the query */
+    OK(cuMemAlloc_v2(&b, 64 * MiB));
+    OK(cuMemFree_v2(b));
+    printf("pool: what a pool keeps is charged until it gives it back\n");
     return 0;
 }
 
@@ -127,6 +161,8 @@ int main(int argc, char **argv)
     CHECK(argc >= 2);
     if (!strcmp(argv[1], "overhead"))
         return overhead();
+    if (!strcmp(argv[1], "pool"))
+        return pool_keeps();
     if (!strcmp(argv[1], "greedy"))
         return greedy(argv[2]);
     CHECK(argc == 3);
