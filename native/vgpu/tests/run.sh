@@ -48,7 +48,7 @@ run_case shared           "$L64" -- "$T/t_shared"
 run_case kill             "$L64" "LD_PRELOAD=$TESTLIB" -- "$T/t_kill"
 run_case procaddr         "$L64" -- "$T/t_procaddr"
 run_case procaddr-internal "$L64" TESSERA_SIM_PROCADDR_INTERNAL=1 -- "$T/t_procaddr"
-run_case null             "$L64" CUDA_DEVICE_SM_LIMIT=50 -- \
+run_case null             "$L64" CUDA_DEVICE_SM_LIMIT=50 CUDA_DEVICE_CONTEXT_OVERHEAD=1m -- \
     sh -c 'env -u LD_PRELOAD "$1" record > "$2" && "$1" check "$2"' sh "$T/t_null" "$WORK/null.expected"
 run_case dlsym            "$L64" -- "$T/t_dlsym"
 
