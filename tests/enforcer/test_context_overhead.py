@@ -4,23 +4,16 @@ sees its context in cuMemGetInfo and gets the rest of its limit, not all of it."
 
 from __future__ import annotations
 
-import asyncio
 
 import pytest
 
-from runkit import create_tenant, start_local, tessera_run
+from runkit import tenant_cluster, tessera_run
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    cluster = start_local(tmp_path_factory.mktemp("ctx"), extra_env={"TESSERA_VGPU_CONTEXT_OVERHEAD_MIB": "64"})
-    try:
-        asyncio.run(create_tenant(cluster.url, "alpha"))
-    except BaseException:
-        cluster.stop()
-        raise
-    yield cluster
-    cluster.stop(timeout=2)
+    with tenant_cluster(tmp_path_factory.mktemp("ctx"), TESSERA_VGPU_CONTEXT_OVERHEAD_MIB="64") as cluster:
+        yield cluster
 
 
 async def test_each_context_is_charged_the_overhead_the_node_declares(cluster):

@@ -25,7 +25,7 @@ from tessera.shared.events import ClaimViolation, claim_decoder
 from tessera.cli.client import Client
 
 from kit import eventually
-from runkit import create_tenant, finish, start_local, start_run
+from runkit import finish, start_run, tenant_cluster
 from test_metrics import scrape, value
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,14 +48,8 @@ def escapee(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    cluster = start_local(tmp_path_factory.mktemp("watchdog"), extra_env={"TESSERA_WATCHDOG_SECONDS": str(WATCHDOG_SECONDS)})
-    try:
-        asyncio.run(create_tenant(cluster.url, "alpha"))
-    except BaseException:
-        cluster.stop()
-        raise
-    yield cluster
-    cluster.stop(timeout=2)
+    with tenant_cluster(tmp_path_factory.mktemp("watchdog"), TESSERA_WATCHDOG_SECONDS=str(WATCHDOG_SECONDS)) as cluster:
+        yield cluster
 
 
 class Violations:

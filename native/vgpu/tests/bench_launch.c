@@ -10,11 +10,8 @@ int main(int argc, char **argv)
     CHECK(argc == 3);
     int n = atoi(argv[2]), graph = !strcmp(argv[1], "graph");
     vt_ctx(0);
-    CUmodule mod;
-    CUfunction fn;
+    CUfunction fn = vt_kernel();
     CUstream s;
-    OK(cuModuleLoadData(&mod, "sim"));
-    OK(cuModuleGetFunction(&fn, mod, "spin"));
     OK(cuStreamCreate(&s, 0));
     CUgraphExec exec = NULL;
     if (graph) {

@@ -10,15 +10,6 @@
 
 #define NODES 4
 
-static CUfunction kernel(void)
-{
-    CUmodule mod;
-    CUfunction fn;
-    OK(cuModuleLoadData(&mod, "sim"));
-    OK(cuModuleGetFunction(&fn, mod, "spin"));
-    return fn;
-}
-
 static CUDA_KERNEL_NODE_PARAMS kparams(CUfunction fn)
 {
     CUDA_KERNEL_NODE_PARAMS p = {fn, 132, 1, 1, 256, 1, 1, 0, NULL, NULL};
@@ -52,7 +43,7 @@ static CUgraphExec graph_exec(CUfunction fn, CUstream s, int captured)
 /* n launches of NODES kernels' worth of device time each */
 static void run(const char *kind, int n)
 {
-    CUfunction fn = kernel();
+    CUfunction fn = vt_kernel();
     CUstream s;
     OK(cuStreamCreate(&s, 0));
     if (!strcmp(kind, "plain")) {
@@ -226,7 +217,7 @@ int main(int argc, char **argv)
         return work(argv[2]);
     if (!strcmp(argv[1], "mem")) {
         vt_ctx(0);
-        CUfunction fn = kernel();
+        CUfunction fn = vt_kernel();
         CUstream s;
         OK(cuStreamCreate(&s, 0));
         mem_case(fn, s, 0);

@@ -7,11 +7,8 @@
 
 static void run_kernels(int n)
 {
-    CUmodule mod;
-    CUfunction fn;
+    CUfunction fn = vt_kernel();
     CUstream s;
-    OK(cuModuleLoadData(&mod, "sim"));
-    OK(cuModuleGetFunction(&fn, mod, "spin"));
     OK(cuStreamCreate(&s, 0));
     for (int i = 0; i < n; i++) {
         switch (i % 4) {

@@ -116,6 +116,16 @@ static inline int vt_wait(pid_t pid)
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+/* the simulated driver's one kernel (any module image and name will do) */
+static inline CUfunction vt_kernel(void)
+{
+    CUmodule mod;
+    CUfunction fn;
+    OK(cuModuleLoadData(&mod, "sim"));
+    OK(cuModuleGetFunction(&fn, mod, "spin"));
+    return fn;
+}
+
 static inline double vt_kernel_s(void)
 {
     const char *us = getenv("TESSERA_SIM_KERNEL_US");

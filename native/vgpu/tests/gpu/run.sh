@@ -105,35 +105,33 @@ b, r, p = $base, $rate, $pct
 s = 100 * r / b
 print(f'| SM share, one process at {p}% | {s:.1f}% of unlimited throughput ({r:.0f} vs {b:.0f} kernels/s) | {p} +/- 5 | {\"PASS\" if abs(s - p) <= 5 else \"FAIL\"} |')" >> "$TABLE"
     done
-    env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/smA.cache" CUDA_DEVICE_SM_LIMIT=30 \
-        "$PY" "$HERE/gpu_sm.py" window 12 "$WORK/sm-cal.json" > "$WORK/smA.out" &
-    local a=$!
-    env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/smB.cache" CUDA_DEVICE_SM_LIMIT=70 \
-        "$PY" "$HERE/gpu_sm.py" window 12 "$WORK/sm-cal.json" > "$WORK/smB.out"
+    pair_share "SM share, two workloads at 30/70" gpu_sm.py "$WORK/sm-cal.json" "$base" sm "(HAMi-core: 46/54)"
+}
+
+# pair_share LABEL SCRIPT CAL BASE TAG NOTE: two claims (own caches) at 30 % and 70 % run SCRIPT's window
+# at once; each one's rate against BASE, the unlimited rate, must be its share +/- 5 points
+pair_share() {
+    local label=$1 script=$2 cal=$3 base=$4 tag=$5 note=${6:-} a
+    env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/${tag}A.cache" CUDA_DEVICE_SM_LIMIT=30 \
+        "$PY" "$HERE/$script" window 12 "$cal" > "$WORK/${tag}A.out" &
+    a=$!
+    env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/${tag}B.cache" CUDA_DEVICE_SM_LIMIT=70 \
+        "$PY" "$HERE/$script" window 12 "$cal" > "$WORK/${tag}B.out"
     wait $a
     "$PY" -c "
-b, ra, rb = $base, $(cat "$WORK/smA.out"), $(cat "$WORK/smB.out")
+b, ra, rb = $base, $(cat "$WORK/${tag}A.out"), $(cat "$WORK/${tag}B.out")
 sa, sb = 100 * ra / b, 100 * rb / b
 ok = abs(sa - 30) <= 5 and abs(sb - 70) <= 5
-print(f'| SM share, two workloads at 30/70 | {sa:.1f}% / {sb:.1f}% (HAMi-core: 46/54) | 30/70 +/- 5 | {\"PASS\" if ok else \"FAIL\"} |')" >> "$TABLE"
+print(f'| $label | {sa:.1f}% / {sb:.1f}% of {b:.0f}/s $note | 30/70 +/- 5 | {\"PASS\" if ok else \"FAIL\"} |')" >> "$TABLE"
 }
+export -f pair_share  # (sections run in a bash -c of their own)
 
 graph_share() {
     # two claims at 30/70 replaying PyTorch CUDA graphs at once, against one unlimited replayer
     "$PY" "$HERE/gpu_graph.py" calibrate > "$WORK/gr-cal.json"
     local base
     base=$("$PY" "$HERE/gpu_graph.py" window 8 "$WORK/gr-cal.json")
-    env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/grA.cache" CUDA_DEVICE_SM_LIMIT=30 \
-        "$PY" "$HERE/gpu_graph.py" window 12 "$WORK/gr-cal.json" > "$WORK/grA.out" &
-    local a=$!
-    env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/grB.cache" CUDA_DEVICE_SM_LIMIT=70 \
-        "$PY" "$HERE/gpu_graph.py" window 12 "$WORK/gr-cal.json" > "$WORK/grB.out"
-    wait $a
-    "$PY" -c "
-b, ra, rb = $base, $(cat "$WORK/grA.out"), $(cat "$WORK/grB.out")
-sa, sb = 100 * ra / b, 100 * rb / b
-ok = abs(sa - 30) <= 5 and abs(sb - 70) <= 5
-print(f'| SM share, PyTorch CUDA graphs at 30/70 | {sa:.1f}% / {sb:.1f}% of {b:.0f} replays/s | 30/70 +/- 5 | {\"PASS\" if ok else \"FAIL\"} |')" >> "$TABLE"
+    pair_share "SM share, PyTorch CUDA graphs at 30/70" gpu_graph.py "$WORK/gr-cal.json" "$base" gr "replays"
 }
 
 # nvidia-smi's device memory of one process, MiB (0 when it is not listed)
