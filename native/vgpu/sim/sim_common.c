@@ -93,6 +93,7 @@ void sim_config_load(sim_device_config *c)
 static uint64_t local_card[SIM_MAX_DEVICES];
 static uint64_t *card = local_card;
 static uint64_t mine[SIM_MAX_DEVICES]; /* what this process holds on a shared card */
+static pid_t mine_pid;                 /* ... this process: a fork child holds none of it */
 static pthread_once_t card_once = PTHREAD_ONCE_INIT;
 static const sim_device_config *card_cfg;
 
@@ -129,6 +130,7 @@ int sim_card_take(int dev, uint64_t bytes, uint64_t capacity)
             return -1;
     } while (!__atomic_compare_exchange_n(&card[dev], &old, old + bytes, 1, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
     __atomic_add_fetch(&mine[dev], bytes, __ATOMIC_RELAXED);
+    mine_pid = getpid();
     return 0;
 }
 
@@ -143,7 +145,7 @@ uint64_t sim_card_used(int dev) { return __atomic_load_n(&card[dev], __ATOMIC_AC
 /* a process that ends gives its memory back, as a real card's driver does */
 __attribute__((destructor)) static void card_leave(void)
 {
-    if (card == local_card)
+    if (card == local_card || mine_pid != getpid())
         return;
     for (int d = 0; d < SIM_MAX_DEVICES; d++)
         if (mine[d])

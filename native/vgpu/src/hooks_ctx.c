@@ -19,6 +19,16 @@
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int primary_refs[VGPU_MAX_DEVICES];
 
+/* fork: the child has none of the parent's contexts (and its own, empty, slot in the Ledger) */
+void ctx_fork_prepare(void) { pthread_mutex_lock(&mu); }
+void ctx_fork_parent(void) { pthread_mutex_unlock(&mu); }
+void ctx_fork_child(void)
+{
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++)
+        primary_refs[d] = 0;
+    pthread_mutex_unlock(&mu);
+}
+
 static uint64_t overhead(int slot) { return slot >= 0 && slot < VGPU_MAX_DEVICES ? vgpu_cfg.ctx_overhead[slot] : 0; }
 
 /* the Ledger's slot of a CUDA ordinal for a context about to be made, or -1 to account nothing */

@@ -24,6 +24,15 @@ static pool_charge pools[MAX_POOLS];
 static int npools;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* fork: the child's pools are not the parent's (and its slot in the Ledger starts empty) */
+void pools_fork_prepare(void) { pthread_mutex_lock(&mu); }
+void pools_fork_parent(void) { pthread_mutex_unlock(&mu); }
+void pools_fork_child(void)
+{
+    npools = 0;
+    pthread_mutex_unlock(&mu);
+}
+
 static int driver_figures(CUmemoryPool pool, uint64_t *kept)
 {
     cuuint64_t reserved = 0, in_use = 0;

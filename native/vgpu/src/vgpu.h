@@ -151,6 +151,12 @@ typedef struct {
 } vgpu_launch;
 int limiter_begin(vgpu_launch *l, CUstream stream, int ptds, uint64_t key);
 void limiter_end(vgpu_launch *l, CUresult r);
+void ctx_fork_prepare(void);
+void ctx_fork_parent(void);
+void ctx_fork_child(void);
+void pools_fork_prepare(void);
+void pools_fork_parent(void);
+void pools_fork_child(void);
 void limiter_fork_prepare(void);
 void limiter_fork_parent(void);
 void limiter_fork_child(void);

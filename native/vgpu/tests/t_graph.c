@@ -1,7 +1,9 @@
 /* t_graph: CUDA graphs obey the claim like plain launches and allocations do.
  *   t_graph sm <pct> <n>      n launches of a 4-kernel graph in one process hold the SM share
  *   t_graph split <kind> <n>  two claims at 30 % and 70 % (own caches), each running n launches of
- *                             <kind> (graph or plain) at once: each gets its share within 5 points
+ *                             <kind> (graph or plain) at once: their throughput splits 30/70 within
+ *                             5 points (each one's share of its device time within 10, as t_sm's on a
+ *                             loaded CPU, where a process descheduled past the burst allowance idles)
  *   t_graph mem               graph memory nodes (added, and captured from cuMemAllocAsync) count
  *                             against the limit when the graph first runs: past it the launch fails
  *                             with CUDA_ERROR_OUT_OF_MEMORY and nothing is taken; run with a 64 MiB limit
@@ -121,9 +123,9 @@ static int split(const char *kind, int n)
     char what[64];
     int bad = 0;
     snprintf(what, sizeof what, "%s, claim at 30%%", kind);
-    bad |= check_share(what, share[0], 0.30, 0.05);
+    bad |= check_share(what, share[0], 0.30, 0.10);
     snprintf(what, sizeof what, "%s, claim at 70%%", kind);
-    bad |= check_share(what, share[1], 0.70, 0.05);
+    bad |= check_share(what, share[1], 0.70, 0.10);
     snprintf(what, sizeof what, "%s, split of the two", kind);
     bad |= check_share(what, share[0] / (share[0] + share[1]), 0.30, 0.05);
     return bad;
