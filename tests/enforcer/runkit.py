@@ -8,12 +8,14 @@ that kill or restart services start their own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import msgspec
 import pytest
@@ -70,16 +72,25 @@ async def create_tenant(url: str, name: str) -> None:
         await client.close()
 
 
-@pytest.fixture(scope="session")
-def cluster(tmp_path_factory):
-    cluster = start_local(tmp_path_factory.mktemp("cluster"))
+@contextlib.contextmanager
+def tenant_cluster(workdir: Path, **extra_env: str) -> Iterator[LocalCluster]:
+    """A started cluster with the short enforcer intervals (and ``extra_env``) and the tenant ``alpha``."""
+    cluster = start_local(workdir, extra_env=extra_env)
     try:
         asyncio.run(create_tenant(cluster.url, "alpha"))
     except BaseException:
         cluster.stop()
         raise
-    yield cluster
-    cluster.stop(timeout=2)  # orderly shutdown is tested elsewhere; here it only costs time
+    try:
+        yield cluster
+    finally:
+        cluster.stop(timeout=2)  # orderly shutdown is tested elsewhere; here it only costs time
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    with tenant_cluster(tmp_path_factory.mktemp("cluster")) as cluster:
+        yield cluster
 
 
 @pytest.fixture

@@ -2,7 +2,9 @@
 # Every check that needs an NVIDIA GPU, for a machine with the driver, a python3 with PyTorch and
 # CuPy, and gcc; results go to $OUT (default ./gpu-results):
 #   vgpu   native/vgpu/tests/gpu/run.sh: libvgpu.so against the real driver (memory limits with
-#          PyTorch and CuPy, two processes, SM shares, overhead, start-up); about 8 minutes
+#          PyTorch and CuPy, two processes, SM shares of plain launches and of PyTorch CUDA graphs at
+#          30/70, a context count that would overflow a claim, overhead, start-up); about 9 minutes
+#   isolation  only its CUDA-graph shares and context count sections; about 2 minutes
 #   demo   services/enforcer/gpu-demo/run.sh: two tenants' PyTorch jobs on one GPU through
 #          `tessera run`, limits vs the enforcer's reported peak use, throughput; about 3 minutes
 #   all    both (over 10 minutes: where one command may run 10 minutes, run vgpu and demo apart)
@@ -10,7 +12,7 @@
 # A machine that reaches PyPI installs what Tessera needs with `make`. One that reaches nothing
 # (the lent H200s) gets it as wheels: run `make gpu-wheels` where PyPI is reachable, carry `.whl/`
 # along, and this script builds .venv from it with --no-index before anything else.
-#   tests/gpu/run.sh vgpu|demo|all
+#   tests/gpu/run.sh vgpu|isolation|demo|all
 set -u -o pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
@@ -39,6 +41,9 @@ fi
 status=0
 if [[ $what == vgpu || $what == all ]]; then
     OUT=$OUT bash native/vgpu/tests/gpu/run.sh 2>&1 | tee "$OUT/vgpu.log" || status=1
+fi
+if [[ $what == isolation ]]; then
+    OUT=$OUT bash native/vgpu/tests/gpu/run.sh graph_share contexts 2>&1 | tee "$OUT/vgpu-isolation.log" || status=1
 fi
 if [[ $what == demo || $what == all ]]; then
     JOB_PYTHON=${JOB_PYTHON:-$(command -v python3)} bash services/enforcer/gpu-demo/run.sh 2>&1 | tee "$OUT/gpu-demo.txt" \

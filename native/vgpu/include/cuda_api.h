@@ -20,6 +20,9 @@ CUAPI CUresult cuDeviceGetAttribute(int *value, int attrib, CUdevice dev);
 CUAPI CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev);
 CUAPI CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev);
 CUAPI CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev);
+CUAPI CUresult cuCtxCreate_v3(CUcontext *ctx, CUexecAffinityParam *params, int numParams, unsigned int flags,
+                              CUdevice dev);
+CUAPI CUresult cuCtxCreate_v4(CUcontext *ctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev);
 CUAPI CUresult cuCtxDestroy_v2(CUcontext ctx);
 CUAPI CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev);
 CUAPI CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
@@ -54,6 +57,10 @@ CUAPI CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes);
 CUAPI CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props);
 CUAPI CUresult cuMemPoolDestroy(CUmemoryPool pool);
 CUAPI CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev);
+CUAPI CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev);
+CUAPI CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep);
+CUAPI CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value);
+CUAPI CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value);
 CUAPI CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                            unsigned long long flags);
 CUAPI CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
@@ -75,6 +82,9 @@ CUAPI CUresult cuMipmappedArrayDestroy(CUmipmappedArray arr);
 
 /* modules, launches, streams, events */
 CUAPI CUresult cuModuleLoadData(CUmodule *mod, const void *image);
+CUAPI CUresult cuModuleLoadDataEx(CUmodule *mod, const void *image, unsigned int numOptions, int *options,
+                                  void **optionValues);
+CUAPI CUresult cuModuleLoad(CUmodule *mod, const char *fname);
 CUAPI CUresult cuModuleUnload(CUmodule mod);
 CUAPI CUresult cuModuleGetFunction(CUfunction *fn, CUmodule mod, const char *name);
 #define TESSERA_LAUNCH_ARGS CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, \
@@ -100,6 +110,44 @@ CUAPI CUresult cuEventQuery(CUevent ev);
 CUAPI CUresult cuEventSynchronize(CUevent ev);
 CUAPI CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end);
 CUAPI CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end);
+
+CUAPI CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode);
+CUAPI CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, CUstreamCaptureMode mode);
+CUAPI CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph);
+CUAPI CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph *graph);
+
+/* graphs */
+CUAPI CUresult cuGraphCreate(CUgraph *graph, unsigned int flags);
+CUAPI CUresult cuGraphDestroy(CUgraph graph);
+CUAPI CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
+                                    const CUDA_KERNEL_NODE_PARAMS *params);
+CUAPI CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
+                                       const CUDA_KERNEL_NODE_PARAMS_v2 *params);
+CUAPI CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
+                                      CUDA_MEM_ALLOC_NODE_PARAMS *params);
+CUAPI CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
+                                     CUdeviceptr dptr);
+CUAPI CUresult cuGraphGetNodes(CUgraph graph, CUgraphNode *nodes, size_t *numNodes);
+CUAPI CUresult cuGraphNodeGetType(CUgraphNode node, CUgraphNodeType *type);
+CUAPI CUresult cuGraphMemAllocNodeGetParams(CUgraphNode node, CUDA_MEM_ALLOC_NODE_PARAMS *params);
+CUAPI CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph graph, CUgraphNode *errNode, char *log, size_t logSize);
+CUAPI CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph graph, CUgraphNode *errNode, char *log,
+                                     size_t logSize);
+CUAPI CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags);
+CUAPI CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *params);
+CUAPI CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph,
+                                                 CUDA_GRAPH_INSTANTIATE_PARAMS *params);
+CUAPI CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream);
+CUAPI CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
+CUAPI CUresult cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node,
+                                              const CUDA_KERNEL_NODE_PARAMS *params);
+CUAPI CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec exec, CUgraphNode node,
+                                                 const CUDA_KERNEL_NODE_PARAMS_v2 *params);
+CUAPI CUresult cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode *errNode,
+                                 CUgraphExecUpdateResult *result);
+CUAPI CUresult cuGraphExecUpdate_v2(CUgraphExec exec, CUgraph graph, CUgraphExecUpdateResultInfo *info);
+CUAPI CUresult cuGraphExecDestroy(CUgraphExec exec);
+CUAPI CUresult cuDeviceGraphMemTrim(CUdevice dev);
 
 /* NVML */
 CUAPI nvmlReturn_t nvmlInit(void);

@@ -21,6 +21,9 @@ typedef struct CUevent_st *CUevent;
 typedef struct CUarray_st *CUarray;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct CUgraphExec_st *CUgraphExec;
 
 enum {
     CUDA_SUCCESS = 0,
@@ -34,6 +37,10 @@ enum {
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
+    CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910,
+    CUDA_ERROR_ILLEGAL_STATE = 401,
 };
 
 typedef struct { char bytes[16]; } CUuuid;
@@ -53,6 +60,7 @@ typedef enum {
 } CUdriverProcAddressQueryResult;
 
 typedef enum { CU_STREAM_CAPTURE_STATUS_NONE = 0, CU_STREAM_CAPTURE_STATUS_ACTIVE = 1 } CUstreamCaptureStatus;
+typedef int CUstreamCaptureMode; /* 0 global, 1 thread local, 2 relaxed */
 
 #define CU_MEM_ATTACH_GLOBAL 0x1
 #define CU_MEM_ATTACH_HOST 0x2
@@ -90,6 +98,13 @@ typedef struct {
     size_t maxSize; unsigned short usage; unsigned char reserved[54];
 } CUmemPoolProps;
 
+/* CUmemPool_attribute (the ones used) */
+#define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
+#define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5
+#define CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH 6
+#define CU_MEMPOOL_ATTR_USED_MEM_CURRENT 7
+#define CU_MEMPOOL_ATTR_USED_MEM_HIGH 8
+
 /* cuLaunchKernelEx */
 typedef struct CUlaunchAttribute_st CUlaunchAttribute;
 typedef struct {
@@ -98,6 +113,47 @@ typedef struct {
     CUlaunchAttribute *attrs;
     unsigned int numAttrs;
 } CUlaunchConfig;
+
+/* Contexts created with cuCtxCreate_v3/_v4: only passed through, never read */
+typedef struct CUexecAffinityParam_st CUexecAffinityParam;
+typedef struct CUctxCreateParams_st CUctxCreateParams;
+
+/* CUDA graphs (cuda.h 11.4 to 13.0 layouts of the fields used) */
+typedef enum {
+    CU_GRAPH_NODE_TYPE_KERNEL = 0, CU_GRAPH_NODE_TYPE_EMPTY = 5, CU_GRAPH_NODE_TYPE_GRAPH = 4,
+    CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10, CU_GRAPH_NODE_TYPE_MEM_FREE = 11,
+} CUgraphNodeType;
+typedef struct {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+} CUDA_KERNEL_NODE_PARAMS; /* _v1 */
+typedef struct {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+    void *kern;   /* CUkernel */
+    CUcontext ctx;
+} CUDA_KERNEL_NODE_PARAMS_v2;
+typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc;
+typedef struct {
+    CUmemPoolProps poolProps;
+    const CUmemAccessDesc *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr; /* out */
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+typedef struct {
+    cuuint64_t flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out; /* CUgraphInstantiateResult */
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
+typedef enum { CU_GRAPH_EXEC_UPDATE_SUCCESS = 0, CU_GRAPH_EXEC_UPDATE_ERROR = 1,
+               CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED = 2 } CUgraphExecUpdateResult;
+typedef struct { CUgraphExecUpdateResult result; CUgraphNode errorNode; CUgraphNode errorFromNode; } CUgraphExecUpdateResultInfo;
 
 /* NVML */
 typedef int nvmlReturn_t;

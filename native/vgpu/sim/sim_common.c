@@ -1,6 +1,11 @@
 /* sim_common.c: reads the simulated device description shared by the simulated CUDA driver and the
- * simulated NVML, so both report the same devices. */
+ * simulated NVML, so both report the same devices, and keeps the simulated card's memory counters
+ * (in a file shared between processes when TESSERA_SIM_CARD names one). */
 #include <ctype.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +66,10 @@ void sim_config_load(sim_device_config *c)
     c->kernel_ns = env_long("TESSERA_SIM_KERNEL_US", 100) * 1000;
     c->driver_version = (int)env_long("TESSERA_SIM_DRIVER_VERSION", 13000);
     c->procaddr_internal = (int)env_long("TESSERA_SIM_PROCADDR_INTERNAL", 0);
+    c->context_bytes = (uint64_t)env_long("TESSERA_SIM_CONTEXT_MIB", 0) << 20;
+    c->module_bytes = (uint64_t)env_long("TESSERA_SIM_MODULE_KIB", 0) << 10;
+    const char *card = getenv("TESSERA_SIM_CARD");
+    snprintf(c->card_path, sizeof c->card_path, "%s", card ? card : "");
     const char *name = getenv("TESSERA_SIM_GPU_NAME");
     snprintf(c->name, sizeof c->name, "%s", name && *name ? name : "Tessera Simulated GPU");
     const char *uuids = getenv("TESSERA_SIM_GPU_UUIDS");
@@ -77,4 +86,68 @@ void sim_config_load(sim_device_config *c)
             fprintf(stderr, "tessera-sim: TESSERA_SIM_GPU_UUIDS entry %d is not a UUID; using the default\n", i);
         uuids = comma ? comma + 1 : NULL;
     }
+}
+
+/* ---- the card ------------------------------------------------------------------------------ */
+
+static uint64_t local_card[SIM_MAX_DEVICES];
+static uint64_t *card = local_card;
+static uint64_t mine[SIM_MAX_DEVICES]; /* what this process holds on a shared card */
+static pid_t mine_pid;                 /* ... this process: a fork child holds none of it */
+static pthread_once_t card_once = PTHREAD_ONCE_INIT;
+static const sim_device_config *card_cfg;
+
+static void card_map(void)
+{
+    if (!card_cfg || !card_cfg->card_path[0])
+        return;
+    size_t size = sizeof(uint64_t) * SIM_MAX_DEVICES;
+    int fd = open(card_cfg->card_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
+        fprintf(stderr, "tessera-sim: TESSERA_SIM_CARD=%s cannot be opened; this process has a card of its own\n",
+                card_cfg->card_path);
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m != MAP_FAILED)
+        card = m;
+}
+
+void sim_card_open(const sim_device_config *c)
+{
+    card_cfg = c;
+    pthread_once(&card_once, card_map);
+}
+
+int sim_card_take(int dev, uint64_t bytes, uint64_t capacity)
+{
+    uint64_t old = __atomic_load_n(&card[dev], __ATOMIC_RELAXED);
+    do {
+        if (bytes > capacity || old > capacity - bytes)
+            return -1;
+    } while (!__atomic_compare_exchange_n(&card[dev], &old, old + bytes, 1, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
+    __atomic_add_fetch(&mine[dev], bytes, __ATOMIC_RELAXED);
+    mine_pid = getpid();
+    return 0;
+}
+
+void sim_card_give(int dev, uint64_t bytes)
+{
+    __atomic_sub_fetch(&card[dev], bytes, __ATOMIC_ACQ_REL);
+    __atomic_sub_fetch(&mine[dev], bytes, __ATOMIC_RELAXED);
+}
+
+uint64_t sim_card_used(int dev) { return __atomic_load_n(&card[dev], __ATOMIC_ACQUIRE); }
+
+/* a process that ends gives its memory back, as a real card's driver does */
+__attribute__((destructor)) static void card_leave(void)
+{
+    if (card == local_card || mine_pid != getpid())
+        return;
+    for (int d = 0; d < SIM_MAX_DEVICES; d++)
+        if (mine[d])
+            __atomic_sub_fetch(&card[d], mine[d], __ATOMIC_ACQ_REL);
 }

@@ -3,7 +3,9 @@
  * nothing), implements contexts, streams, events, memory pools, virtual memory management, arrays and
  * cuGetProcAddress with the driver's versioned names, and simulates kernels on a per-device timeline:
  * each launch occupies the device for TESSERA_SIM_KERNEL_US of device time, and synchronisation
- * sleeps until the timeline catches up. Devices are per process (a real GPU is shared; the sim is not).
+ * sleeps until the timeline catches up. Device memory, including what contexts and loaded modules take,
+ * is counted on the simulated card (sim_common.c), which processes share when TESSERA_SIM_CARD names a
+ * file; kernel timelines are per process. Graphs and stream capture are in sim_graph.c.
  * Argument checks return the error codes the real driver documents. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -16,6 +18,7 @@
 
 #include "cuda_api.h"
 #include "sim_common.h"
+#include "sim_cuda.h"
 
 #define GRANULARITY (2ULL << 20)
 
@@ -24,17 +27,19 @@ static int initialized;
 static pthread_once_t cfg_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 
-struct CUctx_st { int magic; int dev; };
-struct CUstream_st { int magic; };
 struct CUevent_st { int magic; int recorded; int64_t ts; };
-struct CUmod_st { int magic; };
-struct CUfunc_st { int magic; };
+struct CUmod_st { int magic; int dev; uint64_t bytes; };
 struct CUarray_st { int magic; };
 struct CUmipmappedArray_st { int magic; };
-struct CUmemPoolHandle_st { int magic; int dev; };
-#define MAGIC 0x7e55e7a
-
+/* A memory pool keeps what its allocations gave back (reserved) until a synchronisation releases what
+ * is above its release threshold (default 0), or cuMemPoolTrimTo; the card counts what it reserves. */
+struct CUmemPoolHandle_st {
+    int magic, dev;
+    uint64_t reserved, in_use, threshold, reserved_high, used_high;
+    struct CUmemPoolHandle_st *next;
+};
 static struct CUctx_st primary[SIM_MAX_DEVICES];
+static int primary_refs[SIM_MAX_DEVICES];
 static struct CUmemPoolHandle_st default_pool[SIM_MAX_DEVICES];
 static __thread struct CUctx_st *current;
 static uint64_t used[SIM_MAX_DEVICES];
@@ -77,7 +82,25 @@ static void rdel(rec **pp)
     free(r);
 }
 
-static void load_cfg(void) { sim_config_load(&cfg); }
+static void load_cfg(void)
+{
+    sim_config_load(&cfg);
+    sim_card_open(&cfg);
+}
+
+/* Device memory taken and given back: this process's allocations (the tests' probe) and the card. */
+static int take(int dev, uint64_t size)
+{
+    if (sim_card_take(dev, size, cfg.memory))
+        return -1;
+    used[dev] += size;
+    return 0;
+}
+static void give(int dev, uint64_t size)
+{
+    used[dev] -= size;
+    sim_card_give(dev, size);
+}
 static int64_t now_ns(void)
 {
     struct timespec ts;
@@ -96,6 +119,12 @@ static void sleep_until(int64_t t)
 
 /* sim-only introspection for the tests */
 CUAPI uint64_t tessera_sim_memory_used(int dev) { return dev >= 0 && dev < SIM_MAX_DEVICES ? used[dev] : 0; }
+/* everything on the card: every sharing process's allocations, contexts, modules and graph memory */
+CUAPI uint64_t tessera_sim_card_used(int dev)
+{
+    pthread_once(&cfg_once, load_cfg);
+    return dev >= 0 && dev < SIM_MAX_DEVICES ? sim_card_used(dev) : 0;
+}
 CUAPI int tessera_sim_live_allocations(void) { return live_allocations; }
 
 /* ---- initialisation, devices, contexts ----------------------------------------------------- */
@@ -200,12 +229,22 @@ CUAPI CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
+/* A context takes TESSERA_SIM_CONTEXT_MIB of the card while it exists (the primary one while retained). */
+static CUresult context_memory(int dev)
+{
+    if (!cfg.context_bytes)
+        return CUDA_SUCCESS;
+    return sim_card_take(dev, cfg.context_bytes, cfg.memory) ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+}
+
 CUAPI CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice dev)
 {
     (void)flags;
     if (!ctx)
         return CUDA_ERROR_INVALID_VALUE;
     CHECK_DEV(dev);
+    if (context_memory(dev) != CUDA_SUCCESS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
     struct CUctx_st *c = calloc(1, sizeof *c);
     c->magic = MAGIC;
     c->dev = dev;
@@ -222,10 +261,26 @@ CUAPI CUresult cuCtxDestroy_v2(CUcontext ctx)
     if (current == ctx)
         current = NULL;
     if (ctx < primary || ctx >= primary + SIM_MAX_DEVICES) {
+        if (cfg.context_bytes)
+            sim_card_give(ctx->dev, cfg.context_bytes);
         ctx->magic = 0;
         free(ctx);
     }
     return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuCtxCreate_v3(CUcontext *ctx, CUexecAffinityParam *params, int numParams, unsigned int flags,
+                              CUdevice dev)
+{
+    if (numParams < 0 || (numParams > 0 && !params))
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuCtxCreate_v2(ctx, flags, dev);
+}
+
+CUAPI CUresult cuCtxCreate_v4(CUcontext *ctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev)
+{
+    (void)params;
+    return cuCtxCreate_v2(ctx, flags, dev);
 }
 
 CUAPI CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
@@ -233,14 +288,27 @@ CUAPI CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
     if (!ctx)
         return CUDA_ERROR_INVALID_VALUE;
     CHECK_DEV(dev);
-    *ctx = &primary[dev];
-    return CUDA_SUCCESS;
+    pthread_mutex_lock(&mu);
+    CUresult r = primary_refs[dev] ? CUDA_SUCCESS : context_memory(dev);
+    if (r == CUDA_SUCCESS) {
+        primary_refs[dev]++;
+        *ctx = &primary[dev];
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
 }
 
 CUAPI CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
     CHECK_DEV(dev);
-    return CUDA_SUCCESS;
+    pthread_mutex_lock(&mu);
+    CUresult r = CUDA_SUCCESS;
+    if (!primary_refs[dev])
+        r = CUDA_ERROR_INVALID_CONTEXT; /* released more often than retained */
+    else if (!--primary_refs[dev] && cfg.context_bytes)
+        sim_card_give(dev, cfg.context_bytes);
+    pthread_mutex_unlock(&mu);
+    return r;
 }
 
 CUAPI CUresult cuCtxSetCurrent(CUcontext ctx)
@@ -278,10 +346,13 @@ static int64_t device_busy_until(int dev)
     return t;
 }
 
+static void pools_synchronized(void);
+
 CUAPI CUresult cuCtxSynchronize(void)
 {
     NEED_CTX();
     sleep_until(device_busy_until(current->dev));
+    pools_synchronized();
     return CUDA_SUCCESS;
 }
 
@@ -335,12 +406,13 @@ CUAPI CUresult cuGetErrorString(CUresult error, const char **str)
 /* under mu */
 static CUresult sim_alloc(int dev, uint64_t size, int low, uint64_t *out)
 {
-    if (used[dev] + size > cfg.memory || size > cfg.memory)
+    if (take(dev, size))
         return CUDA_ERROR_OUT_OF_MEMORY;
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | (low ? MAP_32BIT : 0), -1, 0);
-    if (p == MAP_FAILED)
+    if (p == MAP_FAILED) {
+        give(dev, size);
         return CUDA_ERROR_OUT_OF_MEMORY;
-    used[dev] += size;
+    }
     live_allocations++;
     radd(R_PTR, (uint64_t)(uintptr_t)p, dev, size);
     *out = (uint64_t)(uintptr_t)p;
@@ -357,6 +429,53 @@ static CUresult alloc_common(uint64_t *out, uint64_t size, int dev, int low)
     return r;
 }
 
+static struct CUmemPoolHandle_st *pools; /* created pools (the default ones are default_pool[]) */
+
+/* under mu: a stream-ordered allocation from `pool`: the card gives only what the pool lacks */
+static CUresult pool_alloc(struct CUmemPoolHandle_st *pool, uint64_t size, uint64_t *out)
+{
+    uint64_t need = pool->in_use + size > pool->reserved ? pool->in_use + size - pool->reserved : 0;
+    if (need && sim_card_take(pool->dev, need, cfg.memory))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        if (need)
+            sim_card_give(pool->dev, need);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pool->reserved += need;
+    pool->in_use += size;
+    pool->reserved_high = pool->reserved > pool->reserved_high ? pool->reserved : pool->reserved_high;
+    pool->used_high = pool->in_use > pool->used_high ? pool->in_use : pool->used_high;
+    used[pool->dev] += size;
+    live_allocations++;
+    rec *r = radd(R_PTR, (uint64_t)(uintptr_t)p, pool->dev, size);
+    r->aux = (uint64_t)(uintptr_t)pool;
+    *out = (uint64_t)(uintptr_t)p;
+    return CUDA_SUCCESS;
+}
+
+/* under mu: give back to the card what the pool holds beyond its allocations and `keep` */
+static void pool_release(struct CUmemPoolHandle_st *pool, uint64_t keep)
+{
+    uint64_t floor = pool->in_use > keep ? pool->in_use : keep;
+    if (pool->reserved > floor) {
+        sim_card_give(pool->dev, pool->reserved - floor);
+        pool->reserved = floor;
+    }
+}
+
+/* a synchronisation: every pool releases what is above its threshold */
+static void pools_synchronized(void)
+{
+    pthread_mutex_lock(&mu);
+    for (int d = 0; d < SIM_MAX_DEVICES; d++)
+        pool_release(&default_pool[d], default_pool[d].threshold);
+    for (struct CUmemPoolHandle_st *p = pools; p; p = p->next)
+        pool_release(p, p->threshold);
+    pthread_mutex_unlock(&mu);
+}
+
 static CUresult free_common(uint64_t ptr)
 {
     NEED_INIT();
@@ -368,7 +487,13 @@ static CUresult free_common(uint64_t ptr)
         pthread_mutex_unlock(&mu);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    used[(*pp)->dev] -= (*pp)->size;
+    struct CUmemPoolHandle_st *pool = (struct CUmemPoolHandle_st *)(uintptr_t)(*pp)->aux;
+    if (pool) { /* back to its pool, which keeps the memory */
+        pool->in_use -= (*pp)->size;
+        used[(*pp)->dev] -= (*pp)->size;
+    } else {
+        give((*pp)->dev, (*pp)->size);
+    }
     munmap((void *)(uintptr_t)ptr, (*pp)->size);
     live_allocations--;
     rdel(pp);
@@ -445,12 +570,18 @@ CUAPI CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned in
 
 CUAPI CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
-    (void)stream;
     if (!dptr)
         return CUDA_ERROR_INVALID_VALUE;
     NEED_CTX();
+    CUgraph g = sim_capturing(stream);
+    if (g) /* captured: a memory node, whose memory the graph takes when it runs */
+        return bytesize ? sim_capture_alloc(g, current->dev, bytesize, dptr) : CUDA_ERROR_INVALID_VALUE;
+    if (!bytesize)
+        return CUDA_ERROR_INVALID_VALUE;
     uint64_t p;
-    CUresult r = alloc_common(&p, bytesize, current->dev, 0);
+    pthread_mutex_lock(&mu);
+    CUresult r = pool_alloc(&default_pool[current->dev], bytesize, &p);
+    pthread_mutex_unlock(&mu);
     if (r == CUDA_SUCCESS)
         *dptr = p;
     return r;
@@ -463,11 +594,13 @@ CUAPI CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream
 CUAPI CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream)
 {
     (void)stream;
-    if (!dptr || !pool || pool->magic != MAGIC)
+    if (!dptr || !pool || pool->magic != MAGIC || !bytesize)
         return CUDA_ERROR_INVALID_VALUE;
     NEED_CTX();
     uint64_t p;
-    CUresult r = alloc_common(&p, bytesize, pool->dev, 0);
+    pthread_mutex_lock(&mu);
+    CUresult r = pool_alloc(pool, bytesize, &p);
+    pthread_mutex_unlock(&mu);
     if (r == CUDA_SUCCESS)
         *dptr = p;
     return r;
@@ -479,8 +612,12 @@ CUAPI CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, 
 
 CUAPI CUresult cuMemFree_v2(CUdeviceptr dptr) { return free_common(dptr); }
 CUAPI CUresult cuMemFree(CUdeviceptr_v1 dptr) { return free_common(dptr); }
-CUAPI CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) { (void)stream; return free_common(dptr); }
-CUAPI CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) { (void)stream; return free_common(dptr); }
+CUAPI CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
+{
+    CUgraph g = sim_capturing(stream);
+    return g ? sim_capture_free(g, dptr) : free_common(dptr);
+}
+CUAPI CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) { return cuMemFreeAsync(dptr, stream); }
 
 CUAPI CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
@@ -489,7 +626,8 @@ CUAPI CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     NEED_CTX();
     pthread_mutex_lock(&mu);
     *total_bytes = cfg.memory;
-    *free_bytes = cfg.memory - used[current->dev];
+    uint64_t on_card = sim_card_used(current->dev);
+    *free_bytes = on_card >= cfg.memory ? 0 : cfg.memory - on_card;
     pthread_mutex_unlock(&mu);
     return CUDA_SUCCESS;
 }
@@ -515,6 +653,10 @@ CUAPI CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
     struct CUmemPoolHandle_st *p = calloc(1, sizeof *p);
     p->magic = MAGIC;
     p->dev = props->location.id;
+    pthread_mutex_lock(&mu);
+    p->next = pools;
+    pools = p;
+    pthread_mutex_unlock(&mu);
     *pool = p;
     return CUDA_SUCCESS;
 }
@@ -524,10 +666,76 @@ CUAPI CUresult cuMemPoolDestroy(CUmemoryPool pool)
     if (!pool || pool->magic != MAGIC)
         return CUDA_ERROR_INVALID_VALUE;
     if (pool < default_pool || pool >= default_pool + SIM_MAX_DEVICES) {
+        pthread_mutex_lock(&mu);
+        pool_release(pool, 0);
+        for (struct CUmemPoolHandle_st **pp = &pools; *pp; pp = &(*pp)->next)
+            if (*pp == pool) {
+                *pp = pool->next;
+                break;
+            }
+        pthread_mutex_unlock(&mu);
+        if (pool->in_use) /* the driver frees it once its allocations are freed; the sim keeps it */
+            return CUDA_SUCCESS;
         pool->magic = 0;
         free(pool);
     }
     return CUDA_SUCCESS;
+}
+
+/* the sim has no cuDeviceSetMemPool: a device's current pool is its default one */
+CUAPI CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) { return cuDeviceGetDefaultMemPool(pool, dev); }
+
+CUAPI CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    if (!pool || pool->magic != MAGIC)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    pool_release(pool, minBytesToKeep);
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+CUAPI CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value)
+{
+    if (!pool || pool->magic != MAGIC || !value)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    CUresult r = CUDA_SUCCESS;
+    switch (attr) {
+    case 1: case 2: case 3: *(int *)value = 1; break; /* the reuse policies: all allowed */
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *(cuuint64_t *)value = pool->threshold; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = pool->reserved; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: *(cuuint64_t *)value = pool->reserved_high; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = pool->in_use; break;
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: *(cuuint64_t *)value = pool->used_high; break;
+    default: r = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+CUAPI CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value)
+{
+    if (!pool || pool->magic != MAGIC || !value)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    CUresult r = CUDA_SUCCESS;
+    switch (attr) {
+    case 1: case 2: case 3: break;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: pool->threshold = *(cuuint64_t *)value; break;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH: /* only a reset to 0 */
+        if (*(cuuint64_t *)value)
+            r = CUDA_ERROR_INVALID_VALUE;
+        else if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
+            pool->reserved_high = pool->reserved;
+        else
+            pool->used_high = pool->in_use;
+        break;
+    default: r = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
 }
 
 CUAPI CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
@@ -558,14 +766,13 @@ CUAPI CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, co
     CHECK_DEV(prop->location.id);
     int dev = prop->location.id;
     pthread_mutex_lock(&mu);
-    if (used[dev] + size > cfg.memory) {
+    if (take(dev, size)) {
         pthread_mutex_unlock(&mu);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     static uint64_t next_handle = 0x1000;
     uint64_t h = next_handle++;
     radd(R_HANDLE, h, dev, size);
-    used[dev] += size;
     live_allocations++;
     pthread_mutex_unlock(&mu);
     *handle = h;
@@ -577,7 +784,7 @@ static void handle_maybe_free(rec **hp)
 {
     rec *h = *hp;
     if (h->released && h->mapcount <= 0) {
-        used[h->dev] -= h->size;
+        give(h->dev, h->size);
         live_allocations--;
         rdel(hp);
     }
@@ -701,14 +908,13 @@ static CUresult array_create(int kind, void **out, uint64_t w, uint64_t h, uint6
     }
     pthread_mutex_lock(&mu);
     int dev = current->dev;
-    if (used[dev] + size > cfg.memory) {
+    if (take(dev, size)) {
         pthread_mutex_unlock(&mu);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     void *a = calloc(1, 16);
     ((int *)a)[0] = MAGIC;
     radd(kind, (uint64_t)(uintptr_t)a, dev, size);
-    used[dev] += size;
     live_allocations++;
     pthread_mutex_unlock(&mu);
     *out = a;
@@ -726,7 +932,7 @@ static CUresult array_destroy(int kind, void *a)
         pthread_mutex_unlock(&mu);
         return CUDA_ERROR_INVALID_HANDLE;
     }
-    used[(*pp)->dev] -= (*pp)->size;
+    give((*pp)->dev, (*pp)->size);
     live_allocations--;
     rdel(pp);
     free(a);
@@ -769,53 +975,107 @@ CUAPI CUresult cuMipmappedArrayDestroy(CUmipmappedArray arr) { return array_dest
 
 /* ---- modules, launches, streams, events ---------------------------------------------------- */
 
-static struct CUmod_st the_module = {MAGIC};
 static struct CUfunc_st the_function = {MAGIC};
 
+/* A loaded module takes TESSERA_SIM_MODULE_KIB of the card (its code and data) until unloaded. */
 CUAPI CUresult cuModuleLoadData(CUmodule *mod, const void *image)
 {
     if (!mod || !image)
         return CUDA_ERROR_INVALID_VALUE;
     NEED_CTX();
-    *mod = &the_module;
+    int dev = current->dev;
+    if (cfg.module_bytes && sim_card_take(dev, cfg.module_bytes, cfg.memory))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct CUmod_st *m = calloc(1, sizeof *m);
+    m->magic = MAGIC;
+    m->dev = dev;
+    m->bytes = cfg.module_bytes;
+    *mod = m;
     return CUDA_SUCCESS;
+}
+CUAPI CUresult cuModuleLoadDataEx(CUmodule *mod, const void *image, unsigned int numOptions, int *options,
+                                  void **optionValues)
+{
+    if (numOptions && (!options || !optionValues))
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuModuleLoadData(mod, image);
+}
+CUAPI CUresult cuModuleLoad(CUmodule *mod, const char *fname)
+{
+    if (!fname)
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuModuleLoadData(mod, fname);
 }
 CUAPI CUresult cuModuleUnload(CUmodule mod)
 {
     NEED_INIT();
-    return mod == &the_module ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    if (!mod || mod->magic != MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (mod->bytes)
+        sim_card_give(mod->dev, mod->bytes);
+    mod->magic = 0;
+    free(mod);
+    return CUDA_SUCCESS;
 }
 CUAPI CUresult cuModuleGetFunction(CUfunction *fn, CUmodule mod, const char *name)
 {
     if (!fn || !name)
         return CUDA_ERROR_INVALID_VALUE;
     NEED_CTX();
-    if (mod != &the_module)
+    if (!mod || mod->magic != MAGIC)
         return CUDA_ERROR_INVALID_HANDLE;
     *fn = &the_function;
     return CUDA_SUCCESS;
 }
 
+/* ---- what the graph module (sim_graph.c) uses ----------------------------------------------- */
+
+CUresult sim_current_device(int *dev)
+{
+    NEED_CTX();
+    *dev = current->dev;
+    return CUDA_SUCCESS;
+}
+int sim_device_count(void) { return cfg.count; }
+void sim_run_kernels(int dev, int64_t kernels)
+{
+    pthread_mutex_lock(&mu);
+    int64_t now = now_ns(), start = busy_until[dev] > now ? busy_until[dev] : now;
+    busy_until[dev] = start + kernels * cfg.kernel_ns;
+    pthread_mutex_unlock(&mu);
+}
+int sim_take(int dev, uint64_t bytes) { return sim_card_take(dev, bytes, cfg.memory); }
+void sim_give(int dev, uint64_t bytes) { sim_card_give(dev, bytes); }
+int sim_function_ok(CUfunction f) { return f && f->magic == MAGIC; }
+CUgraph sim_capturing(CUstream stream)
+{
+    if (!stream || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD || stream->magic != MAGIC)
+        return NULL;
+    return stream->capture;
+}
+
+/* a launch on a stream being captured becomes a kernel node of the capture's graph */
 static CUresult launch(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
-                       unsigned int by, unsigned int bz)
+                       unsigned int by, unsigned int bz, CUstream stream)
 {
     NEED_CTX();
     if (!f || f->magic != MAGIC)
         return CUDA_ERROR_INVALID_HANDLE;
     if (!gx || !gy || !gz || !bx || !by || !bz || (uint64_t)bx * by * bz > 1024)
         return CUDA_ERROR_INVALID_VALUE;
-    int dev = current->dev;
-    pthread_mutex_lock(&mu);
-    int64_t now = now_ns(), start = busy_until[dev] > now ? busy_until[dev] : now;
-    busy_until[dev] = start + cfg.kernel_ns;
-    pthread_mutex_unlock(&mu);
+    CUgraph g = sim_capturing(stream);
+    if (g) {
+        const unsigned int dims[6] = {gx, gy, gz, bx, by, bz};
+        return sim_capture_kernel(g, f, dims);
+    }
+    sim_run_kernels(current->dev, 1);
     return CUDA_SUCCESS;
 }
 
 CUAPI CUresult cuLaunchKernel(TESSERA_LAUNCH_ARGS, void **kernelParams, void **extra)
 {
-    (void)sharedMemBytes; (void)hStream; (void)kernelParams; (void)extra;
-    return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ);
+    (void)sharedMemBytes; (void)kernelParams; (void)extra;
+    return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream);
 }
 CUAPI CUresult cuLaunchKernel_ptsz(TESSERA_LAUNCH_ARGS, void **kernelParams, void **extra)
 {
@@ -837,7 +1097,7 @@ CUAPI CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **ke
     (void)kernelParams; (void)extra;
     if (!c)
         return CUDA_ERROR_INVALID_VALUE;
-    return launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ);
+    return launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ, c->hStream);
 }
 CUAPI CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **kernelParams, void **extra)
 {
@@ -860,6 +1120,8 @@ CUAPI CUresult cuStreamDestroy_v2(CUstream stream)
     NEED_INIT();
     if (!stream || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD || stream->magic != MAGIC)
         return CUDA_ERROR_INVALID_HANDLE;
+    if (stream->capture)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     stream->magic = 0;
     free(stream);
     return CUDA_SUCCESS;
@@ -870,16 +1132,16 @@ CUAPI CUresult cuStreamSynchronize(CUstream stream)
     (void)stream;
     NEED_CTX();
     sleep_until(device_busy_until(current->dev));
+    pools_synchronized();
     return CUDA_SUCCESS;
 }
 CUAPI CUresult cuStreamSynchronize_ptsz(CUstream stream) { return cuStreamSynchronize(stream); }
 CUAPI CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus *status)
 {
-    (void)stream;
     if (!status)
         return CUDA_ERROR_INVALID_VALUE;
     NEED_CTX();
-    *status = CU_STREAM_CAPTURE_STATUS_NONE;
+    *status = sim_capturing(stream) ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
     return CUDA_SUCCESS;
 }
 CUAPI CUresult cuStreamIsCapturing_ptsz(CUstream stream, CUstreamCaptureStatus *status)
@@ -978,7 +1240,8 @@ static const proc_entry procs[] = {
     E(cuDeviceGetName, cuDeviceGetName, 2000, 0), E(cuDeviceGetUuid, cuDeviceGetUuid, 9020, 0),
     E(cuDeviceGetUuid, cuDeviceGetUuid_v2, 11040, 0), E(cuDeviceGetAttribute, cuDeviceGetAttribute, 2000, 0),
     E(cuDeviceTotalMem, cuDeviceTotalMem, 2000, 0), E(cuDeviceTotalMem, cuDeviceTotalMem_v2, 3020, 0),
-    E(cuCtxCreate, cuCtxCreate_v2, 3020, 0), E(cuCtxDestroy, cuCtxDestroy_v2, 4000, 0),
+    E(cuCtxCreate, cuCtxCreate_v2, 3020, 0), E(cuCtxCreate, cuCtxCreate_v3, 11040, 0),
+    E(cuCtxCreate, cuCtxCreate_v4, 12050, 0), E(cuCtxDestroy, cuCtxDestroy_v2, 4000, 0),
     E(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, 7000, 0),
     E(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, 11000, 0),
     E(cuCtxSetCurrent, cuCtxSetCurrent, 4000, 0), E(cuCtxGetCurrent, cuCtxGetCurrent, 4000, 0),
@@ -996,6 +1259,9 @@ static const proc_entry procs[] = {
     E(cuMemGetInfo, cuMemGetInfo, 2000, 0), EI(cuMemGetInfo, cuMemGetInfo_v2, 3020, 0),
     E(cuMemPoolCreate, cuMemPoolCreate, 11020, 0), E(cuMemPoolDestroy, cuMemPoolDestroy, 11020, 0),
     E(cuDeviceGetDefaultMemPool, cuDeviceGetDefaultMemPool, 11020, 0),
+    E(cuDeviceGetMemPool, cuDeviceGetMemPool, 11020, 0), E(cuMemPoolTrimTo, cuMemPoolTrimTo, 11020, 0),
+    E(cuMemPoolGetAttribute, cuMemPoolGetAttribute, 11020, 0),
+    E(cuMemPoolSetAttribute, cuMemPoolSetAttribute, 11020, 0),
     E(cuMemCreate, cuMemCreate, 10020, 0), E(cuMemRelease, cuMemRelease, 10020, 0),
     E(cuMemMap, cuMemMap, 10020, 0), E(cuMemUnmap, cuMemUnmap, 10020, 0),
     E(cuMemAddressReserve, cuMemAddressReserve, 10020, 0), E(cuMemAddressFree, cuMemAddressFree, 10020, 0),
@@ -1005,7 +1271,8 @@ static const proc_entry procs[] = {
     E(cuArrayDestroy, cuArrayDestroy, 2000, 0),
     E(cuMipmappedArrayCreate, cuMipmappedArrayCreate, 5000, 0),
     E(cuMipmappedArrayDestroy, cuMipmappedArrayDestroy, 5000, 0),
-    E(cuModuleLoadData, cuModuleLoadData, 2000, 0), E(cuModuleUnload, cuModuleUnload, 2000, 0),
+    E(cuModuleLoadData, cuModuleLoadData, 2000, 0), E(cuModuleLoadDataEx, cuModuleLoadDataEx, 2010, 0),
+    E(cuModuleLoad, cuModuleLoad, 2000, 0), E(cuModuleUnload, cuModuleUnload, 2000, 0),
     E(cuModuleGetFunction, cuModuleGetFunction, 2000, 0),
     EI(cuLaunchKernel, cuLaunchKernel, 4000, 0), E(cuLaunchKernel, cuLaunchKernel_ptsz, 7000, 1),
     E(cuLaunchKernelEx, cuLaunchKernelEx, 11060, 0), E(cuLaunchKernelEx, cuLaunchKernelEx_ptsz, 11060, 1),
@@ -1014,6 +1281,25 @@ static const proc_entry procs[] = {
     E(cuStreamCreate, cuStreamCreate, 2000, 0), E(cuStreamDestroy, cuStreamDestroy_v2, 4000, 0),
     E(cuStreamSynchronize, cuStreamSynchronize, 2000, 0), E(cuStreamSynchronize, cuStreamSynchronize_ptsz, 7000, 1),
     E(cuStreamIsCapturing, cuStreamIsCapturing, 10000, 0), E(cuStreamIsCapturing, cuStreamIsCapturing_ptsz, 10000, 1),
+    E(cuStreamBeginCapture, cuStreamBeginCapture_v2, 10010, 0),
+    E(cuStreamBeginCapture, cuStreamBeginCapture_v2_ptsz, 10010, 1),
+    E(cuStreamEndCapture, cuStreamEndCapture, 10000, 0), E(cuStreamEndCapture, cuStreamEndCapture_ptsz, 10000, 1),
+    E(cuGraphCreate, cuGraphCreate, 10000, 0), E(cuGraphDestroy, cuGraphDestroy, 10000, 0),
+    E(cuGraphAddKernelNode, cuGraphAddKernelNode, 10000, 0), E(cuGraphAddKernelNode, cuGraphAddKernelNode_v2, 12000, 0),
+    E(cuGraphAddMemAllocNode, cuGraphAddMemAllocNode, 11040, 0),
+    E(cuGraphAddMemFreeNode, cuGraphAddMemFreeNode, 11040, 0),
+    E(cuGraphGetNodes, cuGraphGetNodes, 10000, 0), E(cuGraphNodeGetType, cuGraphNodeGetType, 10000, 0),
+    E(cuGraphMemAllocNodeGetParams, cuGraphMemAllocNodeGetParams, 11040, 0),
+    E(cuGraphInstantiate, cuGraphInstantiate, 10000, 0), E(cuGraphInstantiate, cuGraphInstantiate_v2, 11000, 0),
+    E(cuGraphInstantiate, cuGraphInstantiateWithFlags, 12000, 0),
+    E(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags, 11040, 0),
+    E(cuGraphInstantiateWithParams, cuGraphInstantiateWithParams, 12000, 0),
+    E(cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz, 12000, 1),
+    E(cuGraphLaunch, cuGraphLaunch, 10000, 0), E(cuGraphLaunch, cuGraphLaunch_ptsz, 10000, 1),
+    E(cuGraphExecKernelNodeSetParams, cuGraphExecKernelNodeSetParams, 10010, 0),
+    E(cuGraphExecKernelNodeSetParams, cuGraphExecKernelNodeSetParams_v2, 12000, 0),
+    E(cuGraphExecUpdate, cuGraphExecUpdate, 10020, 0), E(cuGraphExecUpdate, cuGraphExecUpdate_v2, 12000, 0),
+    E(cuGraphExecDestroy, cuGraphExecDestroy, 10000, 0), E(cuDeviceGraphMemTrim, cuDeviceGraphMemTrim, 11040, 0),
     E(cuEventCreate, cuEventCreate, 2000, 0), E(cuEventDestroy, cuEventDestroy_v2, 4000, 0),
     E(cuEventRecord, cuEventRecord, 2000, 0), E(cuEventRecord, cuEventRecord_ptsz, 7000, 1),
     E(cuEventQuery, cuEventQuery, 2000, 0), E(cuEventSynchronize, cuEventSynchronize, 2000, 0),

@@ -1,6 +1,7 @@
 /* sim_nvml.c: a simulated NVML (libnvidia-ml.so.1) reporting the same devices as the simulated CUDA
- * driver, so libvgpu's NVML hooks (and the UUID match between NVML and CUDA devices) run in CI. The
- * device is idle from NVML's point of view: used 0, free = total. */
+ * driver, so libvgpu's NVML hooks (and the UUID match between NVML and CUDA devices) run in CI. Memory
+ * in use is the simulated card's (sim_common.c): everything the processes sharing TESSERA_SIM_CARD hold
+ * (allocations, contexts, modules, graph memory); without a shared card, NVML sees an idle device. */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -19,6 +20,8 @@ CUAPI nvmlReturn_t nvmlInit_v2(void)
     pthread_mutex_lock(&mu);
     if (!initialized) {
         sim_config_load(&cfg);
+        if (cfg.card_path[0])
+            sim_card_open(&cfg);
         for (int i = 0; i < SIM_MAX_DEVICES; i++)
             devices[i].index = i;
     }
@@ -39,6 +42,13 @@ CUAPI nvmlReturn_t nvmlShutdown(void)
 }
 
 static int valid(nvmlDevice_t d) { return d && d >= devices && d < devices + cfg.count; }
+
+/* NVML of a process that does not share a card file sees nobody's memory */
+static unsigned long long card_used(nvmlDevice_t d)
+{
+    uint64_t u = cfg.card_path[0] ? sim_card_used(d->index) : 0;
+    return u > cfg.memory ? cfg.memory : u;
+}
 
 CUAPI nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count)
 {
@@ -98,8 +108,8 @@ CUAPI nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem)
     if (!valid(dev) || !mem)
         return NVML_ERROR_INVALID_ARGUMENT;
     mem->total = cfg.memory;
-    mem->used = 0;
-    mem->free = cfg.memory;
+    mem->used = card_used(dev);
+    mem->free = cfg.memory - mem->used;
     return NVML_SUCCESS;
 }
 
@@ -113,8 +123,8 @@ CUAPI nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t 
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     mem->total = cfg.memory;
     mem->reserved = 0;
-    mem->used = 0;
-    mem->free = cfg.memory;
+    mem->used = card_used(dev);
+    mem->free = cfg.memory - mem->used;
     return NVML_SUCCESS;
 }
 

@@ -57,6 +57,7 @@ int vgpu_parse_size(const char *s, uint64_t *out)
 typedef struct {
     uint64_t mem_all, mem[VGPU_MAX_DEVICES];
     uint32_t sm_all, sm[VGPU_MAX_DEVICES];
+    uint64_t ctx_all, ctx[VGPU_MAX_DEVICES]; /* CUDA_DEVICE_CONTEXT_OVERHEAD */
     char cache[4096];
     char uuids[VGPU_MAX_DEVICES][48];
     int n_uuids; /* -1: the file's list was unusable (the file then denies every GPU) */
@@ -95,8 +96,8 @@ static void source_set_uuids(source *src, const char *val, const char *origin)
 
 static void source_set(source *src, const char *key, const char *val, const char *origin)
 {
-    const char *mp = "CUDA_DEVICE_MEMORY_LIMIT", *sp = "CUDA_DEVICE_SM_LIMIT";
-    size_t ml = strlen(mp), sl = strlen(sp);
+    const char *mp = "CUDA_DEVICE_MEMORY_LIMIT", *sp = "CUDA_DEVICE_SM_LIMIT", *cp = "CUDA_DEVICE_CONTEXT_OVERHEAD";
+    size_t ml = strlen(mp), sl = strlen(sp), cl = strlen(cp);
     if (!strcmp(key, "CUDA_DEVICE_MEMORY_SHARED_CACHE")) {
         snprintf(src->cache, sizeof src->cache, "%s", val);
         return;
@@ -112,10 +113,10 @@ static void source_set(source *src, const char *key, const char *val, const char
         snprintf(src->claims_dir, sizeof src->claims_dir, "%s", val);
         return;
     }
-    int is_mem = !strncmp(key, mp, ml), is_sm = !strncmp(key, sp, sl);
-    if (!is_mem && !is_sm)
+    int is_mem = !strncmp(key, mp, ml), is_sm = !strncmp(key, sp, sl), is_ctx = !strncmp(key, cp, cl);
+    if (!is_mem && !is_sm && !is_ctx)
         return;
-    const char *rest = key + (is_mem ? ml : sl);
+    const char *rest = key + (is_mem ? ml : is_sm ? sl : cl);
     int dev = -1;
     if (*rest == '_') {
         char *end;
@@ -130,7 +131,14 @@ static void source_set(source *src, const char *key, const char *val, const char
     } else if (*rest) {
         return;
     }
-    if (is_mem) {
+    if (is_ctx) {
+        uint64_t v;
+        if (vgpu_parse_size(val, &v)) {
+            vgpu_log(VGPU_LOG_ERROR, "%s: cannot parse %s=%s (want <n>, <n>k, <n>m or <n>g); ignored", origin, key, val);
+            return;
+        }
+        if (dev < 0) src->ctx_all = v; else src->ctx[dev] = v;
+    } else if (is_mem) {
         uint64_t v;
         if (vgpu_parse_size(val, &v)) {
             vgpu_log(VGPU_LOG_ERROR, "%s: cannot parse %s=%s (want <n>, <n>k, <n>m or <n>g); ignored", origin, key, val);
@@ -151,7 +159,9 @@ static void source_set(source *src, const char *key, const char *val, const char
     }
 }
 
-/* Within one source a per-device value overrides the all-devices value; across sources, minimum. */
+/* Within one source a per-device value overrides the all-devices value; across sources, minimum for
+ * limits and maximum for the context overhead (what a context costs can only be raised: a workload
+ * that declared its contexts free would take more of the card than its claim). */
 static void source_merge(vgpu_config *c, const source *src)
 {
     for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
@@ -159,6 +169,8 @@ static void source_merge(vgpu_config *c, const source *src)
         uint32_t s = src->sm[d] ? src->sm[d] : src->sm_all;
         c->mem_limit[d] = vgpu_min_limit(c->mem_limit[d], m);
         c->sm_limit[d] = (uint32_t)vgpu_min_limit(c->sm_limit[d], s);
+        uint64_t o = src->ctx[d] ? src->ctx[d] : src->ctx_all;
+        c->ctx_overhead[d] = o > c->ctx_overhead[d] ? o : c->ctx_overhead[d];
     }
 }
 

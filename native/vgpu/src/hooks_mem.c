@@ -75,6 +75,16 @@ void vgpu_note_device(int ordinal)
 
 static void release_cb(int dev, uint64_t size) { ledger_release(dev, size); }
 
+/* A charge; when refused, what memory pools were charged for keeping is settled first (a
+ * synchronisation may have given it back since) and the charge tried once more. */
+int vgpu_reserve(int dev, uint64_t bytes)
+{
+    if (!ledger_reserve(dev, bytes))
+        return 0;
+    vgpu_pools_settle();
+    return ledger_reserve(dev, bytes);
+}
+
 /* ---- plain allocations ---------------------------------------------------------------------- */
 
 #define ALLOC_WRAPPER(sym, ptr_t, size_expr, call_args, ...)                                         \
@@ -85,7 +95,7 @@ static void release_cb(int dev, uint64_t size) { ledger_release(dev, size); }
         int dev;                                                                                     \
         if (!dptr || bytes == 0 || (dev = vgpu_current_device()) == -1)                                \
             return REAL(sym) call_args;                                                              \
-        if (ledger_reserve(dev, bytes))                                                              \
+        if (vgpu_reserve(dev, bytes))                                                                \
             return CUDA_ERROR_OUT_OF_MEMORY;                                                         \
         CUresult r = REAL(sym) call_args;                                                            \
         if (r == CUDA_SUCCESS)                                                                       \
@@ -98,12 +108,7 @@ static void release_cb(int dev, uint64_t size) { ledger_release(dev, size); }
 ALLOC_WRAPPER(cuMemAlloc, CUdeviceptr_v1, bytesize, (dptr, bytesize), unsigned int bytesize)
 ALLOC_WRAPPER(cuMemAlloc_v2, CUdeviceptr, bytesize, (dptr, bytesize), size_t bytesize)
 ALLOC_WRAPPER(cuMemAllocManaged, CUdeviceptr, bytesize, (dptr, bytesize, flags), size_t bytesize, unsigned int flags)
-ALLOC_WRAPPER(cuMemAllocAsync, CUdeviceptr, bytesize, (dptr, bytesize, stream), size_t bytesize, CUstream stream)
-ALLOC_WRAPPER(cuMemAllocAsync_ptsz, CUdeviceptr, bytesize, (dptr, bytesize, stream), size_t bytesize, CUstream stream)
-ALLOC_WRAPPER(cuMemAllocFromPoolAsync, CUdeviceptr, bytesize, (dptr, bytesize, pool, stream), size_t bytesize,
-              CUmemoryPool pool, CUstream stream)
-ALLOC_WRAPPER(cuMemAllocFromPoolAsync_ptsz, CUdeviceptr, bytesize, (dptr, bytesize, pool, stream), size_t bytesize,
-              CUmemoryPool pool, CUstream stream)
+/* the stream-ordered ones, which draw on memory pools, are in hooks_pool.c */
 
 #define FREE_WRAPPER(sym, ptr_t, call_args, ...)                                                     \
     VGPU_EXPORT CUresult sym(ptr_t dptr __VA_ARGS__)                                                 \
@@ -114,6 +119,8 @@ ALLOC_WRAPPER(cuMemAllocFromPoolAsync_ptsz, CUdeviceptr, bytesize, (dptr, bytesi
         uint64_t bytes;                                                                              \
         if (r == CUDA_SUCCESS && allocs_take(ALLOC_PTR, (uint64_t)dptr, &dev, &bytes))               \
             ledger_release(dev, bytes);                                                              \
+        if (r == CUDA_SUCCESS)                                                                       \
+            vgpu_pools_settle(); /* a pool may keep what was freed */                                \
         return r;                                                                                    \
     }
 
@@ -357,6 +364,7 @@ static int virtual_info(int dev, uint64_t *free_b, uint64_t *total_b)
 VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
     VGPU_ENTER(cuMemGetInfo_v2);
+    vgpu_pools_settle();
     CUresult r = REAL(cuMemGetInfo_v2)(free_bytes, total_bytes);
     int dev;
     if (r == CUDA_SUCCESS && free_bytes && total_bytes && (dev = vgpu_current_device()) >= 0) {
@@ -372,6 +380,7 @@ VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 VGPU_EXPORT CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes)
 {
     VGPU_ENTER(cuMemGetInfo);
+    vgpu_pools_settle();
     CUresult r = REAL(cuMemGetInfo)(free_bytes, total_bytes);
     int dev;
     if (r == CUDA_SUCCESS && free_bytes && total_bytes && (dev = vgpu_current_device()) >= 0) {

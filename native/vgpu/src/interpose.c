@@ -115,15 +115,43 @@ static void resolve_imports(void)
         IMPORT(cuEventElapsedTime, "cuEventElapsedTime_v2");
     IMPORT(cuStreamIsCapturing, "cuStreamIsCapturing");
     IMPORT(cuStreamIsCapturing_ptsz, "cuStreamIsCapturing_ptsz");
+    IMPORT(cuGraphGetNodes, "cuGraphGetNodes");
+    IMPORT(cuGraphNodeGetType, "cuGraphNodeGetType");
+    IMPORT(cuGraphMemAllocNodeGetParams, "cuGraphMemAllocNodeGetParams");
+    IMPORT(cuGraphChildGraphNodeGetGraph, "cuGraphChildGraphNodeGetGraph");
+    IMPORT(cuMemPoolGetAttribute, "cuMemPoolGetAttribute");
+    IMPORT(cuDeviceGetMemPool, "cuDeviceGetMemPool");
 #undef IMPORT
     vgpu_drv.nvmlDeviceGetUUID = (__typeof__(vgpu_drv.nvmlDeviceGetUUID))(nvml_handle ? vgpu_real_dlsym(nvml_handle, "nvmlDeviceGetUUID") : NULL);
     if (cuda_handle && !vgpu_drv.cuCtxGetDevice)
         vgpu_log(VGPU_LOG_ERROR, "the CUDA driver has no cuCtxGetDevice: memory cannot be accounted per device");
 }
 
-static void fork_prepare(void) { allocs_fork_prepare(); limiter_fork_prepare(); ledger_fork_prepare(); }
-static void fork_parent(void) { ledger_fork_parent(); limiter_fork_parent(); allocs_fork_parent(); }
-static void fork_child(void) { ledger_fork_child(); limiter_fork_child(); allocs_fork_child(); }
+/* (locks taken in one order, released in the reverse) */
+static void fork_prepare(void)
+{
+    ctx_fork_prepare();
+    pools_fork_prepare();
+    allocs_fork_prepare();
+    limiter_fork_prepare();
+    ledger_fork_prepare();
+}
+static void fork_parent(void)
+{
+    ledger_fork_parent();
+    limiter_fork_parent();
+    allocs_fork_parent();
+    pools_fork_parent();
+    ctx_fork_parent();
+}
+static void fork_child(void)
+{
+    ledger_fork_child();
+    limiter_fork_child();
+    allocs_fork_child();
+    pools_fork_child();
+    ctx_fork_child();
+}
 
 static void do_init(void)
 {

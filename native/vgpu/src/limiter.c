@@ -7,7 +7,12 @@
  * the shared Ledger so all processes of a workload draw on one budget: running for t ns at share s
  * advances the clock by t/s; a launch may start while clock - now <= TAU. An estimate (moving average
  * of measured times) is charged at launch and corrected when the measurement arrives, so the queue
- * cannot run far ahead of the budget. Unlimited devices cost one branch per launch. */
+ * cannot run far ahead of the budget. Unlimited devices cost one branch per launch.
+ *
+ * A graph launch is metered the same way (its events bracket the whole graph), with an estimate of its
+ * own per executable graph: a decode step's graph may run a hundred kernels, and charging it a single
+ * kernel's estimate would let a burst of graphs far past the budget before the measurements arrive.
+ * Work captured into a graph is not metered when captured; it is when the graph runs. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <string.h>
@@ -25,7 +30,16 @@ typedef struct {
     CUcontext ctx;
     int64_t charged_ns;
     uint32_t pct;
+    uint64_t key;
 } pair;
+
+#define GRAPH_ESTIMATES 16 /* executable graphs with an estimate of their own, per device */
+
+typedef struct {
+    uint64_t key;   /* 0: kernels; else the executable graph */
+    int64_t ns;     /* moving average of measured device time */
+    int calibrated; /* measured at least once (the first launch is measured synchronously) */
+} estimate_t;
 
 typedef struct {
     pthread_mutex_t mu;
@@ -34,8 +48,9 @@ typedef struct {
     int head, count;
     int free_list[RING];
     int nfree, npairs;
-    int64_t est_ns;
-    int calibrated;
+    estimate_t kernels;
+    estimate_t graphs[GRAPH_ESTIMATES];
+    int next_graph;
 } devstate;
 
 static devstate ds[VGPU_MAX_DEVICES];
@@ -76,6 +91,24 @@ static void wait_admission(int dev)
     }
 }
 
+/* under d->mu: the moving-average estimate of a kernel (key 0) or of one executable graph; NULL for a
+ * graph that no longer has one (`make` 0) */
+static estimate_t *estimate(devstate *d, uint64_t key, int make)
+{
+    if (!key)
+        return &d->kernels;
+    for (int i = 0; i < GRAPH_ESTIMATES; i++)
+        if (d->graphs[i].key == key)
+            return &d->graphs[i];
+    if (!make)
+        return NULL;
+    estimate_t *e = &d->graphs[d->next_graph++ % GRAPH_ESTIMATES]; /* the oldest graph gives its place up */
+    e->key = key;
+    e->ns = 0;
+    e->calibrated = 0;
+    return e;
+}
+
 /* under d->mu: settle the oldest in-flight launch; `wait` blocks until it has run */
 static int settle_oldest(int dev, devstate *d, int wait)
 {
@@ -90,7 +123,11 @@ static int settle_oldest(int dev, devstate *d, int wait)
     if (q == CUDA_SUCCESS && vgpu_drv.cuEventElapsedTime(&ms, p->start, p->end) == CUDA_SUCCESS && ms >= 0) {
         int64_t actual = (int64_t)((double)ms * 1e6);
         tat_add(dev, actual - p->charged_ns, p->pct, 0);
-        d->est_ns = d->est_ns ? (7 * d->est_ns + actual) / 8 : actual;
+        estimate_t *est = estimate(d, p->key, 0);
+        if (est) {
+            est->ns = est->calibrated ? (7 * est->ns + actual) / 8 : actual;
+            est->calibrated = 1;
+        }
     }
     d->head = (d->head + 1) % RING;
     d->count--;
@@ -150,7 +187,7 @@ static int metering_available(void)
            vgpu_drv.cuEventSynchronize && vgpu_drv.cuEventElapsedTime && vgpu_drv.cuCtxGetCurrent;
 }
 
-int limiter_begin(vgpu_launch *l, CUstream stream, int ptds)
+int limiter_begin(vgpu_launch *l, CUstream stream, int ptds, uint64_t key)
 {
     if (!ledger_any_sm_limit() || !vgpu_ready())
         return 0;
@@ -159,10 +196,7 @@ int limiter_begin(vgpu_launch *l, CUstream stream, int ptds)
     if (!pct || !metering_available())
         return 0;
     /* work captured into a graph does not run now; recording events there would break the capture */
-    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-    CUresult (*is_capturing)(CUstream, CUstreamCaptureStatus *) =
-        ptds && vgpu_drv.cuStreamIsCapturing_ptsz ? vgpu_drv.cuStreamIsCapturing_ptsz : vgpu_drv.cuStreamIsCapturing;
-    if (is_capturing && (is_capturing(stream, &cs) != CUDA_SUCCESS || cs != CU_STREAM_CAPTURE_STATUS_NONE))
+    if (vgpu_capturing(stream, ptds))
         return 0;
     pthread_once(&ds_once, ds_init);
     devstate *d = &ds[dev];
@@ -175,6 +209,7 @@ int limiter_begin(vgpu_launch *l, CUstream stream, int ptds)
     l->ptds = ptds;
     l->pct = pct;
     l->stream = stream;
+    l->key = key;
     pthread_mutex_lock(&d->mu);
     if (d->count == RING)
         settle_oldest(dev, d, 1);
@@ -197,7 +232,8 @@ void limiter_end(vgpu_launch *l, CUresult r)
         pthread_mutex_unlock(&d->mu);
         return;
     }
-    int64_t est = d->est_ns;
+    estimate_t *e = estimate(d, l->key, 1);
+    int64_t est = e->ns;
     tat_add(l->dev, est, l->pct, 1);
     if (l->pair >= 0) {
         pair *p = &d->pairs[l->pair];
@@ -206,13 +242,14 @@ void limiter_end(vgpu_launch *l, CUresult r)
         } else {
             p->charged_ns = est;
             p->pct = l->pct;
+            p->key = l->key;
             d->ring[(d->head + d->count) % RING] = l->pair;
             d->count++;
-            if (!d->calibrated) {
-                /* the first launch is measured at once, so the estimate is never zero for long */
+            if (!e->calibrated) {
+                /* the first launch (of each graph) is measured at once, so no estimate is zero for long */
                 while (d->count)
                     settle_oldest(l->dev, d, 1);
-                d->calibrated = 1;
+                e->calibrated = 1;
             }
         }
     }
@@ -226,7 +263,7 @@ void limiter_end(vgpu_launch *l, CUresult r)
     {                                                                                                \
         VGPU_ENTER(sym);                                                                             \
         vgpu_launch l;                                                                               \
-        if (!limiter_begin(&l, (stream_expr), ptds))                                                 \
+        if (!limiter_begin(&l, (stream_expr), ptds, 0))                                              \
             return REAL(sym) args;                                                                   \
         CUresult r = REAL(sym) args;                                                                 \
         limiter_end(&l, r);                                                                          \
@@ -244,7 +281,7 @@ VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f
 {
     VGPU_ENTER(cuLaunchKernelEx);
     vgpu_launch l;
-    if (!config || !limiter_begin(&l, config->hStream, 0))
+    if (!config || !limiter_begin(&l, config->hStream, 0, 0))
         return REAL(cuLaunchKernelEx)(config, f, kernelParams, extra);
     CUresult r = REAL(cuLaunchKernelEx)(config, f, kernelParams, extra);
     limiter_end(&l, r);
@@ -255,7 +292,7 @@ VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunct
 {
     VGPU_ENTER(cuLaunchKernelEx_ptsz);
     vgpu_launch l;
-    if (!config || !limiter_begin(&l, config->hStream, 1))
+    if (!config || !limiter_begin(&l, config->hStream, 1, 0))
         return REAL(cuLaunchKernelEx_ptsz)(config, f, kernelParams, extra);
     CUresult r = REAL(cuLaunchKernelEx_ptsz)(config, f, kernelParams, extra);
     limiter_end(&l, r);
@@ -278,8 +315,8 @@ void limiter_fork_child(void)
     /* the parent's events belong to its contexts, which the child cannot use */
     for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
         ds[d].head = ds[d].count = ds[d].nfree = ds[d].npairs = 0;
-        ds[d].calibrated = 0;
-        ds[d].est_ns = 0;
+        memset(&ds[d].kernels, 0, sizeof ds[d].kernels);
+        memset(ds[d].graphs, 0, sizeof ds[d].graphs);
         pthread_mutex_unlock(&ds[d].mu);
     }
 }

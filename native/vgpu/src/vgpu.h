@@ -68,6 +68,12 @@ typedef struct {
     CUresult (*cuEventElapsedTime)(float *, CUevent, CUevent);
     CUresult (*cuStreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
     CUresult (*cuStreamIsCapturing_ptsz)(CUstream, CUstreamCaptureStatus *);
+    CUresult (*cuGraphGetNodes)(CUgraph, CUgraphNode *, size_t *);
+    CUresult (*cuGraphNodeGetType)(CUgraphNode, CUgraphNodeType *);
+    CUresult (*cuGraphMemAllocNodeGetParams)(CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS *);
+    CUresult (*cuGraphChildGraphNodeGetGraph)(CUgraphNode, CUgraph *);
+    CUresult (*cuMemPoolGetAttribute)(CUmemoryPool, int, void *);
+    CUresult (*cuDeviceGetMemPool)(CUmemoryPool *, CUdevice);
     nvmlReturn_t (*nvmlDeviceGetUUID)(nvmlDevice_t, char *, unsigned int);
 } vgpu_driver;
 extern vgpu_driver vgpu_drv;
@@ -80,6 +86,7 @@ void vgpu_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 
 typedef struct {
     uint64_t mem_limit[VGPU_MAX_DEVICES]; /* bytes, 0 = none */
     uint32_t sm_limit[VGPU_MAX_DEVICES];  /* percent 1..99, 0 = none */
+    uint64_t ctx_overhead[VGPU_MAX_DEVICES]; /* device memory one context takes, charged per context */
     char cache_path[4096];                /* "" = process-private accounting */
     /* The claim's GPUs by UUID, in the order the limits are numbered (CUDA_VISIBLE_DEVICES in a
      * config file, never the environment's); n_uuids 0 = limits are numbered by CUDA ordinal. */
@@ -109,7 +116,11 @@ void ledger_fork_parent(void);
 void ledger_fork_child(void);
 
 /* the per-process table of live allocations (allocs.c) */
-enum { ALLOC_PTR = 1, ALLOC_ARRAY, ALLOC_MIPMAP, ALLOC_HANDLE, ALLOC_MAPPING };
+enum { ALLOC_PTR = 1, ALLOC_ARRAY, ALLOC_MIPMAP, ALLOC_HANDLE, ALLOC_MAPPING,
+       ALLOC_CONTEXT,      /* a context's overhead, keyed by the context */
+       ALLOC_MODULE,       /* what loading a module took, keyed by the module */
+       ALLOC_GRAPH_DUE,    /* an exec's graph memory, charged at its first launch */
+       ALLOC_GRAPH_HELD }; /* ... and once charged, returned when the exec is destroyed */
 void allocs_put(int kind, uint64_t key, int dev, uint64_t size);
 int allocs_take(int kind, uint64_t key, int *dev, uint64_t *size);
 void vmm_created(uint64_t handle, int dev, uint64_t size);
@@ -135,13 +146,27 @@ typedef struct {
     int ptds;
     uint32_t pct;
     CUstream stream;
-    int pair; /* index of the event pair, -1 when not measuring */
+    uint64_t key; /* 0 for a kernel; the executable graph for a graph launch (its own estimate) */
+    int pair;     /* index of the event pair, -1 when not measuring */
 } vgpu_launch;
-int limiter_begin(vgpu_launch *l, CUstream stream, int ptds);
+int limiter_begin(vgpu_launch *l, CUstream stream, int ptds, uint64_t key);
 void limiter_end(vgpu_launch *l, CUresult r);
+void ctx_fork_prepare(void);
+void ctx_fork_parent(void);
+void ctx_fork_child(void);
+void pools_fork_prepare(void);
+void pools_fork_parent(void);
+void pools_fork_child(void);
 void limiter_fork_prepare(void);
 void limiter_fork_parent(void);
 void limiter_fork_child(void);
+
+/* memory pools (hooks_pool.c): settle what pools keep against the driver's figures */
+void vgpu_pools_settle(void);
+int vgpu_reserve(int dev, uint64_t bytes); /* ledger_reserve, settling pools once if refused */
+
+/* is work on this stream being captured into a graph (hooks_graph.c)? */
+int vgpu_capturing(CUstream stream, int ptds);
 
 int64_t vgpu_now_ns(void);
 

@@ -48,7 +48,7 @@ run_case shared           "$L64" -- "$T/t_shared"
 run_case kill             "$L64" "LD_PRELOAD=$TESTLIB" -- "$T/t_kill"
 run_case procaddr         "$L64" -- "$T/t_procaddr"
 run_case procaddr-internal "$L64" TESSERA_SIM_PROCADDR_INTERNAL=1 -- "$T/t_procaddr"
-run_case null             "$L64" CUDA_DEVICE_SM_LIMIT=50 -- \
+run_case null             "$L64" CUDA_DEVICE_SM_LIMIT=50 CUDA_DEVICE_CONTEXT_OVERHEAD=1m -- \
     sh -c 'env -u LD_PRELOAD "$1" record > "$2" && "$1" check "$2"' sh "$T/t_null" "$WORK/null.expected"
 run_case dlsym            "$L64" -- "$T/t_dlsym"
 
@@ -128,6 +128,20 @@ run_case sm-30            "$SM" CUDA_DEVICE_SM_LIMIT=30 -- "$T/t_sm" one 30 900
 run_case sm-50            "$SM" CUDA_DEVICE_SM_LIMIT_0=50 -- "$T/t_sm" one 50 1000
 run_case sm-50-two-procs  "$SM" CUDA_DEVICE_SM_LIMIT=50 -- "$T/t_sm" pair 50 600
 run_case sm-unlimited     "$SM" -- "$T/t_sm" one 100 1000
+
+# CUDA graphs: the SM share holds for graph launches; graph memory counts against the limit
+run_case graph-sm-30      "$SM" CUDA_DEVICE_SM_LIMIT=30 -- "$T/t_graph" sm 30 225
+run_case graph-split-graphs "$SM" "VT_WORK=$WORK" -- "$T/t_graph" split graph 150
+run_case graph-split-plain  "$SM" "VT_WORK=$WORK" -- "$T/t_graph" split plain 150
+run_case graph-memory     "$L64" -- "$T/t_graph" mem
+# Memory no allocation names: contexts and modules, on a card the processes share
+CARD=(TESSERA_SIM_CONTEXT_MIB=64 TESSERA_SIM_MODULE_KIB=8192 CUDA_DEVICE_CONTEXT_OVERHEAD=64m "VT_WORK=$WORK")
+run_case ctx-overhead     "${CARD[@]}" "TESSERA_SIM_CARD=$WORK/card-overhead" CUDA_DEVICE_MEMORY_LIMIT_0=512m -- \
+    "$T/t_ctx" overhead
+run_case ctx-ten-processes "${CARD[@]}" "TESSERA_SIM_CARD=$WORK/card-ten" -- "$T/t_ctx" ten 1024
+run_case ctx-pool-keeps   "$L64" "TESSERA_SIM_CARD=$WORK/card-pool" -- "$T/t_ctx" pool
+run_case ctx-two-claims-fill-card "${CARD[@]}" "TESSERA_SIM_CARD=$WORK/card-fill" TESSERA_SIM_GPU_MEMORY_MIB=2048 -- \
+    "$T/t_ctx" fill 1024
 
 run_case many-100         "CUDA_DEVICE_MEMORY_LIMIT_0=1g" -- "$T/t_many" 100
 

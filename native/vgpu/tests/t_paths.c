@@ -1,7 +1,8 @@
 /* t_paths: every allocation path is charged to the budget, refused at the limit without a driver
  * allocation, and uncharged by its matching free: cuMemAlloc(_v2), cuMemAllocPitch(_v2),
  * cuMemAllocManaged, cuMemAllocAsync(_ptsz), cuMemAllocFromPoolAsync(_ptsz), cuMemCreate with
- * cuMemMap/cuMemUnmap/cuMemRelease in both orders, arrays, 3D arrays and mipmapped arrays.
+ * cuMemMap/cuMemUnmap/cuMemRelease in both orders, arrays, 3D arrays and mipmapped arrays. A
+ * stream-ordered free gives the memory to its pool, which keeps it (charged) until a synchronisation.
  * Run with CUDA_DEVICE_MEMORY_LIMIT_0=64m. */
 #include "vt.h"
 
@@ -15,6 +16,14 @@ static void expect_charged(const char *what, uint64_t want)
         fprintf(stderr, "%s: charged %llu bytes, want %llu\n", what, (unsigned long long)used, (unsigned long long)want);
         abort();
     }
+}
+
+/* after a stream-ordered free: the pool keeps `kept` until a synchronisation releases it */
+static void expect_kept_until_sync(const char *what, uint64_t kept)
+{
+    expect_charged(what, kept);
+    OK(cuCtxSynchronize());
+    expect_charged(what, 0);
 }
 
 static void expect_refused_at_limit(CUresult (*try_alloc)(uint64_t bytes), uint64_t over)
@@ -97,13 +106,13 @@ static void plain_paths(void)
     expect_charged("cuMemAllocAsync", 7 * MiB);
     expect_refused_at_limit(try_async, LIMIT - 7 * MiB + 1);
     OK(cuMemFreeAsync(p, NULL));
-    expect_charged("cuMemFreeAsync", 0);
+    expect_kept_until_sync("cuMemFreeAsync", 7 * MiB);
 
     OK(cuMemAllocAsync_ptsz(&p, 7 * MiB, NULL));
     expect_charged("cuMemAllocAsync_ptsz", 7 * MiB);
     expect_refused_at_limit(try_async_ptsz, LIMIT - 7 * MiB + 1);
     OK(cuMemFreeAsync_ptsz(p, NULL));
-    expect_charged("cuMemFreeAsync_ptsz", 0);
+    expect_kept_until_sync("cuMemFreeAsync_ptsz", 7 * MiB);
 
     CUmemPoolProps props;
     memset(&props, 0, sizeof props);
@@ -114,13 +123,13 @@ static void plain_paths(void)
     expect_charged("cuMemAllocFromPoolAsync", 9 * MiB);
     expect_refused_at_limit(try_pool, LIMIT - 9 * MiB + 1);
     OK(cuMemFreeAsync(p, NULL));
-    expect_charged("cuMemFreeAsync (pool)", 0);
+    expect_kept_until_sync("cuMemFreeAsync (pool)", 9 * MiB);
     OK(cuDeviceGetDefaultMemPool(&pool, 0));
     OK(cuMemAllocFromPoolAsync_ptsz(&p, 9 * MiB, pool, NULL));
     expect_charged("cuMemAllocFromPoolAsync_ptsz", 9 * MiB);
     expect_refused_at_limit(try_pool_ptsz, LIMIT - 9 * MiB + 1);
     OK(cuMemFreeAsync_ptsz(p, NULL));
-    expect_charged("cuMemFreeAsync_ptsz (pool)", 0);
+    expect_kept_until_sync("cuMemFreeAsync_ptsz (pool)", 9 * MiB);
 }
 
 static void vmm_paths(void)

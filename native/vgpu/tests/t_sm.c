@@ -5,20 +5,10 @@
  * Tolerance: 10 points on a loaded CPU (the GPU script's target is 5). */
 #include "vt.h"
 
-static double kernel_s(void)
-{
-    const char *us = getenv("TESSERA_SIM_KERNEL_US");
-    CHECK(us);
-    return atof(us) / 1e6;
-}
-
 static void run_kernels(int n)
 {
-    CUmodule mod;
-    CUfunction fn;
+    CUfunction fn = vt_kernel();
     CUstream s;
-    OK(cuModuleLoadData(&mod, "sim"));
-    OK(cuModuleGetFunction(&fn, mod, "spin"));
     OK(cuStreamCreate(&s, 0));
     for (int i = 0; i < n; i++) {
         switch (i % 4) {
@@ -68,7 +58,7 @@ int main(int argc, char **argv)
         double t0 = vt_now();
         run_kernels(n);
         double wall = vt_now() - t0;
-        return check_share("one process", n * kernel_s() / wall, want);
+        return check_share("one process", n * vt_kernel_s() / wall, want);
     }
     CHECK(!strcmp(argv[1], "pair"));
     /* process start-up is not GPU time: both start kernels together and report their own clocks */
@@ -89,5 +79,5 @@ int main(int argc, char **argv)
     CHECK_EQ(vt_wait(a), 0);
     CHECK_EQ(vt_wait(b), 0);
     double wall = (ta[1] > tb[1] ? ta[1] : tb[1]) - (ta[0] < tb[0] ? ta[0] : tb[0]);
-    return check_share("two processes, one budget", 2 * n * kernel_s() / wall, want);
+    return check_share("two processes, one budget", 2 * n * vt_kernel_s() / wall, want);
 }

@@ -52,6 +52,7 @@
 
 /* simulated driver probes (not part of any real driver) */
 uint64_t tessera_sim_memory_used(int dev);
+uint64_t tessera_sim_card_used(int dev); /* the whole card: every process sharing TESSERA_SIM_CARD */
 int tessera_sim_live_allocations(void);
 void *tessera_sim_symbol(const char *name);
 
@@ -113,6 +114,23 @@ static inline int vt_wait(pid_t pid)
     while (waitpid(pid, &st, 0) < 0)
         CHECK(errno == EINTR);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* the simulated driver's one kernel (any module image and name will do) */
+static inline CUfunction vt_kernel(void)
+{
+    CUmodule mod;
+    CUfunction fn;
+    OK(cuModuleLoadData(&mod, "sim"));
+    OK(cuModuleGetFunction(&fn, mod, "spin"));
+    return fn;
+}
+
+static inline double vt_kernel_s(void)
+{
+    const char *us = getenv("TESSERA_SIM_KERNEL_US");
+    CHECK(us);
+    return atof(us) / 1e6;
 }
 
 /* A pipe to hear "ready" from a child and to tell it to go on. */

@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--check", action="store_true", help="fail if the document is out of date")
     a.set_defaults(func=cmd_asyncapi)
 
-    b = sub.add_parser("bench", help="run a benchmark: all, placement, placement-families, placement-dynamic, placement-speed, placement-nats, tenants")
+    b = sub.add_parser("bench", help="run a benchmark: all, placement, placement-families, placement-dynamic, placement-speed, placement-nats, tenants, vgpu-launch")
     b.add_argument("what")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments passed to the benchmark")
     b.set_defaults(func=cmd_bench)
@@ -127,6 +127,8 @@ def cmd_bench(args) -> int:
         "placement-dynamic": [sys.executable, "-m", "tessera.placement.benchmarks.packing", "dynamic"],
         "placement-nats": [sys.executable, "-m", "tessera.placement.benchmarks.through_nats"],
         "tenants": [sys.executable, "-m", "tessera.controlplane.benchmarks.tenants"],
+        # libvgpu's launch hooks (cuGraphLaunch, cuLaunchKernel): host cost with and without, side by side
+        "vgpu-launch": ["make", "-s", "-C", "native/vgpu", "bench"],  # (run in the checkout)
     }
 
     def command(name: str, rest: list[str]) -> list[str]:
@@ -136,11 +138,13 @@ def cmd_bench(args) -> int:
                 raise CliError(f"the openb trace is not at {openb}: pass --nodes/--pods or set TESSERA_OPENB_DIR")
             rest = ["--nodes", str(openb / "openb_node_list_gpu_node.csv"),
                     "--pods", str(openb / "openb_pod_list_default.csv"), *rest]
+        if name == "vgpu-launch":
+            return ["make", "-s", "-C", str(checkout.require("tessera bench vgpu-launch") / "native" / "vgpu"), "bench", *rest]
         return targets[name] + rest
 
     if args.what == "all":
         code = 0
-        for name in ("placement", "placement-families", "placement-speed", "placement-nats", "tenants"):
+        for name in ("placement", "placement-families", "placement-speed", "placement-nats", "tenants", "vgpu-launch"):
             err.print(f"[bold]== bench {name}[/]")
             # (the service with its compiled core against the Python engine, side by side)
             rest = ["--models", "default,python-core"] if name == "placement-nats" else []

@@ -2,10 +2,15 @@
 # GPU check of libvgpu on a machine with an NVIDIA GPU, PyTorch, CuPy and gcc: builds the library
 # against the real driver and prints ONE table (also written to $OUT/vgpu_gpu_table.md when $OUT is
 # set): memory limit with PyTorch (plain and expandable segments) and CuPy, two processes sharing a
-# limit, SM share for one process at 30% and 50% and two workloads at 30/70, overhead on a bf16
-# 8192^3 matmul and on cuMemAlloc latency, and start-up of 100 concurrent CUDA processes.
-# Every section is guarded: one failing still prints the rest. Budget: under 8 minutes.
+# limit, SM share for one process at 30% and 50% and two workloads at 30/70, the same 30/70 with
+# PyTorch CUDA graphs (torch.cuda.CUDAGraph replays reach the driver as cuGraphLaunch only), 24
+# processes of one 8 GiB claim each making a context (their contexts alone would overflow the claim:
+# nvidia-smi's per-process figures must add up to no more than 8 GiB), overhead on a bf16 8192^3
+# matmul and on cuMemAlloc latency, and start-up of 100 concurrent CUDA processes.
+# Every section is guarded: one failing still prints the rest. Budget: under 10 minutes; with
+# arguments, only the sections named (after the build), e.g. `run.sh graph_share contexts` (~2 minutes).
 set -u
+ONLY=" $* "
 HERE=$(cd "$(dirname "$0")" && pwd)
 VGPU=$(cd "$HERE/../.." && pwd)
 ROOT=$(cd "$VGPU/../.." && pwd)
@@ -24,6 +29,7 @@ printf '| check | result | target | verdict |\n|---|---|---|---|\n' > "$TABLE"
 # section NAME TIMEOUT FUNCTION: runs FUNCTION, which appends rows; on failure adds an ERROR row
 section() {
     local name=$1 limit=$2 fn=$3 start=$SECONDS
+    [[ $fn == build || $ONLY == "  " || $ONLY == *" $fn "* ]] || return 0
     echo "== $name" >&2
     if ! timeout -k 10 "$limit" bash -c "$(declare -f row $fn); $fn" > "$WORK/$fn.log" 2>&1; then
         row "$name" "ERROR (see below)" "-" "FAIL"
@@ -99,17 +105,72 @@ b, r, p = $base, $rate, $pct
 s = 100 * r / b
 print(f'| SM share, one process at {p}% | {s:.1f}% of unlimited throughput ({r:.0f} vs {b:.0f} kernels/s) | {p} +/- 5 | {\"PASS\" if abs(s - p) <= 5 else \"FAIL\"} |')" >> "$TABLE"
     done
-    env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/smA.cache" CUDA_DEVICE_SM_LIMIT=30 \
-        "$PY" "$HERE/gpu_sm.py" window 12 "$WORK/sm-cal.json" > "$WORK/smA.out" &
-    local a=$!
-    env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/smB.cache" CUDA_DEVICE_SM_LIMIT=70 \
-        "$PY" "$HERE/gpu_sm.py" window 12 "$WORK/sm-cal.json" > "$WORK/smB.out"
+    pair_share "SM share, two workloads at 30/70" gpu_sm.py "$WORK/sm-cal.json" "$base" sm "(HAMi-core: 46/54)"
+}
+
+# pair_share LABEL SCRIPT CAL BASE TAG NOTE: two claims (own caches) at 30 % and 70 % run SCRIPT's window
+# at once; each one's rate against BASE, the unlimited rate, must be its share +/- 5 points
+pair_share() {
+    local label=$1 script=$2 cal=$3 base=$4 tag=$5 note=${6:-} a
+    env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/${tag}A.cache" CUDA_DEVICE_SM_LIMIT=30 \
+        "$PY" "$HERE/$script" window 12 "$cal" > "$WORK/${tag}A.out" &
+    a=$!
+    env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/${tag}B.cache" CUDA_DEVICE_SM_LIMIT=70 \
+        "$PY" "$HERE/$script" window 12 "$cal" > "$WORK/${tag}B.out"
     wait $a
     "$PY" -c "
-b, ra, rb = $base, $(cat "$WORK/smA.out"), $(cat "$WORK/smB.out")
+b, ra, rb = $base, $(cat "$WORK/${tag}A.out"), $(cat "$WORK/${tag}B.out")
 sa, sb = 100 * ra / b, 100 * rb / b
 ok = abs(sa - 30) <= 5 and abs(sb - 70) <= 5
-print(f'| SM share, two workloads at 30/70 | {sa:.1f}% / {sb:.1f}% (HAMi-core: 46/54) | 30/70 +/- 5 | {\"PASS\" if ok else \"FAIL\"} |')" >> "$TABLE"
+print(f'| $label | {sa:.1f}% / {sb:.1f}% of {b:.0f}/s $note | 30/70 +/- 5 | {\"PASS\" if ok else \"FAIL\"} |')" >> "$TABLE"
+}
+export -f pair_share  # (sections run in a bash -c of their own)
+
+graph_share() {
+    # two claims at 30/70 replaying PyTorch CUDA graphs at once, against one unlimited replayer
+    "$PY" "$HERE/gpu_graph.py" calibrate > "$WORK/gr-cal.json"
+    local base
+    base=$("$PY" "$HERE/gpu_graph.py" window 8 "$WORK/gr-cal.json")
+    pair_share "SM share, PyTorch CUDA graphs at 30/70" gpu_graph.py "$WORK/gr-cal.json" "$base" gr "replays"
+}
+
+# nvidia-smi's device memory of one process, MiB (0 when it is not listed)
+smi_used() {
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits |
+        awk -F', *' -v p="$1" '$1 == p { print $2; found = 1 } END { if (!found) print 0 }'
+}
+export -f smi_used  # (sections run in a bash -c of their own)
+
+contexts() {
+    # what one context costs on this GPU, as the card sees it: the figure the claim declares
+    rm -f "$WORK/ov.stop"
+    "$PY" "$HERE/gpu_ctx.py" overhead "$WORK/ov.stop" > "$WORK/ov.out" &
+    local ov=$! i mib
+    for _ in $(seq 120); do grep -q ready "$WORK/ov.out" 2>/dev/null && break; sleep 0.5; done
+    mib=$(smi_used $ov)
+    touch "$WORK/ov.stop"; wait $ov
+    [[ $mib -gt 0 ]] || { echo "nvidia-smi lists no memory for a process with a context" >&2; return 1; }
+    # 24 processes of one 8 GiB claim: 24 contexts alone are more than 8 GiB on an H100/H200
+    local pids=() n=24
+    rm -f "$WORK/ctx.stop"
+    for i in $(seq $n); do
+        env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_SHARED_CACHE="$WORK/ctx.cache" CUDA_DEVICE_MEMORY_LIMIT_0=8g \
+            CUDA_DEVICE_CONTEXT_OVERHEAD="${mib}m" "$PY" "$HERE/gpu_ctx.py" greedy "$WORK/ctx.stop" > "$WORK/ctx-$i.out" &
+        pids+=($!)
+        # one at a time, so each one's greedy allocation sees the others' (the worst order for the card)
+        for _ in $(seq 120); do [[ -s $WORK/ctx-$i.out ]] && break; sleep 0.25; done
+    done
+    local card=0 refused=0
+    for i in $(seq $n); do
+        card=$((card + $(smi_used "${pids[$((i - 1))]}")))
+        grep -q '"context": 0' "$WORK/ctx-$i.out" || refused=$((refused + 1))
+    done
+    touch "$WORK/ctx.stop"
+    for i in "${pids[@]}"; do wait "$i"; done
+    "$PY" -c "
+card, ctx, refused, n = $card, $mib, $refused, $n
+ok = card <= 8192
+print(f'| {n} processes of one 8 GiB claim, a context each ({ctx} MiB) | the card holds {card} MiB for them; {refused} contexts refused (CUDA OOM) | <= 8192 MiB | {\"PASS\" if ok else \"FAIL\"} |')" >> "$TABLE"
 }
 
 matmul() {
@@ -158,6 +219,8 @@ if [[ -f $LIB ]]; then
     section "memory limits" 150 mem_limits
     section "two processes" 90 two_procs
     section "SM share" 120 sm_share
+    section "graph SM share" 150 graph_share
+    section "contexts" 150 contexts
     section "matmul overhead" 90 matmul
     section "alloc latency" 60 alloc_latency
     section "start-up" 90 startup

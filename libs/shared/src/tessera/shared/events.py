@@ -205,6 +205,16 @@ class ClaimFailed(ClaimEventBase, tag="failed"):
     ts: float = field(default_factory=now)
 
 
+class ClaimViolation(ClaimEventBase, tag="violation"):
+    """A process of the claim had the GPU open without libvgpu in force, and the node's enforcer
+    killed it (services/enforcer's watchdog); the claim itself goes on."""
+
+    node: NodeName
+    pid: int
+    reason: str
+    ts: float = field(default_factory=now)
+
+
 ClaimEvent = (
     ClaimRequested
     | ClaimAllocated
@@ -214,6 +224,7 @@ ClaimEvent = (
     | ClaimReleaseRequested
     | ClaimReleased
     | ClaimFailed
+    | ClaimViolation
 )
 
 CLAIM_EVENT_KINDS: tuple[str, ...] = kinds(ClaimEvent)

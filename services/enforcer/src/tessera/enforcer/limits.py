@@ -48,15 +48,18 @@ def workload_env(
     return env
 
 
-def vgpu_config(shares: list[DeviceShare], cache_path: str | Path) -> str:
+def vgpu_config(shares: list[DeviceShare], cache_path: str | Path, *, context_overhead_mib: int = 0) -> str:
     """The claim's limits as a libvgpu config file: ceilings a workload's own environment cannot lift.
 
     It names the claim's GPUs by UUID in the order the limits are numbered, so libvgpu applies each
     limit to its GPU (and gives a GPU outside the claim no memory) whatever order the workload's own
-    CUDA_VISIBLE_DEVICES puts them in, or if it unsets it."""
+    CUDA_VISIBLE_DEVICES puts them in, or if it unsets it. ``context_overhead_mib``: what each CUDA
+    context is charged against the limits (a floor: a workload's own value can only raise it)."""
     lines = ["# written by the Tessera enforcer; libvgpu applies the lowest limit of all its sources"]
     lines.append("CUDA_VISIBLE_DEVICES=" + ",".join(s.uuid for s in sorted(shares, key=lambda s: s.index)))
     lines += [f"{k}={v}" for k, v in limit_vars(shares).items()]
+    if context_overhead_mib > 0:
+        lines.append(f"CUDA_DEVICE_CONTEXT_OVERHEAD={context_overhead_mib}m")
     lines.append(f"CUDA_DEVICE_MEMORY_SHARED_CACHE={cache_path}")
     return "\n".join(lines) + "\n"
 

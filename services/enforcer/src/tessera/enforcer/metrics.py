@@ -68,6 +68,7 @@ class EnforcerMetrics:
         self.usage: list[ClaimUsage] = []
         self.gpu: dict[str, DeviceStats] = {}
         self.reclaimed: Counter[str] = Counter()
+        self.escapees: Counter[str] = Counter()  # processes the watchdog killed, by kind
 
     def update(self, view: NodeView, usage: list[ClaimUsage], gpu: dict[str, DeviceStats]) -> None:
         self.view, self.usage, self.gpu = view, usage, gpu
@@ -154,4 +155,8 @@ class EnforcerMetrics:
         yield from (used_mem, limit_mem, ctr_util, host_mem, host_util)
         if self.legacy:
             yield from (l_used, l_limit, l_util, l_host_mem, l_host_util)
-        yield from (t_total, t_alloc, t_used, t_cores, t_shares, frag, claims, procs, reclaimed, fresh)
+        escapees = CounterMetricFamily("tessera_escapees_killed", "processes of a claim killed for using the GPU "
+                                       "without libvgpu in force", labels=["node", "kind"])
+        for kind, n in sorted(self.escapees.items()):
+            escapees.add_metric([self.node, kind], n)
+        yield from (t_total, t_alloc, t_used, t_cores, t_shares, frag, claims, procs, reclaimed, escapees, fresh)

@@ -60,7 +60,8 @@ class Preparation:
         env[OWNER_LOCK_VAR] = str(directory.owner_lock)
         if self.settings.simulated:
             env.update(simulated_driver_env(shares, devices, self.settings.sim_driver_dir))
-        directory.create(env, vgpu_config(shares, directory.cache), workload_uid=workload_uid)
+        limits = vgpu_config(shares, directory.cache, context_overhead_mib=self.settings.vgpu_context_overhead_mib)
+        directory.create(env, limits, workload_uid=workload_uid)
         spec = cdi.claim_spec(claim, shares, directory, node, devices)
         cdi.write_spec(self.settings.cdi_dir, spec)
         return Prepared(claim=claim, env=env, directory=directory, cdi_device=cdi.device_ids(spec)[0])

@@ -67,7 +67,7 @@ class Unverified(Exception):
     """Why a process named in a slot is not provably the claim's: it is not signalled."""
 
 
-def _holds_file(pid: int, cache: str) -> bool:
+def holds_file(pid: int, cache: str) -> bool:
     """Does ``pid`` have ``cache`` open? libvgpu keeps its accounting file open for its whole life."""
     want = os.stat(cache)
     try:
@@ -114,7 +114,7 @@ def verified_pidfd(slot: ProcessUsage) -> int:
             raise Unverified(f"cannot read the pid namespace of process {slot.pid}: {e.strerror}") from e
         if ns != slot.pidns:
             raise Unverified(f"process {slot.pid} is in pid namespace {ns}, slot {slot.slot} records {slot.pidns}")
-        if not _holds_file(slot.pid, slot.cache):
+        if not holds_file(slot.pid, slot.cache):
             raise Unverified(f"process {slot.pid} does not hold the claim's accounting file {slot.cache} open, "
                              "as every libvgpu process of the claim does")
     except BaseException:

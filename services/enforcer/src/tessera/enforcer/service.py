@@ -11,7 +11,8 @@ claim to running. On release it returns the capacity to the ledger (and the tena
 
 Root tasks: the claims consumer; the observe loop (reads accounting files, publishes usage, applies
 the leak policy of reclaim.py); the lost-node loop (lost.py); the reconcile loop (the start-up
-reconcile, periodically: what a stop or a failed publish left half done); in Kubernetes mode the kubelet plugin
+reconcile, periodically: what a stop or a failed publish left half done); the watchdog loop (watchdog.py:
+kills a claim's processes that use the GPU without libvgpu in force); in Kubernetes mode the kubelet plugin
 (kubelet/), which prepares the claims that stand for ResourceClaims when the kubelet asks. Every
 step checks the claim's recorded state first, so a redelivered or late event changes nothing, and a
 restarted enforcer rebuilds everything from its claim directories, its checkpoint and the KV buckets.
@@ -38,6 +39,7 @@ from tessera.shared.events import (
     ClaimReleaseRequested,
     ClaimRunning,
     ClaimEvent,
+    ClaimViolation,
     claim_decoder,
 )
 from tessera.shared.ledger import Ledger
@@ -56,6 +58,7 @@ from tessera.enforcer.processes import kill
 from tessera.enforcer.reclaim import Cleanup, DropLedger, Reclaimer, Release, Signal
 from tessera.enforcer.settings import EnforcerSettings
 from tessera.enforcer.usage import UsageGate, claim_usage, node_usage
+from tessera.enforcer.watchdog import Escapee, Watchdog
 
 log = logging.getLogger("tessera.enforcer")
 
@@ -71,12 +74,13 @@ class EnforcerService:
         self.lost = lostmod.LostNodes(me=settings.node, delay=settings.lost_reclaim_seconds)
         self.gate = UsageGate(heartbeat=settings.usage_heartbeat_seconds)
         self.metrics = EnforcerMetrics(settings.node, ctx.settings.metrics_legacy)
+        self.watchdog = Watchdog()
         ctx.metrics.add(self.metrics)  # served by the runner's metrics listener (tessera.shared.metrics)
 
     async def start(self) -> dict:
         await self.open()
         tasks = {"claims": self._consume(), "observe": self._observe_loop(), "lost-nodes": self._lost_loop(),
-                 "reconcile": self._reconcile_loop()}
+                 "reconcile": self._reconcile_loop(), "watchdog": self._watchdog_loop()}
         if self.settings.kubernetes:
             tasks["kubelet-plugin"] = self._kubelet_plugin()
         return tasks
@@ -420,6 +424,30 @@ class EnforcerService:
         if entry is not None:
             await self.ledger.return_quota(entry.tenant, claim)
             log.warning("dropped orphan ledger entry %s (claim %s)", claim, record.state if record else "unknown")
+
+    # --- the watchdog: processes that escape libvgpu -------------------------------------------
+
+    async def _watchdog_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.watchdog_seconds)
+            for escapee in await asyncio.to_thread(self.watchdog.sweep, self.dirs.all()):
+                try:
+                    await self.report_escapee(escapee)
+                except TemporaryError as exc:  # killed all the same; the log line and metric say so
+                    log.warning("violation event of %s not published: %s", escapee.claim, exc)
+
+    async def report_escapee(self, e: Escapee) -> None:
+        """A killed escapee: the log line (pid and reason), the metric, the claim's ``violation`` event."""
+        self.metrics.escapees[e.kind] += 1
+        log.warning("claim %s: killed pid %d: %s", e.claim, e.pid, e.reason)
+        record, _ = await self.claims.get(e.claim)
+        if record is None:
+            return
+        await self.bus.publish(
+            subjects.claim(record.tenant, e.claim, "violation", self.node),
+            ClaimViolation(claim=e.claim, tenant=record.tenant, node=self.node, pid=e.pid, reason=e.reason),
+            msg_id=f"{e.claim}:violation:{e.pid}:{e.start_time}",
+        )
 
     # --- lost nodes -----------------------------------------------------------------------------
 

@@ -154,6 +154,17 @@ class EnforcerSettings(FromEnv):
     lost_reclaim_seconds: float = setting(
         "TESSERA_LOST_RECLAIM_SECONDS", "a lost node's claims are released by a peer enforcer after this long",
         60.0, above=0)
+    # libvgpu charges each CUDA context this much (CUDA_DEVICE_CONTEXT_OVERHEAD in the claim's limits
+    # file): the driver tells no process what its context took, so the node declares it for its GPUs.
+    vgpu_context_overhead_mib: int = setting(
+        "TESSERA_VGPU_CONTEXT_OVERHEAD_MIB", "device memory (MiB) each CUDA context of a claim is charged against "
+        "the claim's limit (what a context takes on this node's GPUs: ~300-500 on an H100/H200; "
+        "native/vgpu/tests/gpu/run.sh measures it); 0: contexts are not charged", 0, minimum=0)
+    # The watchdog (watchdog.py) sweeps the claims' processes this often: an escapee (the GPU open
+    # without libvgpu in force) is killed within one period of opening the GPU, plus one sweep.
+    watchdog_seconds: float = setting(
+        "TESSERA_WATCHDOG_SECONDS", "how often the enforcer looks for a claim's processes that use the GPU "
+        "without libvgpu in force (and kills them)", 2.0, above=0)
     # The reconcile pass of start-up (prepared records whose event is missing, allocated claims not
     # prepared, releases left half done) runs again this often.
     reconcile_seconds: float = setting(
