@@ -30,7 +30,7 @@ from tessera.shared.bus import Outgoing
 from tessera.shared.errors import ConflictError
 from tessera.shared.events import ClaimAllocated, ClaimRecord, ClaimRequested, LedgerEntry, NodeLedger
 from tessera.shared.ledger import check_fit, claim_quota
-from tessera.shared.lifecycle import ON_NODE, UNPLACED
+from tessera.shared.lifecycle import ON_NODE, UNPLACED, allocated_msg_id
 
 from tessera.placement.quota import has_limits
 
@@ -103,7 +103,7 @@ class Reconciler:
         await self.svc.bus.publish_many([
             Outgoing(subjects.claim(r.tenant, r.claim, "allocated", r.node),
                      ClaimAllocated(claim=r.claim, tenant=r.tenant, node=r.node, devices=list(r.devices), spec=r.spec),
-                     f"{r.claim}:allocated")
+                     allocated_msg_id(r.claim, len(r.withdrawn)))
             for r, _ in records])
         self.announced.update((r.claim, revision) for r, revision in records)
         self.repairs["allocated republished"] += len(records)
@@ -132,10 +132,11 @@ class Reconciler:
             return
         current, _ = await self.svc.claims.get(record.claim)
         if current is None or current.state not in ON_NODE or current.node != record.node \
-                or current.release_requested:
-            return
+                or current.release_requested or time.time() - current.updated < self.grace:
+            return  # (a record touched meanwhile: a claim being taken off the node, `deallocation`)
         entry = LedgerEntry(claim=record.claim, tenant=record.tenant, shares=list(current.devices),
-                            cpu_millis=current.spec.cpu_millis, host_memory_mib=current.spec.host_memory_mib)
+                            cpu_millis=current.spec.cpu_millis, host_memory_mib=current.spec.host_memory_mib,
+                            pod_uid=current.kube.pod_uid if current.kube is not None else "")
         inventory = self.svc.inventories.get(record.node)
         why = "the node left the fleet" if inventory is None else check_fit(inventory.devices, ledger, entry)
         if why is not None:

@@ -1,0 +1,239 @@
+"""A GPU pod is placed where kube-scheduler can bind it, and placed again when the scheduler takes
+its allocation back: on the real control plane.
+
+Defect 4 of the review: placement ignored what kube-scheduler's filters check — a cordoned node,
+taints the pod does not tolerate, its nodeSelector and required node affinity, the node's room for
+its CPU, memory and pods. It wrote an allocation pinned to such a node and lifted the gate; the
+scheduler could not bind the pod, its PostFilter took the allocation back, the translator released
+the claim ("delete and recreate the pod"), and the pod waited forever. Now the translator sends the
+pod's constraints with the claim, placement watches the Nodes and pods and rules out what the
+filters refuse (saying which filter refused how many nodes when none is left), and a claim the
+scheduler takes back all the same is placed again.
+
+Real here: kube-apiserver, kube-scheduler (its filters, its PostFilter's deallocation, its binding),
+the resourceclaim controller and node lifecycle controller; the translator and placement services
+in this process, as their service accounts of deploy/k8s, on a real nats-server. Played: the
+capacity publisher (each node's GPU inventory written into the bucket; no ResourceSlices, so the
+scheduler cannot allocate the claims itself) and the nodes, Node objects without a kubelet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+
+import pytest
+
+from tessera.shared import subjects
+from tessera.shared.bus import Bus
+from tessera.shared.claimstore import ClaimStore
+from tessera.shared.events import ClaimSpec, GpuDevice, NodeInventory, TenantRecord, encode
+from tessera.shared.kubeapi import KubeApi, object_path
+from tessera.shared.kubeclaims import RESOURCE_API_VERSION, TENANT_LABEL, claim_id
+from tessera.shared.ledger import Ledger
+from tessera.shared.runner import serve
+from tessera.shared.settings import BusSettings, ServiceSettings
+
+from tessera.placement.service import PlacementService, PlacementSettings
+from tessera.translator.service import TranslatorService, TranslatorSettings
+
+from gpupods import GpuPods
+from kit import eventually
+from kit.kubecluster import service_identity
+
+MODEL = "NVIDIA H100 80GB HBM3"
+ZONE = "tessera.test/zone"
+# No kubelet keeps these nodes Ready: the node lifecycle controller taints them not-ready, then
+# unreachable. The pods tolerate that (and only that), as a DaemonSet's pods do.
+NOT_READY = [{"key": "node.kubernetes.io/not-ready", "operator": "Exists"},
+             {"key": "node.kubernetes.io/unreachable", "operator": "Exists"}]
+
+
+@contextlib.asynccontextmanager
+async def in_process(nats_url: str, name: str, make):
+    """A service (``make(ctx)``) run as its runner runs it, until the block ends; yields it ready."""
+    made = []
+
+    async def build(ctx):
+        service = make(ctx)
+        made.append(service)
+        return await service.start()
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(ServiceSettings(service=name, bus=BusSettings(url=nats_url)), build, stop=stop))
+    try:
+        async with asyncio.timeout(60):
+            while not (made and made[0].ctx.ready):
+                if task.done():
+                    task.result()
+                    raise AssertionError(f"{name} ended before it was ready")
+                await asyncio.sleep(0.05)
+        yield made[0]
+    finally:
+        stop.set()
+        await task
+
+
+class World:
+    def __init__(self, plane, namespace: str, bus: Bus, pods: GpuPods) -> None:
+        self.plane = plane
+        self.ns = namespace
+        self.bus = bus
+        self.pods = pods
+        self.nodes: list[str] = []
+
+    def name(self, what: str) -> str:
+        return f"{self.ns}-{what}"
+
+    async def node(self, what: str, *, zone: str = "a", cpu: str = "8", unschedulable: bool = False,
+                   taints: tuple[dict, ...] = ()) -> str:
+        """A Node object as its kubelet would report it, and its GPU inventory in the bucket."""
+        name = self.name(what)
+        admin = self.pods.admin
+        await admin.create(object_path("v1", "nodes"), {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, ZONE: zone}},
+            "spec": {"unschedulable": unschedulable, "taints": list(taints)}})
+        self.nodes.append(name)
+        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        room = {"cpu": cpu, "memory": "32Gi", "pods": "110"}
+        await admin.patch_status(object_path("v1", "nodes", name), {"status": {
+            "allocatable": room, "capacity": room,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": now,
+                            "lastTransitionTime": now}]}})
+        inventory = NodeInventory(node=name, devices=[GpuDevice(uuid=f"GPU-{name}-0", index=0, model=MODEL,
+                                                                 memory_mib=81559)])
+        await (await self.bus.kv(subjects.KV_INVENTORY)).put(name, encode(inventory))
+        return name
+
+    @contextlib.asynccontextmanager
+    async def tessera(self, nats_url: str):
+        """The translator (its claim watcher) and placement, in Kubernetes mode, as deployed."""
+        translator_api = KubeApi.for_kubeconfig(service_identity(self.plane, "translator.yaml"))
+        placement_api = KubeApi.for_kubeconfig(service_identity(self.plane, "placement.yaml"))
+        async with in_process(nats_url, "placement", lambda ctx: PlacementService(
+                ctx, PlacementSettings(kubernetes=True, kube_retry_seconds=60), placement_api)) as placement, \
+                in_process(nats_url, "translator", lambda ctx: TranslatorService(
+                    ctx, TranslatorSettings(kubernetes=True, reconcile_seconds=30), translator_api)):
+            yield placement
+
+    async def allocation(self, claim: dict) -> dict | None:
+        meta = claim["metadata"]
+        current = await self.pods.admin.get(object_path(RESOURCE_API_VERSION, "resourceclaims", meta["name"], meta["namespace"]))
+        return ((current or {}).get("status") or {}).get("allocation")
+
+    async def allocated_node(self, claim: dict) -> str | None:
+        alloc = await self.allocation(claim)
+        if not alloc:
+            return None
+        [term] = alloc["nodeSelector"]["nodeSelectorTerms"]
+        [field] = term["matchFields"]
+        return field["values"][0]
+
+    async def bound_to(self, pod: str) -> str | None:
+        return ((await self.pods.admin.get(object_path("v1", "pods", pod, self.ns))) or {}).get("spec", {}).get("nodeName")
+
+    async def record(self, cid: str):
+        record, _ = await ClaimStore(await self.bus.kv(subjects.KV_CLAIMS)).get(cid)
+        return record
+
+    async def events(self, pod: str) -> list[dict]:
+        items, _ = await self.pods.admin.list(object_path("v1", "events", namespace=self.ns))
+        return [e for e in items if e["involvedObject"].get("name") == pod]
+
+
+@pytest.fixture
+async def world(kube_cluster, kube_namespace, nats_url):
+    kube_cluster.kubectl("label", "namespace", kube_namespace, f"{TENANT_LABEL}=alpha")
+    pods = GpuPods(kube_cluster)
+    bus = await Bus.connect(BusSettings(url=nats_url), "test")
+    await bus.ensure_topology()
+    await (await bus.kv(subjects.KV_TENANTS)).put("alpha", encode(TenantRecord(tenant="alpha")))
+    world = World(kube_cluster, kube_namespace, bus, pods)
+    try:
+        yield world
+    finally:
+        for name in world.nodes:
+            kube_cluster.kubectl("delete", "node", name, "--wait=false", check=False)
+        await bus.close()
+        await pods.close()
+
+
+async def test_the_pod_is_placed_on_the_one_node_the_scheduler_can_bind_it_to(world, nats_url):
+    # Four nodes kube-scheduler's filters refuse for this pod, each for another reason, listed
+    # first (placement, blind to the filters, took the first of equals), and one it accepts.
+    await world.node("cordoned", unschedulable=True)
+    await world.node("tainted", taints=({"key": "example.com/maintenance", "value": "true", "effect": "NoSchedule"},))
+    await world.node("elsewhere", zone="b")
+    await world.node("small", cpu="1")
+    good = await world.node("good")
+    async with world.tessera(nats_url) as placement:
+        pod, claim = await world.pods.create(world.ns, "train", ClaimSpec(memory_mib=10240, cores=20),
+                                             pod_spec={"nodeSelector": {ZONE: "a"}, "tolerations": NOT_READY},
+                                             requests={"cpu": "2", "memory": "1Gi"})
+        cid = claim_id(claim["metadata"]["uid"])
+        assert await eventually(lambda: world.allocated_node(claim), timeout=60, what="the allocation") == good
+        # kube-scheduler binds the pod there: its filters pass, and the allocation pins it there
+        assert await eventually(lambda: world.bound_to("train"), timeout=60, what="the pod bound") == good
+        entries = (await Ledger(await world.bus.kv(subjects.KV_LEDGER)).all_nodes())[good].entries
+        assert entries[cid].pod_uid == pod["metadata"]["uid"]
+        record = await world.record(cid)
+        assert record.state == "allocated" and record.node == good and record.withdrawn == []
+        assert record.spec.pod.node_selector == {ZONE: "a"} and record.spec.pod.requests["cpu"] == 2000
+        assert placement.counts["withdrawn"] == 0
+
+
+async def test_a_pod_no_node_can_take_says_which_filter_refused_how_many_and_is_placed_once_one_can(world, nats_url):
+    first = await world.node("cordoned", unschedulable=True)
+    await world.node("small", cpu="1")
+    async with world.tessera(nats_url):
+        _, claim = await world.pods.create(world.ns, "wait", ClaimSpec(memory_mib=10240, cores=20),
+                                           pod_spec={"tolerations": NOT_READY}, requests={"cpu": "2"})
+        cid = claim_id(claim["metadata"]["uid"])
+        record = await eventually(lambda: _in_state(world, cid, "unschedulable"), timeout=60, what="unschedulable")
+        assert record.reason == ("no node fits: kube-scheduler's filters refuse 2 of 2 nodes "
+                                 "(1 Insufficient cpu, 1 node(s) were unschedulable)")
+        assert any(e["reason"] == "Unschedulable" and "1 node(s) were unschedulable" in e["message"]
+                   for e in await eventually(lambda: world.events("wait"), timeout=30))
+        assert await world.allocation(claim) is None
+        # uncordoned: the Node watch retries the waiting claim, and the scheduler binds it there
+        world.plane.kubectl("uncordon", first)
+        assert await eventually(lambda: world.allocated_node(claim), timeout=60, what="the allocation") == first
+        assert await eventually(lambda: world.bound_to("wait"), timeout=60, what="the pod bound") == first
+
+
+async def test_an_allocation_the_scheduler_takes_back_is_placed_again_and_the_pod_binds(world, nats_url):
+    one = await world.node("one")
+    two = await world.node("two")
+    async with world.tessera(nats_url) as placement:
+        # another gate holds the pod after ours is lifted: meanwhile its node is cordoned
+        pod, claim = await world.pods.create(world.ns, "moved", ClaimSpec(memory_mib=10240, cores=20),
+                                             gates=("example.com/hold",), pod_spec={"tolerations": NOT_READY})
+        cid = claim_id(claim["metadata"]["uid"])
+        placed = await eventually(lambda: world.allocated_node(claim), timeout=60, what="the first allocation")
+        other = two if placed == one else one
+        world.plane.kubectl("cordon", placed)
+        await world.pods.admin.patch(object_path("v1", "pods", "moved", world.ns), {"spec": {"schedulingGates": None}})
+        # kube-scheduler cannot bind it there: its PostFilter takes the allocation back; the
+        # translator says so, placement takes the claim off that node and places it on the other
+        assert await eventually(lambda: world.bound_to("moved"), timeout=90, what="the pod bound") == other
+        assert await world.allocated_node(claim) == other
+        record = await world.record(cid)
+        assert record.state == "allocated" and record.node == other and record.withdrawn == [placed]
+        nodes = await Ledger(await world.bus.kv(subjects.KV_LEDGER)).all_nodes()
+        assert cid in nodes[other].entries and cid not in nodes.get(placed, _EMPTY).entries
+        assert placement.counts["withdrawn"] == 1
+        assert any(e["reason"] == "Deallocated" for e in await world.events("moved"))
+
+
+class _Empty:
+    entries: dict = {}
+
+
+_EMPTY = _Empty()
+
+
+async def _in_state(world: World, cid: str, state: str):
+    record = await world.record(cid)
+    return record if record is not None and record.state == state else None
