@@ -19,145 +19,14 @@ scheduler cannot allocate the claims itself) and the nodes, Node objects without
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import datetime as dt
-
-import pytest
-
 from tessera.shared import subjects
-from tessera.shared.bus import Bus
-from tessera.shared.claimstore import ClaimStore
-from tessera.shared.events import ClaimSpec, GpuDevice, NodeInventory, TenantRecord, encode
-from tessera.shared.kubeapi import KubeApi, object_path
-from tessera.shared.kubeclaims import RESOURCE_API_VERSION, TENANT_LABEL, claim_id
+from tessera.shared.events import ClaimSpec
+from tessera.shared.kubeapi import object_path
+from tessera.shared.kubeclaims import claim_id
 from tessera.shared.ledger import Ledger
-from tessera.shared.runner import serve
-from tessera.shared.settings import BusSettings, ServiceSettings
 
-from tessera.placement.service import PlacementService, PlacementSettings
-from tessera.translator.service import TranslatorService, TranslatorSettings
-
-from gpupods import GpuPods
 from kit import eventually
-from kit.kubecluster import service_identity
-
-MODEL = "NVIDIA H100 80GB HBM3"
-ZONE = "tessera.test/zone"
-# No kubelet keeps these nodes Ready: the node lifecycle controller taints them not-ready, then
-# unreachable. The pods tolerate that (and only that), as a DaemonSet's pods do.
-NOT_READY = [{"key": "node.kubernetes.io/not-ready", "operator": "Exists"},
-             {"key": "node.kubernetes.io/unreachable", "operator": "Exists"}]
-
-
-@contextlib.asynccontextmanager
-async def in_process(nats_url: str, name: str, make):
-    """A service (``make(ctx)``) run as its runner runs it, until the block ends; yields it ready."""
-    made = []
-
-    async def build(ctx):
-        service = make(ctx)
-        made.append(service)
-        return await service.start()
-
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve(ServiceSettings(service=name, bus=BusSettings(url=nats_url)), build, stop=stop))
-    try:
-        async with asyncio.timeout(60):
-            while not (made and made[0].ctx.ready):
-                if task.done():
-                    task.result()
-                    raise AssertionError(f"{name} ended before it was ready")
-                await asyncio.sleep(0.05)
-        yield made[0]
-    finally:
-        stop.set()
-        await task
-
-
-class World:
-    def __init__(self, plane, namespace: str, bus: Bus, pods: GpuPods) -> None:
-        self.plane = plane
-        self.ns = namespace
-        self.bus = bus
-        self.pods = pods
-        self.nodes: list[str] = []
-
-    def name(self, what: str) -> str:
-        return f"{self.ns}-{what}"
-
-    async def node(self, what: str, *, zone: str = "a", cpu: str = "8", unschedulable: bool = False,
-                   taints: tuple[dict, ...] = ()) -> str:
-        """A Node object as its kubelet would report it, and its GPU inventory in the bucket."""
-        name = self.name(what)
-        admin = self.pods.admin
-        await admin.create(object_path("v1", "nodes"), {
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, ZONE: zone}},
-            "spec": {"unschedulable": unschedulable, "taints": list(taints)}})
-        self.nodes.append(name)
-        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        room = {"cpu": cpu, "memory": "32Gi", "pods": "110"}
-        await admin.patch_status(object_path("v1", "nodes", name), {"status": {
-            "allocatable": room, "capacity": room,
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": now,
-                            "lastTransitionTime": now}]}})
-        inventory = NodeInventory(node=name, devices=[GpuDevice(uuid=f"GPU-{name}-0", index=0, model=MODEL,
-                                                                 memory_mib=81559)])
-        await (await self.bus.kv(subjects.KV_INVENTORY)).put(name, encode(inventory))
-        return name
-
-    @contextlib.asynccontextmanager
-    async def tessera(self, nats_url: str):
-        """The translator (its claim watcher) and placement, in Kubernetes mode, as deployed."""
-        translator_api = KubeApi.for_kubeconfig(service_identity(self.plane, "translator.yaml"))
-        placement_api = KubeApi.for_kubeconfig(service_identity(self.plane, "placement.yaml"))
-        async with in_process(nats_url, "placement", lambda ctx: PlacementService(
-                ctx, PlacementSettings(kubernetes=True, kube_retry_seconds=60), placement_api)) as placement, \
-                in_process(nats_url, "translator", lambda ctx: TranslatorService(
-                    ctx, TranslatorSettings(kubernetes=True, reconcile_seconds=30), translator_api)):
-            yield placement
-
-    async def allocation(self, claim: dict) -> dict | None:
-        meta = claim["metadata"]
-        current = await self.pods.admin.get(object_path(RESOURCE_API_VERSION, "resourceclaims", meta["name"], meta["namespace"]))
-        return ((current or {}).get("status") or {}).get("allocation")
-
-    async def allocated_node(self, claim: dict) -> str | None:
-        alloc = await self.allocation(claim)
-        if not alloc:
-            return None
-        [term] = alloc["nodeSelector"]["nodeSelectorTerms"]
-        [field] = term["matchFields"]
-        return field["values"][0]
-
-    async def bound_to(self, pod: str) -> str | None:
-        return ((await self.pods.admin.get(object_path("v1", "pods", pod, self.ns))) or {}).get("spec", {}).get("nodeName")
-
-    async def record(self, cid: str):
-        record, _ = await ClaimStore(await self.bus.kv(subjects.KV_CLAIMS)).get(cid)
-        return record
-
-    async def events(self, pod: str) -> list[dict]:
-        items, _ = await self.pods.admin.list(object_path("v1", "events", namespace=self.ns))
-        return [e for e in items if e["involvedObject"].get("name") == pod]
-
-
-@pytest.fixture
-async def world(kube_cluster, kube_namespace, nats_url):
-    kube_cluster.kubectl("label", "namespace", kube_namespace, f"{TENANT_LABEL}=alpha")
-    pods = GpuPods(kube_cluster)
-    bus = await Bus.connect(BusSettings(url=nats_url), "test")
-    await bus.ensure_topology()
-    await (await bus.kv(subjects.KV_TENANTS)).put("alpha", encode(TenantRecord(tenant="alpha")))
-    world = World(kube_cluster, kube_namespace, bus, pods)
-    try:
-        yield world
-    finally:
-        for name in world.nodes:
-            kube_cluster.kubectl("delete", "node", name, "--wait=false", check=False)
-        await bus.close()
-        await pods.close()
+from tesseraworld import NOT_READY, ZONE, World
 
 
 async def test_the_pod_is_placed_on_the_one_node_the_scheduler_can_bind_it_to(world, nats_url):

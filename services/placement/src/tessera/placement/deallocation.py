@@ -9,7 +9,9 @@ now. Here placement:
 
 1. checks that the claim's record still says ``allocated`` on that node (not released, not placed
    again already: the event is then a repeat, and nothing is done) and that the ResourceClaim really
-   shows no allocation of ours now (one written again meanwhile, by a resumed status write, is live);
+   shows no allocation now (one written again meanwhile, by a resumed status write, is live; one
+   another allocator wrote — kube-scheduler allocating the claim itself on its next try — goes to
+   the status sync, which adopts it into the ledger where it fits or refuses it: `adoption`);
 2. gives back the claim's ledger entry on that node and its quota (nothing else of it is there: the
    kubelet prepares a claim only for a pod bound to the node, and the pod never was), the record
    touched first so that no reconciler writes the entry back meanwhile (it leaves records younger
@@ -38,7 +40,7 @@ from tessera.shared.events import ClaimDeallocated, ClaimRecord, ClaimRequested
 from tessera.shared.lifecycle import UNPLACED
 
 from tessera.placement import spans
-from tessera.placement.claimstatus import allocation, same_allocation
+from tessera.placement.claimstatus import describes
 from tessera.placement.lease import unleased
 
 if TYPE_CHECKING:
@@ -82,9 +84,12 @@ class Deallocations:
             spans.settled(event, "unchanged", "released, or not a ResourceClaim's claim")
             return None
         if record.state == "allocated" and record.node == event.node:
-            if not await self._taken_back(record):
-                spans.settled(event, "unchanged", f"the ResourceClaim is gone or shows its allocation on "
-                                                  f"{record.node} again")
+            shown = await self._shown(record)
+            if shown != "none":
+                if shown == "another":  # kube-scheduler allocated it itself meanwhile, or someone else did
+                    svc._kube_resume(record)  # the status sync adopts it or refuses it (`adoption`)
+                spans.settled(event, "unchanged", f"the ResourceClaim is gone or shows an allocation again "
+                                                  f"({shown})")
                 return None
             assert revision is not None  # (ClaimStore.get gives a record with its revision)
             return await self._withdraw(record, revision, event)
@@ -93,25 +98,20 @@ class Deallocations:
         spans.settled(event, "unchanged", f"the claim is {record.state} on {record.node or 'no node'}")
         return None
 
-    async def _taken_back(self, record: ClaimRecord) -> bool:
-        """Whether the ResourceClaim is there and shows no allocation of ours on the record's node."""
+    async def _shown(self, record: ClaimRecord) -> str:
+        """What the ResourceClaim shows now: ``none`` (no allocation: taken back), ``ours`` (the
+        record's node and shares, whoever wrote them), ``another`` allocation, or ``gone``."""
         sync = self.svc.kube
         if sync is None or record.kube is None:
-            return True
+            return "none"
         try:
             claim = await sync.writer.read_claim(record.kube)
         except PermanentError:  # gone or being deleted (ClaimGone): its release follows, nothing to redo
-            return False
+            return "gone"
         current = (claim.get("status") or {}).get("allocation")
         if not current:
-            return True
-        inventory = self.svc.inventories.get(record.node)
-        models = {d.index: d.model for d in inventory.devices} if inventory else {}
-        try:
-            ours = allocation(record.claim, record.node, record.devices, claim_spec=claim.get("spec"), models=models)
-        except ValueError:
-            return True
-        return not same_allocation(current, ours)
+            return "none"
+        return "ours" if describes(current, record.node, list(record.devices)) else "another"
 
     async def _withdraw(self, record: ClaimRecord, revision: int, event: ClaimDeallocated) -> ClaimRecord:
         svc, node = self.svc, record.node

@@ -97,11 +97,13 @@ class KubeWriter:
             raise ClaimGone(f"ResourceClaim {ref.namespace}/{ref.name} was deleted before it was allocated") from None
 
     async def write_allocation(self, ref: KubeClaimRef, claim: dict, allocation: dict | None) -> dict:
-        """Update the claim's ``status.allocation`` (None: remove it) as of the resourceVersion in
+        """Update the claim's ``status.allocation`` (None: remove it, and the reservations, which
+        the API server refuses on a claim with no allocation) as of the resourceVersion in
         ``claim``; ConflictError if the claim moved since it was read."""
         status = dict(claim.get("status") or {})
         if allocation is None:
             status.pop("allocation", None)
+            status.pop("reservedFor", None)
         else:
             status["allocation"] = allocation
         body = {**claim, "status": status}

@@ -60,6 +60,7 @@ from opentelemetry.trace import SpanKind
 
 from tessera.placement import idlework, lease, spans
 from tessera.placement.clusternodes import NO_EXCLUSIONS, ClusterNodes, refused
+from tessera.placement.adoption import Adoptions
 from tessera.placement.deallocation import Deallocations
 from tessera.placement.engine import COMPILED_CORE, Placement, Placer, Rejection, ledger_entry
 from tessera.placement.commit import Booking, GroupCommit
@@ -68,7 +69,7 @@ from tessera.placement.outcomes import Allocation, OutcomeWriter, Refusal
 from tessera.placement.release import Releases
 from tessera.placement.view import FleetView
 from tessera.placement.quota import has_limits, over_quota
-from tessera.placement.kubesync import Allocated, ClaimStatusSync, Unschedulable
+from tessera.placement.kubesync import Allocated, ClaimStatusSync, Unschedulable, Waiting
 from tessera.placement.metrics import PlacementMetrics
 from tessera.placement.reconcile import Reconciler
 from tessera.placement.settings import PlacementSettings
@@ -120,7 +121,7 @@ class PlacementService:
         self._retry_wanted = asyncio.Event()
         # What it decided, read by the log report and the metrics (plain ints: the hot path's cost).
         self.counts = {"allocated": 0, "unschedulable": 0, "conflicts": 0, "lost_races": 0, "retried": 0,
-                       "withdrawn": 0}
+                       "withdrawn": 0, "adopted": 0}
         self.committer = GroupCommit(self.view, self.counts)
         self.outcomes = OutcomeWriter(self)
         self.releases = Releases(self)
@@ -128,6 +129,7 @@ class PlacementService:
         # Kubernetes mode: the cluster's Nodes and pods, which kube-scheduler's filters read.
         self.cluster: ClusterNodes | None = None
         self._live: tuple[int, frozenset[str]] = (-1, frozenset())  # (fleet roster generation, its live nodes)
+        self.adoptions = Adoptions(self)
         self.deallocations = Deallocations(self)
         self.reconciler = Reconciler(self, settings.reconcile_seconds, settings.reconcile_grace_seconds)
         self.metrics = PlacementMetrics(self, ctx.metrics, ctx.settings.metrics_legacy)
@@ -155,7 +157,8 @@ class PlacementService:
             writer = KubeWriter(self.kube_api, timeout=self.settings.kube_timeout_seconds,
                                 instance=self.ctx.settings.instance)
             self.kube = ClaimStatusSync(writer, self._give_back, workers=self.settings.kube_workers,
-                                        retry_seconds=self.settings.kube_retry_seconds)
+                                        retry_seconds=self.settings.kube_retry_seconds,
+                                        adopt=self.adoptions.adopt_locked)
             tasks["kube-status"] = self._run_kube(self.kube, writer)
             # No decision before the Nodes and pods are in: a node the scheduler refuses is not offered.
             self.cluster = ClusterNodes()
@@ -633,6 +636,11 @@ class PlacementService:
         prove the status was written: an enforcer may prepare on the ``allocated`` event alone."""
         if record.state in ON_NODE and not record.release_requested:
             self._kube_allocated(record.claim, record.tenant, record.node, record.devices, record.kube)
+
+    def _kube_waiting(self, record: ClaimRecord) -> None:
+        """Have the status sync check that no other allocator allocated this waiting claim."""
+        if self.kube is not None and record.kube is not None:
+            self.kube.submit(Waiting(claim=record.claim, kube=record.kube))
 
     def _kube_unschedulable(self, claim: str, kube, reason: str) -> None:
         if self.kube is not None and kube is not None:
