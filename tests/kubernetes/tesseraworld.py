@@ -30,6 +30,7 @@ from tessera.placement.service import PlacementService, PlacementSettings
 from tessera.translator.service import TranslatorService, TranslatorSettings
 
 from gpupods import GpuPods
+from kit import eventually
 from kit.kubecluster import service_identity
 
 MODEL = "NVIDIA H100 80GB HBM3"
@@ -114,6 +115,20 @@ class World:
                 in_process(nats_url, "translator", lambda ctx: TranslatorService(
                     ctx, TranslatorSettings(kubernetes=True, reconcile_seconds=30), translator_api)):
             yield placement
+
+    async def held_pod(self, name: str, spec) -> tuple[dict, str]:
+        """A GPU pod that another gate of its own holds once Tessera lifts its gate: (its claim,
+        the node of its first allocation)."""
+        _, claim = await self.pods.create(self.ns, name, spec, gates=("example.com/hold",),
+                                          pod_spec={"tolerations": NOT_READY})
+        placed = await eventually(lambda: self.allocated_node(claim), timeout=60, what="the first allocation")
+        return claim, placed
+
+    async def cordon_and_let_go(self, node: str, pod: str) -> None:
+        """Cordon ``node`` and lift the held pod's own gate: kube-scheduler cannot bind the pod
+        where its claim is allocated, and its PostFilter takes the allocation back."""
+        self.plane.kubectl("cordon", node)
+        await self.pods.admin.patch(object_path("v1", "pods", pod, self.ns), {"spec": {"schedulingGates": None}})
 
     async def allocation(self, claim: dict) -> dict | None:
         meta = claim["metadata"]

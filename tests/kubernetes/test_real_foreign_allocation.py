@@ -144,13 +144,10 @@ async def test_the_scheduler_allocating_a_claim_it_took_back_leaves_ledger_and_c
     one = await world.node("one", slices=True)
     two = await world.node("two", slices=True)
     async with world.tessera(nats_url):
-        _, claim = await world.pods.create(world.ns, "raced", ClaimSpec(memory_mib=10240, cores=20),
-                                           gates=("example.com/hold",), pod_spec={"tolerations": NOT_READY})
+        claim, placed = await world.held_pod("raced", ClaimSpec(memory_mib=10240, cores=20))
         cid = claim_id(claim["metadata"]["uid"])
-        placed = await eventually(lambda: world.allocated_node(claim), timeout=60, what="the first allocation")
         other = two if placed == one else one
-        world.plane.kubectl("cordon", placed)
-        await world.pods.admin.patch(object_path("v1", "pods", "raced", world.ns), {"spec": {"schedulingGates": None}})
+        await world.cordon_and_let_go(placed, "raced")
         assert await eventually(lambda: world.bound_to("raced"), timeout=90, what="the pod bound") == other
         # whoever won, the ledger holds exactly what the claim says, and nothing on the cordoned node
         async def agreeing():
@@ -172,13 +169,10 @@ async def test_a_claim_the_scheduler_took_back_and_allocated_itself_while_tesser
     one = await world.node("one", slices=True)
     two = await world.node("two", slices=True)
     async with world.tessera(nats_url):
-        _, claim = await world.pods.create(world.ns, "moved", ClaimSpec(memory_mib=10240, cores=20),
-                                           gates=("example.com/hold",), pod_spec={"tolerations": NOT_READY})
-        cid = claim_id(claim["metadata"]["uid"])
-        placed = await eventually(lambda: world.allocated_node(claim), timeout=60, what="the first allocation")
+        claim, placed = await world.held_pod("moved", ClaimSpec(memory_mib=10240, cores=20))
+    cid = claim_id(claim["metadata"]["uid"])
     other = two if placed == one else one
-    world.plane.kubectl("cordon", placed)
-    await world.pods.admin.patch(object_path("v1", "pods", "moved", world.ns), {"spec": {"schedulingGates": None}})
+    await world.cordon_and_let_go(placed, "moved")
     assert await eventually(lambda: world.bound_to("moved"), timeout=90, what="the pod bound by the scheduler") == other
     [result] = _results(await world.allocation(claim))
     assert result["pool"] == other and result["shareID"] != share_id(cid, other, 0)  # the scheduler's own

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from tessera.shared import subjects
 from tessera.shared.events import ClaimSpec
-from tessera.shared.kubeapi import object_path
 from tessera.shared.kubeclaims import claim_id
 from tessera.shared.ledger import Ledger
 
@@ -77,13 +76,10 @@ async def test_an_allocation_the_scheduler_takes_back_is_placed_again_and_the_po
     two = await world.node("two")
     async with world.tessera(nats_url) as placement:
         # another gate holds the pod after ours is lifted: meanwhile its node is cordoned
-        pod, claim = await world.pods.create(world.ns, "moved", ClaimSpec(memory_mib=10240, cores=20),
-                                             gates=("example.com/hold",), pod_spec={"tolerations": NOT_READY})
+        claim, placed = await world.held_pod("moved", ClaimSpec(memory_mib=10240, cores=20))
         cid = claim_id(claim["metadata"]["uid"])
-        placed = await eventually(lambda: world.allocated_node(claim), timeout=60, what="the first allocation")
         other = two if placed == one else one
-        world.plane.kubectl("cordon", placed)
-        await world.pods.admin.patch(object_path("v1", "pods", "moved", world.ns), {"spec": {"schedulingGates": None}})
+        await world.cordon_and_let_go(placed, "moved")
         # kube-scheduler cannot bind it there: its PostFilter takes the allocation back; the
         # translator says so, placement takes the claim off that node and places it on the other
         assert await eventually(lambda: world.bound_to("moved"), timeout=90, what="the pod bound") == other
