@@ -11,8 +11,8 @@ else pays anything), and a few workers carry the jobs out:
   conflicts never end, or the API server stays unreachable past the retry budget — the allocation
   is given back through the ordinary release path and the pod gets an ``AllocationFailed`` Event;
 - an unschedulable claim: an Event and the pod condition with the reason; the gate stays;
-- a waiting claim (the reconciler's periodic check): nothing, unless another allocator wrote an
-  allocation into it meanwhile (below).
+- a recheck (the reconciler's, of a claim waiting for room or allocated and not yet running):
+  nothing, unless another allocator wrote an allocation into it meanwhile (below).
 
 A claim found showing an allocation placement did not write (kube-scheduler's own, after it took
 placement's back; another allocator's; a person's) is never left beside the ledger's: it is adopted
@@ -75,14 +75,15 @@ class Adopted:
 
 
 @dataclass(frozen=True)
-class Waiting:
-    """A claim placement has not allocated: check that no other allocator has (`_waiting`)."""
+class Recheck:
+    """A claim placement has not allocated, or allocated and its pod is not running yet: check
+    that the ResourceClaim shows no allocation another allocator wrote (`_recheck`)."""
 
     claim: str
     kube: KubeClaimRef
 
 
-Job = Allocated | Unschedulable | Waiting
+Job = Allocated | Unschedulable | Recheck
 GiveBack = Callable[[Allocated, str], Awaitable[None]]
 # Adopt a claim's allocation another allocator wrote (the claim id and the allocation found):
 # what was adopted, or why it cannot be.
@@ -109,7 +110,7 @@ class ClaimStatusSync:
     def submit(self, job: Job) -> None:
         """Queue ``job`` (never blocks): a queued job of the same claim is replaced by it (a check
         of a waiting claim replaces none: any other job of the claim is newer news)."""
-        if isinstance(job, Waiting) and job.claim in self.latest:
+        if isinstance(job, Recheck) and job.claim in self.latest:
             return
         if job.claim not in self.latest:
             self.queue.put_nowait(job.claim)
@@ -135,8 +136,8 @@ class ClaimStatusSync:
                 async with lock:
                     if isinstance(job, Allocated):
                         await self._allocated(job, queued + self.retry_seconds)
-                    elif isinstance(job, Waiting):
-                        await self._waiting(job)
+                    elif isinstance(job, Recheck):
+                        await self._recheck(job)
                     else:
                         await self._unschedulable(job)
             except Exception as exc:  # one claim's trouble must not stop the worker
@@ -270,11 +271,13 @@ class ClaimStatusSync:
         log.warning("%s: %s", cid, refused)
         return stored, bound, refused
 
-    # --- waiting claims --------------------------------------------------------------------
+    # --- rechecks --------------------------------------------------------------------------
 
-    async def _waiting(self, job: Waiting) -> None:
-        """A claim placement has not allocated (it waits for room): an allocation another allocator
-        wrote into it meanwhile (kube-scheduler allocating it itself) is adopted or refused."""
+    async def _recheck(self, job: Recheck) -> None:
+        """The reconciler's check of a claim waiting for room, or allocated and not yet running: an
+        allocation another allocator wrote into it meanwhile (kube-scheduler allocating it itself,
+        a deallocation and a new allocation seen as one change, or missed) is adopted or refused;
+        an allocation that is the claim's record's is left as it is."""
         ref = job.kube
         claim = await self.writer.read_claim(ref)
         found = (claim.get("status") or {}).get("allocation")

@@ -14,9 +14,11 @@ right before acting, and by leaving alone anything in flight in this process or 
   unplaced (ledger written, record not): the claim is finished through the ordinary place path;
 - a claim on a node with no ledger entry: the entry is written back where it still fits;
 - quota held for a claim that ended: returned; a live claim of a limited tenant not counted: charged;
-- (Kubernetes mode) a claim waiting for room whose ResourceClaim another allocator allocated meanwhile
-  (kube-scheduler, allocating it itself): adopted into the ledger or refused (`adoption`), by the
-  status sync; one read of the ResourceClaim per waiting claim per pass.
+- (Kubernetes mode) a claim waiting for room, or allocated and not yet running, whose ResourceClaim
+  another allocator allocated meanwhile (kube-scheduler allocating it itself, after taking ours
+  back: the translator may see that as one change, or miss it): adopted into the ledger or refused
+  (`adoption`), by the status sync; a read of the ResourceClaim (and the ledger) per such claim per
+  pass.
 """
 
 from __future__ import annotations
@@ -86,8 +88,9 @@ class Reconciler:
                 announce.append((record, revision))
             if record.state in ON_NODE and not record.release_requested and claim not in where:
                 await self._restore_entry(record)
-            if record.state in UNPLACED and record.kube is not None and not record.release_requested:
-                svc._kube_waiting(record)
+            if (record.state in UNPLACED or record.state == "allocated") and record.kube is not None \
+                    and not record.release_requested:
+                svc._kube_recheck(record)
         for node, ledger in nodes.items():
             for claim, entry in ledger.entries.items():
                 if not self._busy(claim) and now - entry.ts >= self.grace:

@@ -69,7 +69,7 @@ from tessera.placement.outcomes import Allocation, OutcomeWriter, Refusal
 from tessera.placement.release import Releases
 from tessera.placement.view import FleetView
 from tessera.placement.quota import has_limits, over_quota
-from tessera.placement.kubesync import Allocated, ClaimStatusSync, Unschedulable, Waiting
+from tessera.placement.kubesync import Allocated, ClaimStatusSync, Recheck, Unschedulable
 from tessera.placement.metrics import PlacementMetrics
 from tessera.placement.reconcile import Reconciler
 from tessera.placement.settings import PlacementSettings
@@ -637,10 +637,10 @@ class PlacementService:
         if record.state in ON_NODE and not record.release_requested:
             self._kube_allocated(record.claim, record.tenant, record.node, record.devices, record.kube)
 
-    def _kube_waiting(self, record: ClaimRecord) -> None:
-        """Have the status sync check that no other allocator allocated this waiting claim."""
+    def _kube_recheck(self, record: ClaimRecord) -> None:
+        """Have the status sync check that no other allocator allocated this claim."""
         if self.kube is not None and record.kube is not None:
-            self.kube.submit(Waiting(claim=record.claim, kube=record.kube))
+            self.kube.submit(Recheck(claim=record.claim, kube=record.kube))
 
     def _kube_unschedulable(self, claim: str, kube, reason: str) -> None:
         if self.kube is not None and kube is not None:
