@@ -1,4 +1,6 @@
 """Fixtures of the Kubernetes tests (kubefixtures.py): an API-server emulator with Tessera's CRDs,
-``apiserver``, and the services' client seam on it, ``kube``."""
+``apiserver``, and the services' client seam on it, ``kube``; (tesseraworld.py) ``world``: translator
+and placement in this process on the real control plane, and Node objects for them to place on."""
 
 from kubefixtures import apiserver, kube  # noqa: F401 - fixtures, registered by being here
+from tesseraworld import world  # noqa: F401 - a fixture, registered by being here

@@ -23,19 +23,23 @@ class GpuPods:
         self.translator = KubeApi.for_kubeconfig(service_identity(plane, "translator.yaml"))
 
     async def create(self, namespace: str, name: str, spec: ClaimSpec, *, gates: tuple[str, ...] = (),
-                     tolerate_all: bool = False) -> tuple[dict, dict]:
+                     tolerate_all: bool = False, pod_spec: dict | None = None,
+                     requests: dict | None = None) -> tuple[dict, dict]:
         """(pod, claim): the pod as the webhook leaves it and its claim once the controller made it
-        (``tolerate_all``: a pod that tolerates every taint, for nodes that no kubelet keeps Ready)."""
+        (``tolerate_all``: a pod that tolerates every taint, for nodes that no kubelet keeps Ready;
+        ``pod_spec``: more of the pod's spec, a nodeSelector or tolerations; ``requests``: its
+        container's CPU and memory requests)."""
         template = f"tessera-{name}"
         await self.translator.create(object_path(RESOURCE_API_VERSION, "resourceclaimtemplates", namespace=namespace),
                                      resource_claim_template(spec, template, namespace))
+        resources: dict = {"claims": [{"name": "gpu"}], **({"requests": requests} if requests else {})}
         pod = await self.admin.create(object_path("v1", "pods", namespace=namespace), {
             "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
             "spec": {"schedulingGates": [{"name": SCHEDULING_GATE}, *({"name": g} for g in gates)],
                      "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-                     "containers": [{"name": "main", "image": "registry.example/train:1",
-                                     "resources": {"claims": [{"name": "gpu"}]}}],
-                     **({"tolerations": [{"operator": "Exists"}]} if tolerate_all else {})}})
+                     "containers": [{"name": "main", "image": "registry.example/train:1", "resources": resources}],
+                     **({"tolerations": [{"operator": "Exists"}]} if tolerate_all else {}),
+                     **(pod_spec or {})}})
         claim = await eventually(lambda: self.claim_of(pod), timeout=30, what=f"the claim of pod {name}")
         return pod, claim
 

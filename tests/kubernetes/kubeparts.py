@@ -31,6 +31,15 @@ def node(name: str) -> dict:
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}
 
 
+async def add_node(apiserver, name: str) -> dict:
+    """A Node registered, with the room for pods its kubelet reports (``status.allocatable``:
+    placement holds a pod's requests against it, as kube-scheduler does)."""
+    await apiserver.create(node(name))
+    room = {"cpu": "64", "memory": "256Gi", "pods": "110"}
+    return await apiserver.patch("v1", "nodes", name, {"status": {"capacity": room, "allocatable": room}},
+                                 kind="merge", subresource="status")
+
+
 def gpu_pod(name: str, ns: str, resources: dict[str, int | str], annotations: dict[str, str] | None = None) -> dict:
     """A pod asking for GPUs with HAMi's resource names, as a user writes it."""
     limits = {k: str(v) for k, v in resources.items()}

@@ -35,7 +35,7 @@ from tessera.shared.natsserver import free_port
 from tessera.cli.client import Client
 from tessera.cli.cluster import LocalCluster
 
-from kubeparts import node
+from kubeparts import add_node
 from webhook_server import CertificateAuthority
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"
@@ -143,7 +143,7 @@ async def whole_tessera(apiserver, nats_url: str, workdir: Path):
     cert, key = ca.issue(workdir / "webhook-tls", [f"{SERVICE[1]}.{SERVICE[0]}.svc"])
     port = free_port()
     for name in ("gpu-0", "gpu-1"):
-        await apiserver.create(node(name))
+        await add_node(apiserver, name)
     cluster = await start_services(
         workdir / "tessera", nats_url, apiserver.url,
         services=("controlplane", "capacity", "translator", "placement"),

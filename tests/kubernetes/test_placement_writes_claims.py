@@ -24,7 +24,7 @@ from tessera.placement.claimstatus import allocation, same_allocation
 from tessera.translator.dra import resource_claim_template
 
 from kube_objects import namespace
-from kubeparts import Refused, claims_of, kubelet_start, make_claims, node, schedule
+from kubeparts import Refused, add_node, claims_of, kubelet_start, make_claims, schedule
 from kit import eventually
 from kubetessera import create_tenant, ledgers, quota_in_use, request_claim, start_services
 
@@ -37,7 +37,7 @@ OTHER_GATE = "example.com/admission-check"
 async def world(apiserver, nats_url, tmp_path):
     """Nodes and a tenant's namespace in the cluster, the services running, a client on the bus."""
     for name in ("gpu-0", "gpu-1"):
-        await apiserver.create(node(name))
+        await add_node(apiserver, name)
     await apiserver.create(namespace("team-a", {TENANT_LABEL: "alpha"}))
     started, clusters = [], []
 

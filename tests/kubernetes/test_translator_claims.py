@@ -5,6 +5,7 @@ API server's admission call and Kubernetes' resourceclaim controller."""
 from __future__ import annotations
 
 
+import msgspec
 import pytest
 import yaml
 
@@ -13,6 +14,7 @@ from kube_objects import DEPLOY_K8S
 from tessera.shared.errors import TemporaryError
 from tessera.shared.events import ClaimSpec
 from tessera.shared.kubeclaims import DEVICE_CLASS, RESOURCE_API_VERSION, TENANT_LABEL, KubeClaimRef, claim_id
+from tessera.shared.podconstraints import PodConstraints, Toleration
 from tessera.translator import dra
 from translator_harness import kube_translator, resourceclaim_controller
 from kit import eventually
@@ -70,7 +72,8 @@ async def test_claim_is_requested_with_its_id_tenant_spec_and_kube_ref(apiserver
     cid = claim_id(claim["metadata"]["uid"])
     (event,) = await translator.wait_for("requested", cid)
     assert event.tenant == "alpha"
-    assert event.spec == ClaimSpec(gpus=1, memory_mib=8000, cores=30)
+    # with what kube-scheduler's filters will read of the pod (here: nothing it asks of a node)
+    assert event.spec == ClaimSpec(gpus=1, memory_mib=8000, cores=30, pod=PodConstraints())
     assert event.source == "kubernetes"
     ref = KubeClaimRef(namespace="ml", name=claim["metadata"]["name"], uid=claim["metadata"]["uid"],
                        pod="trainer", pod_uid=pod["metadata"]["uid"])
@@ -142,15 +145,37 @@ async def test_reconciler_repairs_what_happened_while_the_translator_was_down(na
         assert record.release_requested
 
 
-async def test_allocation_removed_by_someone_else_releases_the_claim(apiserver, translator):
+async def _allocated_by_placement(translator, apiserver, cid: str, claim: dict, node: str = "node-a") -> None:
+    """What placement does for the claim: its record allocated on ``node``, the allocation written
+    into the ResourceClaim, the pod's gate lifted."""
+    record, revision = await translator.service.claims.get(cid)
+    await translator.service.claims.replace(msgspec.structs.replace(record, state="allocated", node=node), revision)
+    allocation = {"devices": {"results": [{"request": "gpu", "driver": "gpu.tessera.dev", "pool": node,
+                                           "device": "gpu-0"}]}}
+    await apiserver.patch(*RC, claim["metadata"]["name"], {"status": {"allocation": allocation}}, "ml",
+                          subresource="status")
+    pod = claim["metadata"]["ownerReferences"][0]["name"]
+    await apiserver.patch("v1", "pods", pod, {"spec": {"schedulingGates": None}}, "ml")
+
+
+async def test_an_allocation_taken_back_while_the_pod_waits_is_placed_again_not_released(apiserver, translator):
     _, claim, cid = await requested_claim(apiserver, translator, "trainer")
     name = claim["metadata"]["name"]
-    allocation = {"devices": {"results": [{"request": "gpu", "driver": "gpu.tessera.dev", "pool": "node-a",
-                                           "device": "gpu-0"}]}}
-    await apiserver.patch(*RC, name, {"status": {"allocation": allocation}}, "ml", subresource="status")
+    await _allocated_by_placement(translator, apiserver, cid, claim)
+    await eventually(lambda: claim["metadata"]["uid"] in translator_watcher_allocated(translator), timeout=10)
+    # the pod's constraints were tightened meanwhile (allowed while it is not bound)
+    await apiserver.patch("v1", "pods", "trainer", {"spec": {"tolerations": [
+        {"key": "maintenance", "operator": "Exists", "effect": "NoSchedule"}]}}, "ml")
+    # kube-scheduler's PostFilter: it could not bind the pod on node-a
     await apiserver.patch(*RC, name, {"status": {"allocation": None}}, "ml", subresource="status")
-    (release,) = await translator.wait_for("release", cid)
-    assert release.reason == "resourceclaim-deallocated"
+    (dealloc,) = await translator.wait_for("deallocated", cid)
+    assert dealloc.node == "node-a" and dealloc.tenant == "alpha" and dealloc.kube.name == name
+    assert dealloc.pod.tolerations == [Toleration(key="maintenance", operator="Exists", effect="NoSchedule")]
+    subject = next(s for s, e in translator.published if e is dealloc)
+    assert subject == f"tessera.claims.alpha.{cid}.deallocated.node-a"
+    assert translator.events("release", cid) == []
+    record, _ = await translator.service.claims.get(cid)
+    assert not record.release_requested
     await eventually(lambda: any(e["reason"] == "Deallocated" for e in events_about(apiserver, "ml", name)))
 
 
@@ -171,6 +196,41 @@ async def test_a_claim_deallocated_when_its_pods_are_done_is_released_without_a_
     (release,) = await translator.wait_for("release", cid)
     assert release.reason == "resourceclaim-unused"
     assert not events_about(apiserver, "ml", name) and not events_about(apiserver, "ml", "trainer")
+
+
+async def test_an_allocation_released_by_tessera_is_not_placed_again(apiserver, translator):
+    _, claim, cid = await requested_claim(apiserver, translator, "trainer")
+    await _allocated_by_placement(translator, apiserver, cid, claim)
+    await translator.service.claims.mark_release_requested(cid, "requested")  # (placement withdraws it next)
+    await apiserver.patch(*RC, claim["metadata"]["name"], {"status": {"allocation": None}}, "ml", subresource="status")
+    await requested_claim(apiserver, translator, "later", gpumem="4000")  # (everything before it handled)
+    assert translator.events("deallocated", cid) == []
+
+
+async def test_a_deallocation_missed_while_the_translator_was_down_is_found_from_the_pod(nats_url, apiserver, tmp_path):
+    await tenant_namespace(apiserver)
+    async with kube_translator(nats_url, apiserver, tmp_path / "tls") as translator:
+        await translator.add_tenant("alpha")
+        _, claim, cid = await requested_claim(apiserver, translator, "trainer")
+        _, waiting, waiting_cid = await requested_claim(apiserver, translator, "waiting", gpumem="4000")
+        await _allocated_by_placement(translator, apiserver, cid, claim)
+        # the other is allocated in the record only: placement has not written its status yet, the
+        # gate is still on its pod (nothing was taken back)
+        record, revision = await translator.service.claims.get(waiting_cid)
+        await translator.service.claims.replace(msgspec.structs.replace(record, state="allocated", node="node-b"),
+                                                revision)
+    await apiserver.patch(*RC, claim["metadata"]["name"], {"status": {"allocation": None}}, "ml", subresource="status")
+    async with kube_translator(nats_url, apiserver, tmp_path / "tls2", reconcile_seconds=3600) as restarted:
+        (dealloc,) = await restarted.wait_for("deallocated", cid)
+        assert dealloc.node == "node-a"
+        await requested_claim(apiserver, restarted, "later", gpumem="2000")
+        assert restarted.events("deallocated", waiting_cid) == []
+
+
+def translator_watcher_allocated(translator) -> set[str]:
+    """The ResourceClaim uids the translator has seen allocated (``ClaimWatcher.allocated``)."""
+    watcher = getattr(translator.service, "watcher", None)
+    return watcher.allocated if watcher is not None else set()
 
 
 def hand_written_claim(name: str, namespace: str, spec: ClaimSpec | None, owner: dict | None = None) -> dict:

@@ -13,7 +13,7 @@ from tessera.shared.events import ClaimSpec, DeviceShare, GpuDevice, NodeInvento
 from tessera.shared.kubeclaims import DRIVER
 
 from tessera.capacity.slices import devices as slice_devices
-from tessera.placement.claimstatus import allocation, node_selector, same_allocation, share_id
+from tessera.placement.claimstatus import allocation, describes, held_shares, node_selector, same_allocation, share_id
 from tessera.translator.dra import resource_claim
 
 K8S = "1.35.0"  # what the API-server emulator of tests/kubernetes validates against
@@ -101,3 +101,45 @@ def test_a_percentage_claim_names_the_subrequest_of_the_allocated_model():
 def test_a_whole_card_claim_consumes_the_card():
     status = allocation(CLAIM, "gpu-0", shares((0, 81559, 100)))
     assert status["devices"]["results"][0]["consumedCapacity"] == {"memory": "81559Mi", "cores": "100", "shares": "1"}
+
+
+# --- another allocator's allocation, read as the ledger counts it (`adoption`) ------------------
+
+CARDS = [GpuDevice(uuid="GPU-a", index=0, model="NVIDIA H100 80GB HBM3", memory_mib=81559),
+        GpuDevice(uuid="GPU-b", index=1, model="NVIDIA H100 80GB HBM3", memory_mib=81559)]
+
+
+def _foreign(node: str, *results: dict) -> dict:
+    return {"devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": node, "shareID": str(uuid.uuid4()),
+                                     **r} for r in results]}, "nodeSelector": node_selector(node)}
+
+
+def test_another_allocators_allocation_is_read_as_the_shares_it_holds():
+    found = _foreign("n1", {"device": "gpu-1", "consumedCapacity": {"memory": "12Gi", "cores": "25", "shares": "1"}},
+                     {"device": "gpu-0"})  # (no consumedCapacity: the whole card)
+    node, shares = held_shares(found, {"n1": CARDS}.get)
+    assert node == "n1" and shares == [DeviceShare(uuid="GPU-a", index=0, memory_mib=81559, cores=100),
+                                       DeviceShare(uuid="GPU-b", index=1, memory_mib=12288, cores=25)]
+    assert not describes(found, "n1", shares)  # (the whole card's result names no capacity: read with the inventory)
+    assert not describes(found, "n2", shares)
+
+
+@pytest.mark.parametrize(("found", "why"), [
+    (_foreign("n1", {"device": "gpu-0", "driver": "gpu.example.com"}), "another driver (gpu.example.com)"),
+    (_foreign("n9", {"device": "gpu-0"}), "node n9 is not in Tessera's fleet"),
+    (_foreign("n1", {"device": "gpu-7"}), "node n1 has no GPU gpu-7"),
+    (_foreign("n1", {"device": "gpu-0", "consumedCapacity": {"memory": "1.5Mi", "cores": "10"}}), "not whole MiB"),
+    ({"devices": {"results": []}}, "it allocates no device"),
+    ({**_foreign("n1", {"device": "gpu-0"}), "nodeSelector": node_selector("n2")}, "its node selector names n2"),
+])
+def test_an_allocation_tessera_cannot_hold_says_why(found, why):
+    with pytest.raises(ValueError, match=why.replace("(", r"\(").replace(")", r"\)")):
+        held_shares(found, {"n1": CARDS}.get)
+
+
+def test_tesseras_own_allocation_describes_its_shares_whatever_the_servers_spelling():
+    shares = [DeviceShare(uuid="GPU-a", index=0, memory_mib=20480, cores=30)]
+    written = allocation("c1", "n1", shares)
+    written["devices"]["results"][0]["consumedCapacity"]["memory"] = "20Gi"  # as the API server reads it back
+    assert describes(written, "n1", shares)
+    assert not describes(written, "n1", [DeviceShare(uuid="GPU-a", index=0, memory_mib=20480, cores=40)])

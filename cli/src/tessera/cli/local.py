@@ -105,6 +105,21 @@ async def _settle(client: Client, claims: list[str], timeout: float = 60) -> Fle
         await asyncio.sleep(0.2)
 
 
+async def ledger_entries_left(client: Client, timeout: float = 15) -> int:
+    """The ledger entries still held once every claim's record says ``released``, after giving
+    the releases under way ``timeout`` seconds to finish: a record says ``released`` before its
+    entry goes (the enforcer removes the entry last, so that whoever finds it finishes a release
+    stopped midway), so one read right after the last record changed may find that entry still
+    there. An entry left after the timeout is a leak."""
+    deadline = time.monotonic() + timeout
+    while True:
+        after = await client.fleet()
+        left = sum(len(lg.entries) for lg in after.ledgers.values())
+        if not left or time.monotonic() > deadline:
+            return left
+        await asyncio.sleep(0.2)
+
+
 async def cmd_up(args) -> int:
     cluster = _start_cluster(args)
     stop = asyncio.Event()
@@ -158,8 +173,7 @@ async def cmd_demo(args) -> int:
             await client.release(claim, reason="demo finished")
         for claim in claims:
             await client.wait_for(claim, {"released"}, timeout=30)
-        after = await client.fleet()
-        left = sum(len(lg.entries) for lg in after.ledgers.values())
+        left = await ledger_entries_left(client)
         console.print(
             f"\n[bold]demo summary[/]: {len(claims)} claims, {prepared} prepared on GPUs, "
             f"{len(unsched)} unschedulable"

@@ -22,6 +22,7 @@ import msgspec
 from msgspec import Meta, Struct, field
 
 from tessera.shared.kubeclaims import KubeClaimRef
+from tessera.shared.podconstraints import PodConstraints
 
 # --- shared value types -------------------------------------------------------------------------
 
@@ -136,6 +137,11 @@ class ClaimSpec(Struct, frozen=True, kw_only=True):
     # The host uid a `tessera run` workload runs as: the enforcer makes the claim's accounting file
     # writable by it alone (docs/isolation-host-mode.md). None: a claim for containers.
     workload_uid: Uid | None = None
+    # Kubernetes mode: what kube-scheduler's node filters read of the claim's pod (its node selector
+    # and required affinity, tolerations, resource requests), read by the translator when the claim
+    # is requested: placement places only where the scheduler can then bind the pod. None: not known
+    # (no pod, or a claim that is not a ResourceClaim's), and no node is ruled out for it.
+    pod: PodConstraints | None = None
 
 
 class ClaimEventBase(Event):
@@ -164,6 +170,19 @@ class ClaimAllocated(ClaimEventBase, tag="allocated"):
     node: NodeName
     devices: list[DeviceShare]
     spec: ClaimSpec = ClaimSpec()
+    ts: float = field(default_factory=now)
+
+
+class ClaimDeallocated(ClaimEventBase, tag="deallocated"):
+    """Kubernetes mode: the allocation placement wrote into the claim's ResourceClaim was removed by
+    someone else (kube-scheduler's PostFilter, when it cannot bind the pod there) while the pod is
+    still waiting. Published by the translator, which watches the claims, on the node the allocation
+    named; placement takes the claim off that node and places it again (the pod is never left with
+    no allocation). ``pod``: the pod's constraints as they are now (they may have been tightened)."""
+
+    node: NodeName
+    pod: PodConstraints | None = None
+    kube: KubeClaimRef | None = None
     ts: float = field(default_factory=now)
 
 
@@ -225,6 +244,7 @@ ClaimEvent = (
     | ClaimReleased
     | ClaimFailed
     | ClaimViolation
+    | ClaimDeallocated
 )
 
 CLAIM_EVENT_KINDS: tuple[str, ...] = kinds(ClaimEvent)
@@ -347,6 +367,9 @@ class ClaimRecord(Struct, kw_only=True):
     # claim alone meanwhile, so one claim is never written into two nodes' ledgers at once.
     placer: str = ""
     placing_until: float = 0.0
+    # Kubernetes mode: the nodes kube-scheduler took this claim's allocation back from (it could not
+    # bind the pod there), latest last: placement places it elsewhere while another node fits.
+    withdrawn: list[str] = []
 
 
 class TenantRecord(Struct, kw_only=True):
@@ -365,6 +388,10 @@ class LedgerEntry(Struct, frozen=True, kw_only=True):
     cpu_millis: int = 0
     host_memory_mib: int = 0
     ts: float = field(default_factory=now)
+    # Kubernetes mode: the uid of the claim's pod. Until kube-scheduler binds it, the pod's CPU,
+    # memory and pod slot count on this node in placement's view (as the scheduler counts the pods
+    # it has assumed), so that two pods placed at once never overfill the node.
+    pod_uid: str = ""
 
 
 class NodeLedger(Struct, kw_only=True):

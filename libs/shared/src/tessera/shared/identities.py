@@ -155,7 +155,9 @@ def uses(service: str, node: str | None = None) -> Uses:
         )
     if service == "translator":
         return Uses(
-            publish=(_claim_events("requested"), _claim_events("release"), _claim_events("running"), *dlq),
+            # (deallocated: kube-scheduler took a ResourceClaim's allocation back; placement places it again)
+            publish=(_claim_events("requested"), _claim_events("release"), _claim_events("running"),
+                     _claim_events("deallocated"), *dlq),
             serves=(subjects.API_SUBMIT, subjects.API_RELEASE, subjects.API_CLAIM_GET,
                     subjects.API_CLAIM_RUNNING, f"{TENANT_API}.*.claims.*"),
             consumes=(subjects.STREAM_CLAIMS,),  # reads a claim's last 'prepared' event for `get`

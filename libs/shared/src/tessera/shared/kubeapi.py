@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, Literal, Mapping
 
 import aiohttp
@@ -240,14 +240,17 @@ class KubeApi:
 
     async def watch(self, path: str, resource_version: str | None = None, *, label_selector: str | None = None,
                     field_selector: str | None = None, timeout_seconds: int = 300,
-                    max_backoff: float = 5.0) -> AsyncGenerator[tuple[str, dict], None]:
+                    max_backoff: float = 5.0,
+                    listed: Callable[[], None] | None = None) -> AsyncGenerator[tuple[str, dict], None]:
         """(event type, object) for the collection at ``path``, forever, as an informer sees it.
 
         Without ``resource_version`` it lists first (an ADDED for each object). When the server
         answers 410 Gone, or the connection drops and cannot resume, it lists again and reports the
         difference to what it had seen (ADDED / MODIFIED / DELETED), so nothing is missed and
         nothing repeated. Reconnection backs off exponentially up to ``max_backoff`` seconds.
-        Errors that retrying cannot fix (404, 403, a bad selector) are raised.
+        Errors that retrying cannot fix (404, 403, a bad selector) are raised. ``listed`` is called
+        each time the events of a list have all been yielded (the consumer holds the whole
+        collection then: a readiness gate may open).
         """
         seen: dict[tuple[str, str], dict] = {}  # (namespace, name) -> last object delivered
         rv = resource_version
@@ -258,6 +261,8 @@ class KubeApi:
                     items, rv = await self.list(path, label_selector, field_selector)
                     for event in _resync(seen, items):
                         yield event
+                    if listed is not None:
+                        listed()
                 async for kind, obj in self._watch_once(path, rv, label_selector, field_selector, timeout_seconds):
                     backoff = 0.0
                     rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)

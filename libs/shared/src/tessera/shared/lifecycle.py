@@ -42,6 +42,11 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition("unschedulable", "unschedulable", "placement", "unschedulable"),
     Transition("unschedulable", "released", "placement", "released"),
     Transition("unschedulable", "failed", "placement", "failed"),
+    # Kubernetes mode: kube-scheduler took the allocation back (it could not bind the pod there).
+    # Nothing of the claim is on the node but its ledger entry (the kubelet prepares a claim only
+    # for a pod bound to the node, so an ``allocated`` one is unprepared): placement, not the node's
+    # enforcer (the node may be down, the usual reason), takes the entry back and places it again.
+    Transition("allocated", "requested", "placement", "deallocated"),
     Transition("allocated", "prepared", "enforcer", "prepared"),
     Transition("allocated", "running", "enforcer", "running"),
     Transition("allocated", "released", "enforcer", "released"),
@@ -87,6 +92,13 @@ class ReleaseRoute:
         # One id per destination, so a release forwarded by placement and one sent straight by the
         # translator are one message to the node's stream, not two.
         return f"{claim}:release:{self.node}" if self.node else f"{claim}:release"
+
+
+def allocated_msg_id(claim: str, withdrawn: int = 0) -> str:
+    """The message id of a claim's ``allocated`` event: one per placement of the claim, so that one
+    placed again after kube-scheduler took it back (``withdrawn``: how many times) is announced
+    again rather than dropped by the stream as a repeat of its first."""
+    return f"{claim}:allocated" + (f":{withdrawn}" if withdrawn else "")
 
 
 def release_route(state: str, node: str | None) -> ReleaseRoute | None:

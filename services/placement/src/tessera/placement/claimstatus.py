@@ -12,6 +12,9 @@ writes for node-local devices.
 The share id is derived from the claim and the device, so a retried or repeated write (another
 replica, a restart) produces the same document and "already written" can be recognised by equality.
 
+The other way round, `held_shares` reads an allocation (any allocator's) as the node and GPU shares
+it holds, so that one Tessera did not write can be adopted into the ledger (`tessera.placement.adoption`).
+
 Pure: plain dicts in and out; the writer is `tessera.placement.kube`.
 """
 
@@ -19,11 +22,12 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timezone
 
 from tessera.shared import quantity
-from tessera.shared.events import DeviceShare
-from tessera.shared.kubeclaims import DRIVER, REQUEST_NAME, device_name, pool_name
+from tessera.shared.events import DeviceShare, GpuDevice
+from tessera.shared.kubeclaims import DRIVER, REQUEST_NAME, device_index, device_name, pool_name
 
 # Fixed namespace of the share ids: uuid5(namespace, "<claim>/<pool>/<device>").
 SHARE_NAMESPACE = uuid.UUID("5b0f3c44-7f64-4f3e-9c3b-6a1d2e8f9a10")
@@ -114,3 +118,76 @@ def same_allocation(written: dict | None, wanted: dict) -> bool:
     """Whether a claim's allocation already says what ``wanted`` says: the same devices, shares,
     capacities (by value) and node (the timestamp, and fields the API server adds, aside)."""
     return written is not None and bool(written) and _essence(written) == _essence(wanted)
+
+
+def _pinned(node_selector: dict | None) -> set[str]:
+    """The node names a NodeSelector pins by name (empty: none by name)."""
+    names: set[str] = set()
+    for term in (node_selector or {}).get("nodeSelectorTerms") or []:
+        for req in (term.get("matchFields") or []) + (term.get("matchExpressions") or []):
+            if req.get("key") in ("metadata.name", "kubernetes.io/hostname") and req.get("operator") == "In":
+                names.update(req.get("values") or [])
+    return names
+
+
+def describes(found: dict | None, node: str, shares: list[DeviceShare]) -> bool:
+    """Whether allocation ``found`` (any allocator's: share ids aside) holds exactly ``shares`` of
+    ``node``, by value; read without the node's inventory (which may not be loaded or known)."""
+    results = ((found or {}).get("devices") or {}).get("results") or []
+    if not results or any(r.get("driver") != DRIVER or r.get("pool") != pool_name(node) for r in results):
+        return False
+    wanted = {s.index: s for s in shares}
+    try:
+        indices = sorted(device_index(str(r.get("device"))) for r in results)
+    except ValueError:
+        return False
+    if indices != sorted(wanted):
+        return False
+    for result in results:
+        share = wanted[device_index(str(result["device"]))]
+        consumed = result.get("consumedCapacity") or {}
+        if quantity.whole_mib(consumed.get("memory", "")) != share.memory_mib \
+                or not quantity.equal(consumed.get("cores"), str(share.cores)):
+            return False
+    return True
+
+
+def held_shares(found: dict, devices_of: Callable[[str], list[GpuDevice] | None]) -> tuple[str, list[DeviceShare]]:
+    """(node, shares): what allocation ``found`` holds, read as the ledger counts it. A result
+    without ``consumedCapacity`` holds its whole GPU. ``devices_of(node)`` is the node's inventory
+    (None: not in the fleet). ValueError, saying what, where the allocation is not one of whole
+    ``gpu.tessera.dev`` devices of one node of the fleet."""
+    results = ((found.get("devices") or {}).get("results")) or []
+    others = sorted({str(r.get("driver")) for r in results if r.get("driver") != DRIVER})
+    if others:
+        raise ValueError(f"it allocates devices of another driver ({', '.join(others)})")
+    pools = sorted({str(r.get("pool")) for r in results})
+    if len(pools) != 1:
+        raise ValueError("it allocates no device" if not pools else f"it spans several nodes ({', '.join(pools)})")
+    node = pools[0]  # (one pool per node, named after it: kubeclaims.pool_name)
+    pinned = _pinned(found.get("nodeSelector"))
+    if pinned and pinned != {node}:
+        raise ValueError(f"its node selector names {', '.join(sorted(pinned))}, its devices are on {node}")
+    devices = devices_of(node)
+    if devices is None:
+        raise ValueError(f"node {node} is not in Tessera's fleet")
+    by_index = {d.index: d for d in devices}
+    shares = []
+    for result in results:
+        index = device_index(str(result.get("device")))  # (ValueError: not a Tessera device name)
+        device = by_index.get(index)
+        if device is None:
+            raise ValueError(f"node {node} has no GPU {result.get('device')}")
+        consumed = result.get("consumedCapacity")
+        if not consumed:
+            shares.append(DeviceShare(uuid=device.uuid, index=index, memory_mib=device.memory_mib, cores=100))
+            continue
+        memory = quantity.whole_mib(consumed.get("memory", f"{device.memory_mib}Mi"))
+        try:
+            cores = quantity.parse(consumed.get("cores", "100"))
+        except quantity.QuantityError:
+            cores = None
+        if memory is None or cores is None or cores != int(cores) or not 0 < cores <= 100:
+            raise ValueError(f"gpu-{index} consumes {consumed}, not whole MiB of memory and 1-100 cores")
+        shares.append(DeviceShare(uuid=device.uuid, index=index, memory_mib=memory, cores=int(cores)))
+    return node, sorted(shares, key=lambda s: s.index)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import random as _random
 from collections import deque
 from bisect import bisect_right
+from heapq import heappop, heappush
 from dataclasses import dataclass
 from functools import partial
 from itertools import count
@@ -97,10 +98,11 @@ class Placement:
     score: float = 0.0
 
 
-def ledger_entry(claim_id: str, tenant: str, spec: ClaimSpec, placement: Placement) -> LedgerEntry:
-    """The ledger entry that records `placement` for this claim."""
+def ledger_entry(claim_id: str, tenant: str, spec: ClaimSpec, placement: Placement, pod_uid: str = "") -> LedgerEntry:
+    """The ledger entry that records `placement` for this claim (``pod_uid``: Kubernetes mode, the
+    claim's pod)."""
     return LedgerEntry(claim=claim_id, tenant=tenant, shares=placement.shares,
-                       cpu_millis=spec.cpu_millis, host_memory_mib=spec.host_memory_mib)
+                       cpu_millis=spec.cpu_millis, host_memory_mib=spec.host_memory_mib, pod_uid=pod_uid)
 
 
 def _q9(x: float) -> float:
@@ -229,7 +231,7 @@ class Placer:
         gpu_policy = d.gpu_policy or self.default_gpu_policy
         if node_policy == PAPER_FGD:
             return self._place_paper(d, frozenset(exclude_nodes), explain)
-        if d.node is not None or d.use_uuids or d.nouse_uuids or exclude_nodes:
+        if d.node is not None or d.use_uuids or d.nouse_uuids or (exclude_nodes and node_policy == RANDOM):
             return self._place_each(d, node_policy, gpu_policy, frozenset(exclude_nodes))
         ck = d._ckey
         if ck is None or ck[1] != self._epoch:
@@ -237,6 +239,8 @@ class Placer:
         if node_policy == RANDOM:
             return self._place_random(d, ck, gpu_policy, explain)
         heap = self.index.get(ck, d, node_policy, gpu_policy)
+        if exclude_nodes:
+            return self._place_allowed(heap, d, frozenset(exclude_nodes), gpu_policy, explain)
         if not heap:
             if not explain:
                 return UNEXPLAINED
@@ -829,6 +833,33 @@ class Placer:
         order = node.order
         positions = tuple(sorted(positions, key=lambda p: order[p])[: d.gpus])
         return self._placement(node, d, float(best), positions, PAPER_FGD)
+
+    def _place_allowed(self, heap: list, d: Demand, exclude: frozenset, gpu_policy: str,
+                       explain: bool) -> Placement | Rejection:
+        """The shape's index, best first, down to the first class with a member not excluded: the
+        choice the index makes with those nodes gone from the fleet, at the cost of the classes
+        passed over (a walk of the heap in order, not a sort of it). A rejection explains the nodes
+        not excluded and counts the others as ``excluded`` (the caller knows why they are out)."""
+        if heap:
+            todo = [(heap[0], 0)]
+            while todo:
+                e, i = heappop(todo)
+                cls = e[-2]
+                if cls.alive:
+                    for name, node in cls.members.items():
+                        if name not in exclude:
+                            return self._placement(node, d, e[0], e[-1], gpu_policy)
+                for j in (2 * i + 1, 2 * i + 2):
+                    if j < len(heap):
+                        heappush(todo, (heap[j], j))
+        if not explain:
+            return UNEXPLAINED
+        live = [n for n in self.fleet.nodes.values() if not n.lost and n.name not in exclude]
+        filtered = {"lost": len(self.fleet.lost)} if self.fleet.lost else {}
+        out = len(self.fleet.nodes) - len(self.fleet.lost) - len(live)
+        if out:
+            filtered["excluded"] = out
+        return self._reject(d, None, filtered, live)
 
     # --- the per-node path: pins, uuid selectors, excluded nodes --------------------------------
 

@@ -1,5 +1,13 @@
 """Placement's Kubernetes adapter: the one placement module that talks to an API server.
 
+It reads the cluster too (`ClusterWatch`): the Node objects and the pods that are not over, listed
+then watched, so that placement places only where kube-scheduler can then bind the pod
+(`tessera.placement.clusternodes` holds them). Read here, not carried in the capacity publisher's
+inventory: cordons and taints are the cluster's (an admin's, the node lifecycle controller's — its
+``unreachable`` taint comes exactly when the node's own publisher is gone), and the room on a node
+is what every pod there requests, GPU or not; the one service that decides reads them where they
+are decided, as kube-scheduler does, and the publisher stays about GPUs.
+
 What placement decided in the ledger has to reach the cluster: the ResourceClaim's
 ``status.allocation`` (an update with the claim's resourceVersion, so a concurrent writer is a 409,
 not a lost write), the pod's scheduling gate lifted (only ours), Events on the pod that
@@ -16,11 +24,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import datetime, timezone
+from typing import Callable
 
 from tessera.shared.errors import ConflictError, PermanentError
 from tessera.shared.kubeapi import AlreadyExists, Invalid, KubeApi, NotFound, Unavailable, object_path
 from tessera.shared.kubeclaims import RESOURCE_API_VERSION, SCHEDULING_GATE, KubeClaimRef
 
+from tessera.placement.clusternodes import ClusterNodes
 from tessera.placement.podreport import condition_patch, event
 
 log = logging.getLogger("tessera.placement.kube")
@@ -87,11 +97,13 @@ class KubeWriter:
             raise ClaimGone(f"ResourceClaim {ref.namespace}/{ref.name} was deleted before it was allocated") from None
 
     async def write_allocation(self, ref: KubeClaimRef, claim: dict, allocation: dict | None) -> dict:
-        """Update the claim's ``status.allocation`` (None: remove it) as of the resourceVersion in
+        """Update the claim's ``status.allocation`` (None: remove it, and the reservations, which
+        the API server refuses on a claim with no allocation) as of the resourceVersion in
         ``claim``; ConflictError if the claim moved since it was read."""
         status = dict(claim.get("status") or {})
         if allocation is None:
             status.pop("allocation", None)
+            status.pop("reservedFor", None)
         else:
             status["allocation"] = allocation
         body = {**claim, "status": status}
@@ -167,3 +179,72 @@ class KubeWriter:
 
     async def close(self) -> None:
         await self.api.close()
+
+
+# --- the cluster's nodes and pods ------------------------------------------------------------------
+
+NODES = object_path("v1", "nodes")
+PODS = object_path("v1", "pods")
+# The pods kube-scheduler's cache holds: every one that is not over.
+LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+class ClusterWatch:
+    """Lists and watches Nodes and live pods into a `ClusterNodes` table, forever: ``loaded`` is
+    called once both lists are in (placement decides nothing before), ``changed`` after every
+    change that may let a waiting claim fit (a node uncordoned, a taint or label changed, room made
+    by a pod gone). `KubeApi.watch` resumes a broken watch and re-lists after a 410, reporting what
+    changed meanwhile, so the table stays what a fresh list would give."""
+
+    def __init__(self, api: KubeApi, table: ClusterNodes, changed: Callable[[], None],
+                 loaded: Callable[[], None]) -> None:
+        self.api = api
+        self.table = table
+        self.changed = changed
+        self.loaded = loaded
+        self.listed: set[str] = set()
+        self.pruned: set[str] = set()  # the kinds whose first list since the last (re)start is in
+
+    def _listed(self, what: str, seen: set[str]) -> Callable[[], None]:
+        """Called once a list's objects are in: the first list of a (re)started watch also drops
+        what the table held from before that is not in it any more (its DELETED never came)."""
+        def done() -> None:
+            if what not in self.pruned:
+                (self.table.retain_nodes if what == "nodes" else self.table.retain_pods)(set(seen))
+                self.pruned.add(what)
+            self.listed.add(what)
+            if self.listed == {"nodes", "pods"}:
+                self.loaded()
+            self.changed()
+        return done
+
+    async def run(self) -> None:
+        failures = 0
+        while True:
+            self.pruned = set()
+            try:
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(self._follow(NODES, None, self.table.set_node, self.table.remove_node,
+                                                   "nodes"))
+                    group.create_task(self._follow(PODS, LIVE_PODS, self.table.set_pod, self.table.remove_pod,
+                                                   "pods"))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # refused (RBAC) or broken: say so, try again, never stop
+                failures += 1
+                delay = min(30.0, 0.5 * 2 ** min(failures, 6))
+                log.warning("watching Nodes and pods failed (%r); again in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+
+    async def _follow(self, path: str, fields: str | None, upsert, remove, what: str) -> None:
+        seen: set[str] = set()  # the keys of the first list (nodes by name, pods by uid)
+        watch = self.api.watch(path, field_selector=fields, listed=self._listed(what, seen))
+        key = "name" if what == "nodes" else "uid"
+        try:
+            async for kind, obj in watch:
+                if what not in self.pruned:
+                    seen.add(str((obj.get("metadata") or {}).get(key) or ""))
+                if (remove if kind == "DELETED" else upsert)(obj):
+                    self.changed()
+        finally:
+            await watch.aclose()

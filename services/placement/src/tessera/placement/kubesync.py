@@ -10,7 +10,15 @@ else pays anything), and a few workers carry the jobs out:
   pod. If that cannot be done for good — the claim is gone, the API server refuses the status, the
   conflicts never end, or the API server stays unreachable past the retry budget — the allocation
   is given back through the ordinary release path and the pod gets an ``AllocationFailed`` Event;
-- an unschedulable claim: an Event and the pod condition with the reason; the gate stays.
+- an unschedulable claim: an Event and the pod condition with the reason; the gate stays;
+- a recheck (the reconciler's, of a claim waiting for room or allocated and not yet running):
+  nothing, unless another allocator wrote an allocation into it meanwhile (below).
+
+A claim found showing an allocation placement did not write (kube-scheduler's own, after it took
+placement's back; another allocator's; a person's) is never left beside the ledger's: it is adopted
+into the ledger where it fits (`tessera.placement.adoption`; the gate is lifted and the pod told),
+or else taken out of the claim with a Warning on the pod saying why, and placement's own allocation
+written instead — or, where the pod was already bound to another node, given back, with what to do.
 
 One claim's jobs run one at a time and a newer job replaces a queued older one. Nothing here is
 remembered across restarts: on start placement re-queues every placed claim that stands for a
@@ -27,7 +35,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
 from tessera.shared.events import DeviceShare
 from tessera.shared.featuregates import FeatureGateOff, require_consumable_capacity
-from tessera.shared.kubeclaims import KubeClaimRef
+from tessera.shared.kubeclaims import DRIVER, KubeClaimRef
 
 from tessera.placement.claimstatus import allocation, same_allocation
 
@@ -57,15 +65,39 @@ class Unschedulable:
     reason: str
 
 
-Job = Allocated | Unschedulable
+@dataclass(frozen=True)
+class Adopted:
+    """What `tessera.placement.adoption` took into the ledger of another allocator's allocation."""
+
+    node: str
+    shares: list[DeviceShare]
+    now: bool  # False: the ledger and the record said it already
+
+
+@dataclass(frozen=True)
+class Recheck:
+    """A claim placement has not allocated, or allocated and its pod is not running yet: check
+    that the ResourceClaim shows no allocation another allocator wrote (`_recheck`)."""
+
+    claim: str
+    kube: KubeClaimRef
+
+
+Job = Allocated | Unschedulable | Recheck
 GiveBack = Callable[[Allocated, str], Awaitable[None]]
+# Adopt a claim's allocation another allocator wrote (the claim id and the allocation found):
+# what was adopted, or why it cannot be.
+Adopt = Callable[[str, dict], Awaitable["Adopted | str"]]
 
 
 class ClaimStatusSync:
     def __init__(self, writer: KubeWriter, give_back: GiveBack, *, workers: int = 8,
-                 retry_seconds: float = 60.0, max_backoff: float = 5.0) -> None:
+                 retry_seconds: float = 60.0, max_backoff: float = 5.0, adopt: Adopt | None = None) -> None:
+        """``adopt``: what takes another allocator's allocation into the ledger or says why not
+        (None: such an allocation is left as it is, and ours given back)."""
         self.writer = writer
         self.give_back = give_back
+        self.adopt = adopt
         self.workers = workers
         self.retry_seconds = retry_seconds
         self.max_backoff = max_backoff
@@ -73,10 +105,13 @@ class ClaimStatusSync:
         self.latest: dict[str, Job] = {}  # claim -> its job not yet started
         self.queued_at: dict[str, float] = {}  # claim -> when that job was queued (its retry budget starts)
         self.locks: dict[str, tuple[asyncio.Lock, int]] = {}  # claim -> its lock, workers holding or awaiting it
-        self.counts = {"written": 0, "given_back": 0, "reported": 0}
+        self.counts = {"written": 0, "given_back": 0, "reported": 0, "refused": 0}
 
     def submit(self, job: Job) -> None:
-        """Queue ``job`` (never blocks): a queued job of the same claim is replaced by it."""
+        """Queue ``job`` (never blocks): a queued job of the same claim is replaced by it (a check
+        of a waiting claim replaces none: any other job of the claim is newer news)."""
+        if isinstance(job, Recheck) and job.claim in self.latest:
+            return
         if job.claim not in self.latest:
             self.queue.put_nowait(job.claim)
         self.latest[job.claim] = job
@@ -101,6 +136,8 @@ class ClaimStatusSync:
                 async with lock:
                     if isinstance(job, Allocated):
                         await self._allocated(job, queued + self.retry_seconds)
+                    elif isinstance(job, Recheck):
+                        await self._recheck(job)
                     else:
                         await self._unschedulable(job)
             except Exception as exc:  # one claim's trouble must not stop the worker
@@ -165,15 +202,20 @@ class ClaimStatusSync:
                 await self._fail(job, f"the scheduling gate of pod {ref.namespace}/{ref.pod} could not be "
                                       f"lifted: {exc}", withdraw=True)
                 return
+        if isinstance(written, Adopted):
+            if written.now or lifted:
+                await self._report(ref, "AllocationAdopted", _adopted(ref, written), warning=False, placed=True)
+            return
         if not (written or lifted):
             return  # the claim and the pod said it all already (a repeat, a peer's, a restart's)
         self.counts["written"] += 1
-        devices = ", ".join(f"gpu-{s.index} ({s.memory_mib} MiB, {s.cores}% cores)" for s in job.shares)
+        devices = _devices(job.shares)
         message = f"ResourceClaim {ref.name} allocated on node {job.node}: {devices}"
         await self._report(ref, "Allocated", message, warning=False, placed=True)
 
-    async def _write_status(self, job: Allocated) -> bool:
-        """Write our allocation into the claim: True if written now, False if it was there."""
+    async def _write_status(self, job: Allocated) -> bool | Adopted:
+        """Write our allocation into the claim: True if written now, False if it was there, or
+        what was adopted of another allocator's allocation found there instead."""
         ref = job.kube
         claim = await self.writer.read_claim(ref)
         try:
@@ -184,8 +226,14 @@ class ClaimStatusSync:
         if current:
             if same_allocation(current, wanted):
                 return False  # written before (by us, a peer, or a write whose answer was lost)
-            raise PermanentError(f"it already shows another allocation ({_where(current)}), written by "
-                                 f"another allocator")
+            if self.adopt is None:
+                raise PermanentError(f"it already shows another allocation ({_where(current)}), written by "
+                                     f"another allocator")
+            why = await self.adopt(job.claim, current)
+            if isinstance(why, Adopted):
+                await self.writer.protect(ref, claim)  # as kube-scheduler protects what it allocates
+                return why
+            claim = await self._refuse(job, claim, current, why)
         claim = await self.writer.protect(ref, claim)
         stored = await self.writer.write_allocation(ref, claim, wanted)
         try:
@@ -197,6 +245,54 @@ class ClaimStatusSync:
             await self.writer.write_allocation(ref, stored, None)
             raise
         return True
+
+    async def _refuse(self, job: Allocated, claim: dict, found: dict, why: str) -> dict:
+        """Take another allocator's allocation ``found`` (which cannot be adopted, ``why``) out of
+        the claim; the claim as it is then, for ours to be written. PermanentError (placement's
+        allocation is then given back) where the pod was bound to another node meanwhile: ours
+        could never be prepared there."""
+        stored, bound, refused = await self._take_out(job.claim, job.kube, claim, found, why)
+        if bound and bound != job.node:
+            raise PermanentError(f"{refused}; {_rebuild(bound)}")
+        await self._report(job.kube, "AllocationRefused", f"{refused}; Tessera allocates the claim itself on node "
+                                                          f"{job.node}", warning=True, placed=False)
+        return stored
+
+    async def _take_out(self, cid: str, ref: KubeClaimRef, claim: dict, found: dict,
+                        why: str) -> tuple[dict, str | None, str]:
+        """Remove ``found`` from the claim: (the claim as stored then, the node its pod is bound to
+        if any, what was done and why, for the reports)."""
+        pod = await self.writer.read_pod(ref) if ref.pod else None
+        bound = ((pod or {}).get("spec") or {}).get("nodeName")
+        stored = await self.writer.write_allocation(ref, claim, None)
+        self.counts["refused"] += 1
+        refused = (f"ResourceClaim {ref.name} was allocated by another allocator ({_where(found)}) and Tessera, "
+                   f"the one allocator of {DRIVER} devices, refused that allocation and removed it: {why}")
+        log.warning("%s: %s", cid, refused)
+        return stored, bound, refused
+
+    # --- rechecks --------------------------------------------------------------------------
+
+    async def _recheck(self, job: Recheck) -> None:
+        """The reconciler's check of a claim waiting for room, or allocated and not yet running: an
+        allocation another allocator wrote into it meanwhile (kube-scheduler allocating it itself,
+        a deallocation and a new allocation seen as one change, or missed) is adopted or refused;
+        an allocation that is the claim's record's is left as it is."""
+        ref = job.kube
+        claim = await self.writer.read_claim(ref)
+        found = (claim.get("status") or {}).get("allocation")
+        if not found or self.adopt is None:
+            return
+        outcome = await self.adopt(job.claim, found)
+        if isinstance(outcome, Adopted):
+            await self.writer.protect(ref, claim)
+            lifted = await self.writer.lift_gate(ref) if ref.pod else False
+            if outcome.now or lifted:
+                await self._report(ref, "AllocationAdopted", _adopted(ref, outcome), warning=False, placed=True)
+            return
+        _, bound, refused = await self._take_out(job.claim, ref, claim, found, outcome)
+        then = _rebuild(bound) if bound else "Tessera allocates the claim itself once it fits"
+        await self._report(ref, "AllocationRefused", f"{refused}; {then}", warning=True, placed=False)
 
     async def _withdraw(self, job: Allocated) -> None:
         """Take our allocation out of the claim's status again (before giving the GPUs back)."""
@@ -237,6 +333,20 @@ class ClaimStatusSync:
             self.counts["reported"] += 1
         except PermanentError as exc:
             log.warning("could not report %s on %s/%s: %s", reason, ref.namespace, ref.pod or ref.name, exc)
+
+
+def _adopted(ref: KubeClaimRef, adopted: Adopted) -> str:
+    return (f"ResourceClaim {ref.name} was allocated by another allocator on node {adopted.node}: "
+            f"{_devices(adopted.shares)}; its devices were free, and Tessera's ledger holds them for this claim now")
+
+
+def _rebuild(bound: str) -> str:
+    return (f"the pod was bound to node {bound} with it, where Tessera's allocation cannot be prepared: delete "
+            "and recreate the pod to have Tessera place it")
+
+
+def _devices(shares: list[DeviceShare]) -> str:
+    return ", ".join(f"gpu-{s.index} ({s.memory_mib} MiB, {s.cores}% cores)" for s in shares)
 
 
 def _where(alloc: dict) -> str:

@@ -251,9 +251,14 @@ class PlacementMetrics:
         svc = self.svc
         counts = svc.counts
         outcomes = CounterMetricFamily("tessera_placement_claims",
-                                       "claims this replica decided, by outcome", labels=["outcome"])
+                                       "claims this replica decided, by outcome (withdrawn: taken off a node "
+                                       "kube-scheduler took the allocation back from, to be placed again; "
+                                       "adopted: allocated by another allocator, taken into the ledger)",
+                                       labels=["outcome"])
         outcomes.add_metric(["allocated"], counts["allocated"])
         outcomes.add_metric(["unschedulable"], counts["unschedulable"])
+        outcomes.add_metric(["withdrawn"], counts["withdrawn"])
+        outcomes.add_metric(["adopted"], counts["adopted"])
         yield outcomes
         conflicts = CounterMetricFamily("tessera_placement_cas_conflicts",
                                         "ledger compare-and-set writes lost to a concurrent writer (a peer replica)")

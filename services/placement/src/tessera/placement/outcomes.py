@@ -19,7 +19,7 @@ import msgspec
 from tessera.shared import subjects
 from tessera.shared.bus import Outgoing
 from tessera.shared.events import ClaimAllocated, ClaimRecord, ClaimRequested, ClaimUnschedulable, LedgerEntry
-from tessera.shared.lifecycle import ON_NODE, UNPLACED
+from tessera.shared.lifecycle import ON_NODE, UNPLACED, allocated_msg_id
 
 from tessera.placement.lease import unleased
 
@@ -91,7 +91,7 @@ class OutcomeWriter:
                 subjects.claim(event.tenant, event.claim, "allocated", a.node),
                 ClaimAllocated(claim=event.claim, tenant=event.tenant, node=a.node, devices=list(a.entry.shares),
                                spec=event.spec),
-                f"{event.claim}:allocated", a.headers))
+                allocated_msg_id(event.claim, len(record.withdrawn)), a.headers))
         if announce:
             await svc.bus.publish_many(announce)
         return out

@@ -13,7 +13,12 @@ right before acting, and by leaving alone anything in flight in this process or 
 - a ledger entry whose claim is released or was never recorded: removed; one whose claim is still
   unplaced (ledger written, record not): the claim is finished through the ordinary place path;
 - a claim on a node with no ledger entry: the entry is written back where it still fits;
-- quota held for a claim that ended: returned; a live claim of a limited tenant not counted: charged.
+- quota held for a claim that ended: returned; a live claim of a limited tenant not counted: charged;
+- (Kubernetes mode) a claim waiting for room, or allocated and not yet running, whose ResourceClaim
+  another allocator allocated meanwhile (kube-scheduler allocating it itself, after taking ours
+  back: the translator may see that as one change, or miss it): adopted into the ledger or refused
+  (`adoption`), by the status sync; a read of the ResourceClaim (and the ledger) per such claim per
+  pass.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from tessera.shared.bus import Outgoing
 from tessera.shared.errors import ConflictError
 from tessera.shared.events import ClaimAllocated, ClaimRecord, ClaimRequested, LedgerEntry, NodeLedger
 from tessera.shared.ledger import check_fit, claim_quota
-from tessera.shared.lifecycle import ON_NODE, UNPLACED
+from tessera.shared.lifecycle import ON_NODE, UNPLACED, allocated_msg_id
 
 from tessera.placement.quota import has_limits
 
@@ -83,6 +88,9 @@ class Reconciler:
                 announce.append((record, revision))
             if record.state in ON_NODE and not record.release_requested and claim not in where:
                 await self._restore_entry(record)
+            if (record.state in UNPLACED or record.state == "allocated") and record.kube is not None \
+                    and not record.release_requested:
+                svc._kube_recheck(record)
         for node, ledger in nodes.items():
             for claim, entry in ledger.entries.items():
                 if not self._busy(claim) and now - entry.ts >= self.grace:
@@ -103,7 +111,7 @@ class Reconciler:
         await self.svc.bus.publish_many([
             Outgoing(subjects.claim(r.tenant, r.claim, "allocated", r.node),
                      ClaimAllocated(claim=r.claim, tenant=r.tenant, node=r.node, devices=list(r.devices), spec=r.spec),
-                     f"{r.claim}:allocated")
+                     allocated_msg_id(r.claim, len(r.withdrawn)))
             for r, _ in records])
         self.announced.update((r.claim, revision) for r, revision in records)
         self.repairs["allocated republished"] += len(records)
@@ -132,10 +140,11 @@ class Reconciler:
             return
         current, _ = await self.svc.claims.get(record.claim)
         if current is None or current.state not in ON_NODE or current.node != record.node \
-                or current.release_requested:
-            return
+                or current.release_requested or time.time() - current.updated < self.grace:
+            return  # (a record touched meanwhile: a claim being taken off the node, `deallocation`)
         entry = LedgerEntry(claim=record.claim, tenant=record.tenant, shares=list(current.devices),
-                            cpu_millis=current.spec.cpu_millis, host_memory_mib=current.spec.host_memory_mib)
+                            cpu_millis=current.spec.cpu_millis, host_memory_mib=current.spec.host_memory_mib,
+                            pod_uid=current.kube.pod_uid if current.kube is not None else "")
         inventory = self.svc.inventories.get(record.node)
         why = "the node left the fleet" if inventory is None else check_fit(inventory.devices, ledger, entry)
         if why is not None:

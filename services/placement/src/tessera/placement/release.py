@@ -63,6 +63,9 @@ class Releases:
         addressed to the node, whose enforcer returns the ledger entry and the quota and records
         the claim released (the same message id as a forwarded release, so the two are one)."""
         route = ReleaseRoute("enforcer", job.node)
+        # Marked first, as every release is: the translator then knows the allocation it sees go
+        # from the ResourceClaim was ours to withdraw, not one kube-scheduler took back.
+        await self.svc.claims.mark_release_requested(job.claim, f"kubernetes: {reason}")
         await self.svc.bus.publish(
             route.subject(job.tenant, job.claim),
             ClaimReleaseRequested(claim=job.claim, tenant=job.tenant, reason=f"kubernetes: {reason}"),

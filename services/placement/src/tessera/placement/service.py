@@ -21,7 +21,10 @@ records and ``allocated`` events go out pipelined; anything unusual takes the on
 In Kubernetes mode (``TESSERA_KUBERNETES``) a claim that stands for a ResourceClaim (``kube`` set)
 also has its outcome written to the cluster — the claim's ``status.allocation``, the pod's gate
 lifted, Events — by `tessera.placement.kubesync`, after the commit and off its path; a write that
-fails for good gives the allocation back through the ordinary release path.
+fails for good gives the allocation back through the ordinary release path. Such a claim is placed
+only on a node where kube-scheduler's filters would let its pod be bound (`nodefilters`, over the
+Nodes and pods `kube.ClusterWatch` follows into `clusternodes`), and one the scheduler took back all
+the same is placed again (`deallocation`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from tessera.shared.bus import BatchSubscription, Bus, Delivery
 from tessera.shared.claimstore import ClaimStore
 from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
 from tessera.shared.events import (
+    ClaimDeallocated,
     ClaimEvent,
     ClaimRecord,
     ClaimReleaseRequested,
@@ -55,6 +59,9 @@ from tessera.shared.telemetry import claim_attributes, inject
 from opentelemetry.trace import SpanKind
 
 from tessera.placement import idlework, lease, spans
+from tessera.placement.clusternodes import NO_EXCLUSIONS, ClusterNodes, refused
+from tessera.placement.adoption import Adoptions
+from tessera.placement.deallocation import Deallocations
 from tessera.placement.engine import COMPILED_CORE, Placement, Placer, Rejection, ledger_entry
 from tessera.placement.commit import Booking, GroupCommit
 from tessera.placement.fleet import Fleet
@@ -62,7 +69,7 @@ from tessera.placement.outcomes import Allocation, OutcomeWriter, Refusal
 from tessera.placement.release import Releases
 from tessera.placement.view import FleetView
 from tessera.placement.quota import has_limits, over_quota
-from tessera.placement.kubesync import Allocated, ClaimStatusSync, Unschedulable
+from tessera.placement.kubesync import Allocated, ClaimStatusSync, Recheck, Unschedulable
 from tessera.placement.metrics import PlacementMetrics
 from tessera.placement.reconcile import Reconciler
 from tessera.placement.settings import PlacementSettings
@@ -76,8 +83,12 @@ LATE_FRACTION = 0.5
 
 
 class PlacementService:
-    def __init__(self, ctx: ServiceContext, settings: PlacementSettings) -> None:
+    def __init__(self, ctx: ServiceContext, settings: PlacementSettings, kube_api=None) -> None:
+        """``kube_api``: the ``tessera.shared.kubeapi.KubeApi`` of Kubernetes mode (tests give one
+        acting as placement's service account); by default one configured in-cluster or from
+        ~/.kube/config."""
         self.ctx = ctx
+        self.kube_api = kube_api
         self.bus: Bus = ctx.bus
         self.settings = settings
         self.fleet = Fleet()
@@ -109,11 +120,17 @@ class PlacementService:
         self.traces: dict[str, str] = {}  # pending claim -> traceparent, so a retry continues its trace
         self._retry_wanted = asyncio.Event()
         # What it decided, read by the log report and the metrics (plain ints: the hot path's cost).
-        self.counts = {"allocated": 0, "unschedulable": 0, "conflicts": 0, "lost_races": 0, "retried": 0}
+        self.counts = {"allocated": 0, "unschedulable": 0, "conflicts": 0, "lost_races": 0, "retried": 0,
+                       "withdrawn": 0, "adopted": 0}
         self.committer = GroupCommit(self.view, self.counts)
         self.outcomes = OutcomeWriter(self)
         self.releases = Releases(self)
         self.kube: ClaimStatusSync | None = None
+        # Kubernetes mode: the cluster's Nodes and pods, which kube-scheduler's filters read.
+        self.cluster: ClusterNodes | None = None
+        self._live: tuple[int, frozenset[str]] = (-1, frozenset())  # (fleet roster generation, its live nodes)
+        self.adoptions = Adoptions(self)
+        self.deallocations = Deallocations(self)
         self.reconciler = Reconciler(self, settings.reconcile_seconds, settings.reconcile_grace_seconds)
         self.metrics = PlacementMetrics(self, ctx.metrics, ctx.settings.metrics_legacy)
 
@@ -135,12 +152,18 @@ class PlacementService:
         open_tenants = self.ctx.gate("tenants")
         tasks = {}
         if self.settings.kubernetes:
-            from tessera.placement.kube import KubeWriter  # only here: the client costs start-up time
+            from tessera.placement.kube import ClusterWatch, KubeWriter  # only here: the client costs start-up time
 
-            writer = KubeWriter(timeout=self.settings.kube_timeout_seconds, instance=self.ctx.settings.instance)
+            writer = KubeWriter(self.kube_api, timeout=self.settings.kube_timeout_seconds,
+                                instance=self.ctx.settings.instance)
             self.kube = ClaimStatusSync(writer, self._give_back, workers=self.settings.kube_workers,
-                                        retry_seconds=self.settings.kube_retry_seconds)
+                                        retry_seconds=self.settings.kube_retry_seconds,
+                                        adopt=self.adoptions.adopt_locked)
             tasks["kube-status"] = self._run_kube(self.kube, writer)
+            # No decision before the Nodes and pods are in: a node the scheduler refuses is not offered.
+            self.cluster = ClusterNodes()
+            tasks["kube-nodes"] = ClusterWatch(writer.api, self.cluster, self._retry_wanted.set,
+                                               self.ctx.gate("kube-nodes")).run()
         return tasks | {
             "watch-inventory": self._watch(subjects.KV_INVENTORY, self.view.on_inventory, open_inventory),
             "watch-ledger": self._watch(subjects.KV_LEDGER, self.view.on_ledger, open_ledger),
@@ -206,7 +229,8 @@ class PlacementService:
         await self.bus.consume_batches(BatchSubscription(
             stream=subjects.STREAM_CLAIMS,
             durable="placement",
-            filter_subjects=[subjects.claims_of_kind("requested"), subjects.claims_of_kind("release")],
+            filter_subjects=[subjects.claims_of_kind("requested"), subjects.claims_of_kind("release"),
+                             subjects.claims_of_kind("deallocated")],
             decoder=claim_decoder,
             handler=self.handle_batch,
             batch=self.settings.batch,
@@ -252,6 +276,8 @@ class PlacementService:
                 await self.place(event)
             case ClaimReleaseRequested():
                 await self.cancel(event, addressed=node != subjects.NO_NODE)
+            case ClaimDeallocated():
+                await self.deallocations.handle(event)
             case _:
                 return
 
@@ -329,13 +355,13 @@ class PlacementService:
                 with self.ctx.telemetry.span("placement handle requested", parent_headers=delivery.headers,
                                              kind=SpanKind.CONSUMER) as span:
                     started = time.perf_counter()
-                    decision = self.placer.place(event.claim, event.tenant, event.spec)
+                    decision = self._decide(event.claim, event.tenant, event.spec, event.kube)
                     observe(time.perf_counter() - started)
                     spans.decided(self.placer, event, decision, span)
                     headers = inject({})
                 entry = None
                 if not isinstance(decision, Rejection):
-                    entry = ledger_entry(event.claim, event.tenant, event.spec, decision)
+                    entry = ledger_entry(event.claim, event.tenant, event.spec, decision, _pod_uid(event.kube))
                     self.view.book(decision.node, entry)
                 decided.append((i, event, decision, entry, headers))
         finally:
@@ -503,14 +529,14 @@ class PlacementService:
             return False
 
         started = time.perf_counter()
-        decision = self.placer.place(event.claim, event.tenant, event.spec)
+        decision = self._decide(event.claim, event.tenant, event.spec, event.kube or record.kube, record.withdrawn)
         self.metrics.decided_single.observe(time.perf_counter() - started)
         spans.decided(self.placer, event, decision)
         if isinstance(decision, Rejection):
             await self._unschedulable(event, decision.reason, decision.filtered, record, revision)
             return False
         assert isinstance(decision, Placement)
-        entry = ledger_entry(event.claim, event.tenant, event.spec, decision)
+        entry = ledger_entry(event.claim, event.tenant, event.spec, decision, _pod_uid(event.kube or record.kube))
         quota = self.quotas.get(event.tenant)
         if has_limits(quota):
             usage, quota_revision = await self.ledger.read_tenant(event.tenant)
@@ -531,6 +557,31 @@ class PlacementService:
                 await self.ledger.return_quota(event.tenant, event.claim)
             raise
         return await self._finish(event, decision.node, entry, record, revision)
+
+    def _decide(self, claim: str, tenant: str, spec: ClaimSpec, kube=None,
+                withdrawn: Sequence[str] = ()) -> Placement | Rejection:
+        """The engine's decision, in Kubernetes mode on the nodes where kube-scheduler could bind the
+        claim's pod (its filters, `clusternodes`), and elsewhere than the nodes the scheduler took
+        the claim back from while another fits."""
+        cluster = self.cluster
+        if (cluster is None or spec.pod is None) and not withdrawn:
+            return self.placer.place(claim, tenant, spec)
+        out, live = NO_EXCLUSIONS, frozenset[str]()
+        if cluster is not None and spec.pod is not None:
+            roster = self.fleet.roster_generation
+            if self._live[0] != roster:
+                self._live = (roster, frozenset(name for name, node in self.fleet.nodes.items() if not node.lost))
+            live = self._live[1]
+            out = cluster.exclusions(spec.pod, live, self.view.pod_nodes, own_pod=_pod_uid(kube), roster=roster)
+        avoid = out.nodes | {n for n in withdrawn if n in self.fleet.nodes}
+        if avoid != out.nodes:
+            first = self.placer.place(claim, tenant, spec, exclude_nodes=avoid)
+            if isinstance(first, Placement):
+                return first
+        if not out.nodes:
+            return self.placer.place(claim, tenant, spec)
+        decision = self.placer.place(claim, tenant, spec, exclude_nodes=out.nodes)
+        return refused(decision, out, len(live)) if isinstance(decision, Rejection) else decision
 
     def _requested_record(self, event: ClaimRequested) -> ClaimRecord:
         """The record a fresh ``requested`` event implies (the translator wrote it at ``record_revision``)."""
@@ -586,6 +637,11 @@ class PlacementService:
         if record.state in ON_NODE and not record.release_requested:
             self._kube_allocated(record.claim, record.tenant, record.node, record.devices, record.kube)
 
+    def _kube_recheck(self, record: ClaimRecord) -> None:
+        """Have the status sync check that no other allocator allocated this claim."""
+        if self.kube is not None and record.kube is not None:
+            self.kube.submit(Recheck(claim=record.claim, kube=record.kube))
+
     def _kube_unschedulable(self, claim: str, kube, reason: str) -> None:
         if self.kube is not None and kube is not None:
             self.kube.submit(Unschedulable(claim=claim, kube=kube, reason=reason))
@@ -620,6 +676,11 @@ class PlacementService:
                     asyncio.get_running_loop().call_later(exc.delay, self._retry_wanted.set)
                 except Exception as exc:  # one bad claim must not stop the retries of the others
                     log.warning("retry of %s failed: %r", event.claim, exc)
+
+
+def _pod_uid(kube) -> str:
+    """The uid of the pod a ResourceClaim's claim was made for ("" for any other claim)."""
+    return kube.pod_uid if kube is not None else ""
 
 
 async def build(ctx: ServiceContext, settings: PlacementSettings) -> dict:

@@ -30,6 +30,9 @@ class FleetView:
         # node -> (ledger as last read or written, its revision)
         self.node_ledgers: dict[str, tuple[NodeLedger, int | None]] = {}
         self.claim_nodes: dict[str, str] = {}  # claim -> the node whose ledger holds it
+        # Kubernetes mode: pod uid -> the node its claim's ledger entry (or booking) is on, so that
+        # a pod placed and not yet bound counts on that node (`tessera.placement.clusternodes`).
+        self.pod_nodes: dict[str, str] = {}
         self.quotas: dict[str, GpuQuota] = {}
         self.tenants_known: set[str] = set()
         self.tentative: dict[str, dict[str, LedgerEntry]] = {}  # node -> claim -> entry in flight
@@ -97,11 +100,15 @@ class FleetView:
         """``ledger`` is the node's ledger at ``revision`` (read or written by us)."""
         old = self.node_ledgers.get(node)
         if old is not None:
-            for claim in old[0].entries:
+            for claim, entry in old[0].entries.items():
                 if claim not in ledger.entries and self.claim_nodes.get(claim) == node:
                     del self.claim_nodes[claim]
-        for claim in ledger.entries:
+                if entry.pod_uid and claim not in ledger.entries and self.pod_nodes.get(entry.pod_uid) == node:
+                    del self.pod_nodes[entry.pod_uid]
+        for claim, entry in ledger.entries.items():
             self.claim_nodes[claim] = node
+            if entry.pod_uid:
+                self.pod_nodes[entry.pod_uid] = node
         self.node_ledgers[node] = (ledger, revision)
         self.apply_to_fleet(node, ledger)
 
@@ -112,6 +119,8 @@ class FleetView:
         """Count ``entry`` on ``node`` in decisions made here before the ledger holds it."""
         self.fleet.commit(node, entry)
         self.tentative.setdefault(node, {})[entry.claim] = entry
+        if entry.pod_uid:
+            self.pod_nodes[entry.pod_uid] = node
 
     def unbook(self, node: str, claim: str) -> None:
         self.tentative.get(node, {}).pop(claim, None)
@@ -121,7 +130,9 @@ class FleetView:
         for node, booked in self.tentative.items():
             if claims & booked.keys():
                 for claim in claims & booked.keys():
-                    del booked[claim]
+                    pod = booked.pop(claim).pod_uid
+                    if pod and self.pod_nodes.get(pod) == node and claim not in self.ledger_of(node)[0].entries:
+                        del self.pod_nodes[pod]
                 self.restore(node)
 
     def restore(self, node: str) -> None:

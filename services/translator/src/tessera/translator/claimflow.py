@@ -15,8 +15,10 @@ from dataclasses import dataclass
 import msgspec
 
 from tessera.shared.events import ClaimRecord, ClaimSpec, TenantName
-from tessera.shared.kubeclaims import DEVICE_CLASS, DRIVER, REQUEST_NAME, TENANT_LABEL, KubeClaimRef, claim_id
+from tessera.shared.kubeclaims import (DEVICE_CLASS, DRIVER, REQUEST_NAME, SCHEDULING_GATE, TENANT_LABEL,
+                                       KubeClaimRef, claim_id)
 from tessera.shared.lifecycle import release_route
+from tessera.shared.podconstraints import PodConstraints, constraints_of
 
 from tessera.translator import dra
 
@@ -109,6 +111,27 @@ def is_allocated(claim: Mapping) -> bool:
     return bool((claim.get("status") or {}).get("allocation"))
 
 
+def pod_constraints(pod: Mapping | None, ref: KubeClaimRef) -> PodConstraints | None:
+    """What kube-scheduler's filters will read of the claim's pod (placement places only where they
+    pass), or None if ``pod`` is not the claim's pod (gone, or a namesake)."""
+    meta = (pod or {}).get("metadata") or {}
+    if pod is None or not ref.pod or (ref.pod_uid and meta.get("uid") != ref.pod_uid):
+        return None
+    return constraints_of(pod)
+
+
+def waits_unallocated(pod: Mapping | None, ref: KubeClaimRef) -> bool:
+    """Whether the claim's pod still waits to be bound with our scheduling gate lifted: placement
+    lifts it only once the claim's allocation is written, so a claim of such a pod that shows no
+    allocation has had it taken away (by kube-scheduler, when it could not bind the pod there)."""
+    meta = (pod or {}).get("metadata") or {}
+    if pod is None or not ref.pod or (ref.pod_uid and meta.get("uid") != ref.pod_uid) or meta.get("deletionTimestamp"):
+        return False
+    spec = pod.get("spec") or {}
+    gates = {g.get("name") for g in spec.get("schedulingGates") or [] if isinstance(g, Mapping)}
+    return not spec.get("nodeName") and SCHEDULING_GATE not in gates
+
+
 def recover_spec(claim: Mapping) -> ClaimSpec:
     """The translated claim a ResourceClaim carries in its (immutable) opaque config.
 
@@ -150,11 +173,15 @@ def recover_spec(claim: Mapping) -> ClaimSpec:
 class Repairs:
     """What the reconciler publishes: ``requested`` for unrecorded claims, releases for orphans,
     and (``resend``) the releases of orphans already marked, which a translator that stopped between
-    marking and publishing may never have sent."""
+    marking and publishing may never have sent. ``unallocated``: live ResourceClaims showing no
+    allocation though their record says placement allocated them; either placement has not written
+    the status yet or someone (kube-scheduler) took it back, which the pod tells
+    (`waits_unallocated`)."""
 
     request: list[Mapping]
     release: list[ClaimRecord]
     resend: list[ClaimRecord]
+    unallocated: tuple[Mapping, ...] = ()
 
 
 def reconcile(claims: Iterable[Mapping], records: Iterable[ClaimRecord]) -> Repairs:
@@ -170,5 +197,8 @@ def reconcile(claims: Iterable[Mapping], records: Iterable[ClaimRecord]) -> Repa
     request = [c for cid, c in live.items() if cid not in recorded]
     orphans = [r for r in recorded.values()
                if r.kube is not None and r.claim not in live and release_route(r.state, r.node) is not None]
+    unallocated = [c for cid, c in live.items() if cid in recorded and recorded[cid].state == "allocated"
+                   and recorded[cid].kube is not None and not recorded[cid].release_requested
+                   and not is_deleting(c) and not is_allocated(c)]
     return Repairs(request=request, release=[r for r in orphans if not r.release_requested],
-                   resend=[r for r in orphans if r.release_requested])
+                   resend=[r for r in orphans if r.release_requested], unallocated=tuple(unallocated))

@@ -3,14 +3,18 @@
 In Kubernetes mode a GPU pod's claim is a ResourceClaim that Kubernetes' resourceclaim controller
 makes from the webhook's template. This loop follows the ResourceClaims of the Tessera device class
 in every namespace: a new one is published as ``requested`` (claim id from its uid, tenant from its
-namespace, spec from its opaque config, the ResourceClaim and pod it stands for); one deleted, being
-deleted, or whose allocation was removed is released. Kubernetes' resourceclaim controller removes
-the allocation itself when the last pod using the claim is done (phase Succeeded or Failed, or
-gone; its reservation and allocation go in one status write, before the claim is deleted): that is
-the ordinary end of a GPU pod, released quietly; an allocation removed while no pod had the claim
-reserved is someone else's doing, and is reported on the claim and its pod. Watches miss things (a translator
+namespace, spec from its opaque config with what kube-scheduler's filters will read of its pod, the
+ResourceClaim and pod it stands for); one deleted, or being deleted with no pod using it, is
+released. Kubernetes' resourceclaim controller removes the allocation itself when the last pod using
+the claim is done (its reservation and allocation go in one status write, before the claim is
+deleted): that is the ordinary end of a GPU pod, released quietly. One whose allocation someone else
+removed while its pod waits to be bound (kube-scheduler does, when it cannot bind the pod where the
+claim is allocated) is published as ``deallocated``, with the pod's constraints as they are now:
+placement places it again, so the pod is never left without one. Watches miss things (a translator
 down, a stream broken, a resourceVersion expired), so before every watch, at start and then every
-reconcile period, the claims bucket is compared with a fresh list and both sides repaired.
+reconcile period, the claims bucket is compared with a fresh list and both sides repaired (a
+deallocation missed meanwhile is recognised by the pod: its gate, which placement lifts only after
+writing the allocation, is gone, and it is not bound).
 
 Decisions are ``claimflow``'s, Kubernetes I/O is ``kube.Cluster``'s, and the bus is the service's
 (``ClaimSink``): this module only sequences them.
@@ -24,8 +28,11 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+import msgspec
+
 from tessera.shared.events import ClaimRecord, ClaimSpec
 from tessera.shared.kubeclaims import RESOURCE_API_VERSION, KubeClaimRef
+from tessera.shared.podconstraints import PodConstraints
 
 from tessera.translator import claimflow
 from tessera.translator.kube import Cluster
@@ -34,7 +41,6 @@ log = logging.getLogger("tessera.translator.claims")
 
 # Release reasons, as they appear on the release event and the claim's record.
 DELETED = "resourceclaim-deleted"
-DEALLOCATED = "resourceclaim-deallocated"
 UNUSED = "resourceclaim-unused"  # deallocated by the resourceclaim controller: its pods are done
 MISSING = "resourceclaim-missing"
 
@@ -55,6 +61,11 @@ class ClaimSink(Protocol):
 
     async def resend_release(self, record: ClaimRecord) -> None:
         """Publish again the release of a claim whose record is marked ``release_requested``."""
+
+    async def deallocated_kube(self, claim: str, pod: PodConstraints | None, seen: str = "") -> str | None:
+        """Publish ``deallocated`` for a claim placement had allocated (its record ``allocated``, not
+        being released), ``seen`` in the ResourceClaim at that resourceVersion; the node it was on,
+        or None if there was nothing to say."""
 
 
 class ClaimWatcher:
@@ -116,6 +127,9 @@ class ClaimWatcher:
                 await self.release(claim, DELETED)
             elif uid in seen_allocated - self.allocated:  # between watch and list
                 await self.deallocated(claim, was_reserved=uid in seen_reserved)
+        for unallocated in repairs.unallocated:
+            if unallocated["metadata"]["uid"] not in seen_allocated:  # (else just handled)
+                await self.deallocated(unallocated, was_reserved=False)  # taken back unseen, perhaps
         for record in repairs.release:
             if await self.sink.release_kube(record.claim, MISSING):
                 log.info("claim %s has no ResourceClaim any more: released", record.claim)
@@ -156,15 +170,33 @@ class ClaimWatcher:
         await self.admit(claim)
 
     async def deallocated(self, claim: Mapping, *, was_reserved: bool) -> None:
+        """The ResourceClaim shows no allocation though placement allocated it. Taken back by
+        kube-scheduler (or a person) only if its pod waits ungated and unbound: placement lifts the
+        gate only once the allocation is written, and the scheduler touches no gated pod; while the
+        gate is on, placement itself is writing or withdrawing it. (Tessera clears an allocation
+        when it releases a claim too, and its record then says so: only a live one is news.)"""
         if was_reserved and not claimflow.is_reserved(claim):
             # the resourceclaim controller's deallocation of a claim whose pods are done
             await self.release(claim, UNUSED)
             return
-        # Tessera clears allocations itself when it releases a claim: only a live one is news.
-        if await self.release(claim, DEALLOCATED):
-            await self.report(claim, "Deallocated",
-                              "the allocation of this claim was removed outside Tessera; its GPUs were "
-                              "released. Delete and recreate the pod to get GPUs again")
+        try:
+            cid = claimflow.tessera_id(claim)
+        except ValueError:
+            return  # never admitted
+        self.allocated.discard(claim["metadata"]["uid"])
+        ref = claimflow.claim_ref(claim)
+        pod = await self.cluster.pod(ref.namespace, ref.pod) if ref.pod else None
+        if not claimflow.waits_unallocated(pod, ref):
+            return
+        node = await self.sink.deallocated_kube(cid, claimflow.pod_constraints(pod, ref),
+                                                str(claim["metadata"].get("resourceVersion") or ""))
+        if node is None:
+            return
+        log.info("ResourceClaim %s/%s: its allocation on %s was removed; claim %s is placed again",
+                 ref.namespace, ref.name, node, cid)
+        await self.report(claim, "Deallocated",
+                          f"the allocation of this claim on node {node} was removed outside Tessera (kube-scheduler "
+                          "does so when it cannot bind the pod there); Tessera places the claim again")
 
     async def admit(self, claim: Mapping) -> None:
         """Publish ``requested`` for a ResourceClaim not yet recorded, or say on it why not."""
@@ -188,6 +220,9 @@ class ClaimWatcher:
             await self.report(claim, "InvalidClaim", f"Tessera cannot allocate this claim: {exc}")
             return
         assert tenant is not None
+        if ref.pod:  # what kube-scheduler's filters will read of the pod: placement honours it
+            pod = claimflow.pod_constraints(await self.cluster.pod(ref.namespace, ref.pod), ref)
+            spec = msgspec.structs.replace(spec, pod=pod)
         if await self.sink.request_kube(cid, tenant, spec, ref):
             log.info("ResourceClaim %s/%s is claim %s of tenant %s", ref.namespace, ref.name, cid, tenant)
         self.recorded.add(cid)

@@ -8,7 +8,8 @@ Three conversations with the API server, each small:
   an existing template with that name already says the same thing: a 409 is success, and retries
   are harmless. ``Cluster.namespace`` reads the Namespace whose label names the pod's tenant.
 - claims: ``Cluster.list_claims`` and ``Cluster.watch_claims`` follow the ResourceClaims of every
-  namespace, for the claim watcher (``tessera.translator.claimwatch``) to turn into claims.
+  namespace, for the claim watcher (``tessera.translator.claimwatch``) to turn into claims;
+  ``Cluster.pod`` reads a claim's pod (its scheduling constraints go with the claim).
 - reporting: ``Cluster.event`` records a Kubernetes Event on a claim or pod, so that what Tessera
   refuses shows in ``kubectl describe``.
 """
@@ -77,6 +78,10 @@ class Cluster:
 
     async def namespace(self, name: str) -> dict | None:
         return await self.kube.get(object_path("v1", "namespaces", name))
+
+    async def pod(self, namespace: str, name: str) -> dict | None:
+        """A claim's pod (what kube-scheduler's filters will read of it goes with the claim)."""
+        return await self.kube.get(object_path("v1", "pods", name, namespace))
 
     async def list_claims(self) -> tuple[list[dict], str]:
         """Every ResourceClaim of the cluster, and the resourceVersion to watch from."""

@@ -12,14 +12,15 @@ In Kubernetes mode (``TESSERA_KUBERNETES``) it also serves the pods' admission w
 refuses GPU pods of namespaces without a tenant and creates their ResourceClaimTemplates) and
 follows the ResourceClaims made from them (``claimwatch``): each becomes a claim through the same
 record-then-publish path as a submit, with ``source="kubernetes"`` and the ResourceClaim it stands
-for, and its deletion becomes a release through the same path as a release request.
+for, and its deletion becomes a release through the same path as a release request; an
+allocation kube-scheduler took back becomes ``deallocated``, for placement to place it again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import msgspec
 from aiohttp import web
@@ -30,6 +31,7 @@ from tessera.shared.bus import KeyNotFoundError
 from tessera.shared.claimstore import ClaimStore
 from tessera.shared.errors import TemporaryError
 from tessera.shared.events import (
+    ClaimDeallocated,
     ClaimRecord,
     ClaimReleaseRequested,
     ClaimRequested,
@@ -39,6 +41,7 @@ from tessera.shared.events import (
     now,
 )
 from tessera.shared.kubeclaims import TENANT_LABEL, KubeClaimRef
+from tessera.shared.podconstraints import PodConstraints
 from tessera.shared.lifecycle import release_route
 from tessera.shared.runner import ServiceContext
 from tessera.shared.telemetry import claim_attributes, decided, inject
@@ -49,6 +52,9 @@ from tessera.translator.hami import TranslationError, translate
 from tessera.translator.settings import TranslatorSettings
 from tessera.translator.tenantapi import TenantApi
 from tessera.translator.webhook import make_app
+
+if TYPE_CHECKING:  # (imported where it runs: in Kubernetes mode only)
+    from tessera.translator.claimwatch import ClaimWatcher
 
 log = logging.getLogger("tessera.translator")
 
@@ -77,6 +83,7 @@ class TranslatorService:
         self.settings = settings
         self.kube_api = kube_api
         self.claims: ClaimStore
+        self.watcher: ClaimWatcher | None = None  # Kubernetes mode: the ResourceClaim watcher, once started
         # Kubernetes path: events whose record change is written but which are not on the stream
         # yet, by message id (see ``flush``).
         self.unpublished: dict[str, tuple[str, msgspec.Struct]] = {}
@@ -132,7 +139,8 @@ class TranslatorService:
         from tessera.translator.claimwatch import ClaimWatcher
 
         try:
-            await ClaimWatcher(cluster, self, self.settings.reconcile_seconds, on_synced=synced).run()
+            watcher = self.watcher = ClaimWatcher(cluster, self, self.settings.reconcile_seconds, on_synced=synced)
+            await watcher.run()
         finally:
             await cluster.close()
 
@@ -249,6 +257,27 @@ class TranslatorService:
                     with self._release_span(marked):
                         await self._deliver(*message)
                 return True
+
+    async def deallocated_kube(self, claim: str, pod: PodConstraints | None, seen: str = "") -> str | None:
+        """The allocation of a claim placement allocated was taken away from its ResourceClaim:
+        ``deallocated`` on the node it was on (the node, or None when the record says there is
+        nothing to redo: released, being released, not allocated by placement). The message id
+        names the allocation (the record's revision) and the ResourceClaim's version it was seen
+        gone in (``seen``): replicas seeing the same deallocation send one message, and the same
+        allocation written again and taken back again (a placement that resumed its status write
+        meanwhile) is news again."""
+        record, revision = await self.claims.get(claim)
+        if record is None or record.kube is None or record.release_requested or record.state != "allocated" \
+                or not record.node:
+            return None
+        event = ClaimDeallocated(claim=claim, tenant=record.tenant, node=record.node, pod=pod, kube=record.kube)
+        parent = {"traceparent": record.traceparent} if record.traceparent else None
+        with self.ctx.telemetry.span("translator deallocated", parent_headers=parent,
+                                     attributes=claim_attributes(record)):
+            await self._deliver(subjects.claim(record.tenant, claim, "deallocated", record.node), event,
+                                f"{claim}:deallocated:{revision}:{seen}")
+            decided(record, "deallocated", f"its allocation on {record.node} was removed")
+        return record.node
 
     def _spec_from(self, request: SubmitRequest) -> ClaimSpec:
         if request.spec is not None:
