@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from tessera.shared.events import ClaimRecord, ClaimSpec
-from tessera.shared.kubeclaims import RESOURCE_API_VERSION, KubeClaimRef
+from tessera.shared.kubeclaims import RESOURCE_API_VERSION, KubeClaimRef, is_tessera_claim
 
 from tessera.translator import claimflow
 from tessera.translator.kube import Cluster
@@ -103,7 +103,7 @@ class ClaimWatcher:
         await self.sink.flush()
         records = await self.sink.records()  # before the list: see claimflow.reconcile
         items, version = await self.cluster.list_claims()
-        claims = [c for c in items if claimflow.is_tessera_claim(c)]
+        claims = [c for c in items if is_tessera_claim(c)]
         repairs = claimflow.reconcile(claims, records)
         live = {claimflow.tessera_id(c) for c in claims}
         self.recorded = {r.claim for r in records} & live
@@ -133,7 +133,7 @@ class ClaimWatcher:
         return version
 
     async def on_change(self, kind: str, claim: Mapping) -> None:
-        if not claimflow.is_tessera_claim(claim):
+        if not is_tessera_claim(claim):
             return
         uid = claim["metadata"]["uid"]
         if kind == "DELETED" or claimflow.is_ended(claim):
