@@ -16,7 +16,7 @@ from tessera.capacity.kube import SliceWriter, says
 from tessera.capacity.slices import API_VERSION, resource_slice, slice_name
 from tessera.translator.dra import resource_claim_template
 from tessera.translator.kube import TemplateWriter
-from tessera.translator.webhook import ContainerClaim
+from tessera.translator.webhook import ContainerRequest, PodClaim
 
 from kit.kubecluster import node_bound_identity, remove, service_identity, start_control_plane
 
@@ -64,8 +64,9 @@ async def test_the_publisher_refuses_naming_the_gate_when_it_is_off(gate_off):
 async def test_the_translator_refuses_a_template_the_server_would_make_whole_card(gate_off):
     gate_off.kubectl("create", "namespace", "team-a", check=False)
     spec = ClaimSpec(memory_mib=20480, cores=30)
-    claim = ContainerClaim(namespace="team-a", pod="train", container="main", index=0, spec=spec,
-                           template_name="main-gpu", template=resource_claim_template(spec, "main-gpu", "team-a"))
+    claim = PodClaim(namespace="team-a", pod="train", spec=spec, template_name="main-gpu",
+                     template=resource_claim_template(spec, "main-gpu", "team-a"),
+                     containers=(ContainerRequest(container="main", index=0, spec=spec, request=None),))
     writer = TemplateWriter(KubeApi.for_kubeconfig(service_identity(gate_off, "translator.yaml")))
     try:
         with pytest.raises(FeatureGateOff, match=r"capacity.*DRAConsumableCapacity"):

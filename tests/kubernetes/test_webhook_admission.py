@@ -11,7 +11,7 @@ from tessera.shared.kubeclaims import RESOURCE_API_VERSION, SCHEDULING_GATE, TEN
 from tessera.translator import dra
 from tessera.translator.hami import translate
 from tessera.translator.kube import TemplateWriter
-from tessera.translator.webhook import ContainerClaim
+from tessera.translator.webhook import ContainerRequest, PodClaim
 from translator_harness import kube_translator
 
 
@@ -93,8 +93,8 @@ async def test_template_writer_tolerates_the_template_already_there(apiserver, k
     await apiserver.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}})
     spec = translate({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 8000})
     template = dra.resource_claim_template(spec, "tessera-main-abc", "ml")
-    claim = ContainerClaim(namespace="ml", pod="train", container="main", index=0, spec=spec,
-                           template_name="tessera-main-abc", template=template)
+    claim = PodClaim(namespace="ml", pod="train", spec=spec, template_name="tessera-main-abc", template=template,
+                     containers=(ContainerRequest(container="main", index=0, spec=spec, request=None),))
     writer = TemplateWriter(kube)
     await writer("ml", [claim])
     await writer("ml", [claim])

@@ -13,7 +13,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from tessera.shared.events import ClaimSpec
-from tessera.translator.webhook import CLAIMS_ANNOTATION, ContainerClaim, make_app, template_name
+from tessera.translator.webhook import CLAIMS_ANNOTATION, PodClaim, make_app, template_name
 
 K8S = "1.34"
 
@@ -99,7 +99,7 @@ GPU_LIMITS = {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1", "nvidia.com/g
 
 
 async def test_gpu_pod_is_rewritten_for_dra():
-    seen: list[tuple[str, list[ContainerClaim]]] = []
+    seen: list[tuple[str, list[PodClaim]]] = []
 
     async def hook(namespace, claims):
         seen.append((namespace, claims))

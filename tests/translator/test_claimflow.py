@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tessera.shared.events import ClaimRecord, ClaimSpec
-from tessera.shared.kubeclaims import KubeClaimRef
+from tessera.shared.kubeclaims import KubeClaimRef, is_tessera_claim
 from tessera.translator import claimflow, dra
 
 UID = "6f1c2a4e-8b3d-4c5e-9f7a-1b2c3d4e5f60"
@@ -42,7 +42,7 @@ def test_a_namespace_without_a_valid_tenant_is_explained():
 def test_a_webhook_claim_is_recognised_and_its_spec_recovered():
     spec = ClaimSpec(gpus=2, memory_mib=8000, cores=30, use_types=["H100"], gpu_policy="spread", priority=1)
     doc = claim(spec)
-    assert claimflow.is_tessera_claim(doc)
+    assert is_tessera_claim(doc)
     assert claimflow.recover_spec(doc) == spec
     assert claimflow.tessera_id(doc) == f"k8s-{UID}"
     assert claimflow.claim_ref(doc) == KubeClaimRef(namespace="ml", name="trainer-main-x7k2p", uid=UID,
@@ -52,7 +52,7 @@ def test_a_webhook_claim_is_recognised_and_its_spec_recovered():
 def test_claims_of_other_device_classes_are_not_ours():
     doc = claim()
     doc["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "gpu.nvidia.com"
-    assert not claimflow.is_tessera_claim(doc)
+    assert not is_tessera_claim(doc)
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,8 @@ NodeName = Annotated[str, Meta(pattern=r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$",
 TenantName = Annotated[str, Meta(pattern=r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$", max_length=32)]
 ClaimId = Annotated[str, Meta(pattern=r"^[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?$", max_length=64)]
 Percent = Annotated[int, Meta(ge=0, le=100)]
+# A DRA device request's name (a DNS label): on Kubernetes, the GPU container it is for.
+RequestName = Annotated[str, Meta(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", max_length=63)]
 # A POSIX uid; (uid_t)-1 is "no change" to chown, so never a value.
 Uid = Annotated[int, Meta(ge=0, le=2**32 - 2)]
 Policy = Literal["binpack", "spread", "fragmentation-aware", "best-fit"]
@@ -81,6 +83,10 @@ class DeviceShare(Struct, frozen=True, kw_only=True):
     index: int
     memory_mib: int
     cores: Percent  # SM share in percent; 100 means exclusive use
+    # The claim's request this share answers, where the claim has several (`ClaimSpec.requests`:
+    # one per GPU container of a pod); "" for a claim of one request. Two requests of one claim may
+    # share a GPU, each with its own share.
+    request: str = ""
 
 
 # --- inventory: tessera.inventory.<node> ---------------------------------------------------------
@@ -115,8 +121,30 @@ InventoryEvent = NodeInventory | NodeHeartbeat | NodeLost
 # --- claims: tessera.claims.<tenant>.<claim>.<event>.<node> --------------------------------------
 
 
+class RequestSpec(Struct, frozen=True, kw_only=True):
+    """One request of a claim that has several: the GPUs one container of a pod asks for.
+
+    The GPU part of a `ClaimSpec` under a name; what is the pod's (priority, policies, CPU, host
+    memory, a node pin) stays on the claim."""
+
+    name: RequestName
+    gpus: Annotated[int, Meta(ge=1, le=16)] = 1
+    memory_mib: Annotated[int, Meta(ge=1)] | None = None
+    memory_percent: Annotated[int, Meta(ge=1, le=100)] | None = None
+    cores: Percent = 0
+    use_types: list[str] = []
+    nouse_types: list[str] = []
+    use_uuids: list[str] = []
+    nouse_uuids: list[str] = []
+
+
 class ClaimSpec(Struct, frozen=True, kw_only=True):
-    """What a claim asks for, already validated and normalised by the translator."""
+    """What a claim asks for, already validated and normalised by the translator.
+
+    A claim is one request (the GPU fields below) or, with ``requests``, several placed together
+    on one node, all or none: a Kubernetes pod with several GPU containers is one claim with one
+    request per container. Then ``requests`` is the whole GPU demand and the GPU fields below
+    repeat its first request, for readers that predate it (`request_specs` reads both forms)."""
 
     gpus: Annotated[int, Meta(ge=1, le=16)] = 1
     # Exactly one of memory_mib / memory_percent is set by the translator; neither means "whole card".
@@ -142,6 +170,29 @@ class ClaimSpec(Struct, frozen=True, kw_only=True):
     # is requested: placement places only where the scheduler can then bind the pod. None: not known
     # (no pod, or a claim that is not a ResourceClaim's), and no node is ruled out for it.
     pod: PodConstraints | None = None
+    # Several requests placed together (see above); empty: the claim is one request.
+    requests: list[RequestSpec] = []
+
+
+_REQUEST_FIELDS = ("gpus", "memory_mib", "memory_percent", "cores", "use_types", "nouse_types", "use_uuids",
+                   "nouse_uuids")
+
+
+def request_specs(spec: ClaimSpec) -> list[tuple[str, ClaimSpec]]:
+    """The claim's requests, each as a claim of one request: ``[("", spec)]`` for a claim of one
+    request; for one of several, each request's GPU part with the claim's own fields, the CPU and
+    host memory counted once (on the first). ValueError for request names used twice."""
+    if not spec.requests:
+        return [("", spec)]
+    names = [r.name for r in spec.requests]
+    if len(set(names)) != len(names):
+        raise ValueError(f"the claim's requests must have distinct names, got {names}")
+    parts = []
+    for i, request in enumerate(spec.requests):
+        gpu = {f: getattr(request, f) for f in _REQUEST_FIELDS}
+        rest = {} if i == 0 else {"cpu_millis": 0, "host_memory_mib": 0}
+        parts.append((request.name, msgspec.structs.replace(spec, requests=[], **gpu, **rest)))
+    return parts
 
 
 class ClaimEventBase(Event):

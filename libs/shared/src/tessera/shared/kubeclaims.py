@@ -11,6 +11,7 @@ live here, pure (no Kubernetes client), so that no two services can disagree.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from msgspec import Struct
 
@@ -74,3 +75,21 @@ def device_index(name: str) -> int:
 def pool_name(node: str) -> str:
     """The DRA pool of a node's GPUs: one pool per node, named after it."""
     return node
+
+
+def device_requests(claim: Mapping) -> list[Mapping]:
+    """The DeviceRequests of a ResourceClaim (or of a template's claim spec, under ``spec``)."""
+    devices = ((claim.get("spec") or {}).get("devices") or {})
+    return [r for r in devices.get("requests") or [] if isinstance(r, Mapping)]
+
+
+def device_classes(request: Mapping) -> list[str]:
+    """The device classes one DeviceRequest asks for (each of a ``firstAvailable`` list's)."""
+    if isinstance(request.get("exactly"), Mapping):
+        return [request["exactly"].get("deviceClassName", "")]
+    return [s.get("deviceClassName", "") for s in request.get("firstAvailable") or [] if isinstance(s, Mapping)]
+
+
+def is_tessera_claim(claim: Mapping) -> bool:
+    """Whether any request of the ResourceClaim asks for the Tessera device class."""
+    return any(DEVICE_CLASS in device_classes(r) for r in device_requests(claim))

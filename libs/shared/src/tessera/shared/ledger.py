@@ -212,15 +212,17 @@ def check_fit(devices: list, ledger: NodeLedger, entry: LedgerEntry) -> str | No
                 f"({', '.join(s.uuid for s in held.shares)})")
     by_uuid = {d.uuid: d for d in devices}
     totals = device_totals(ledger)
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()
     for share in entry.shares:
         device = by_uuid.get(share.uuid)
         if device is None:
             return f"GPU {share.uuid} is not in the node's inventory"
-        if share.uuid in seen:
-            return f"GPU {share.uuid} appears twice in one claim"
-        seen.add(share.uuid)
-        t = totals.get(share.uuid, DeviceTotals())
+        # One request's GPUs are distinct; two requests of a claim (two containers) may share one,
+        # each share counted on top of the other.
+        if (share.uuid, share.request) in seen:
+            return f"GPU {share.uuid} appears twice in one request of a claim"
+        seen.add((share.uuid, share.request))
+        t = totals.setdefault(share.uuid, DeviceTotals())
         if t.exclusive or (share.cores >= 100 and t.shares > 0):
             return f"GPU {share.uuid} is used exclusively or cannot be shared"
         if t.memory_mib + share.memory_mib > device.memory_mib:
@@ -229,4 +231,8 @@ def check_fit(devices: list, ledger: NodeLedger, entry: LedgerEntry) -> str | No
             return f"GPU {share.uuid} cores {t.cores}+{share.cores} > 100%"
         if t.shares + 1 > device.max_shares:
             return f"GPU {share.uuid} already has {t.shares} of {device.max_shares} shares"
+        t.memory_mib += share.memory_mib
+        t.cores += share.cores
+        t.shares += 1
+        t.exclusive = t.exclusive or share.cores >= 100
     return None

@@ -46,9 +46,12 @@ Public API (the kubelet plugin's prepare and the enforcer's NATS path both use i
   proc_driver=Path("/proc/driver/nvidia"))``: what this node offers containers (``driver``: the
   real driver's files, driver.find; the simulated driver's come from ``sim_driver_dir``);
 - ``claim_spec(claim, shares, directory, node, gpus={}) -> dict``: the spec (``directory`` created);
+- ``requests_spec(claim, [(request, shares, directory)], node, gpus={}) -> dict``: the spec of a claim
+  of several requests (a pod's GPU containers), one device per request (``request_device_name``),
+  each with only its request's GPUs, limits and accounting file;
 - ``min_version(spec) -> str``: the minimum ``cdiVersion`` of any spec dict;
 - ``device_ids(spec) -> list[str]``: the fully qualified ids (``gpu.tessera.dev/gpu=<name>``);
-- ``spec_path(cdi_dir, claim) -> Path``; ``write_spec(cdi_dir, spec) -> Path`` (atomic: a temporary
+- ``spec_path(cdi_dir, claim) -> Path``; ``write_spec(cdi_dir, spec, claim=None) -> Path`` (atomic: a temporary
   file in ``cdi_dir`` renamed over the spec, so a runtime never reads half a spec);
   ``remove_spec(cdi_dir, claim) -> bool`` (idempotent: False when there was none).
 """
@@ -137,6 +140,11 @@ def device_name(claim: str) -> str:
     return f"{trimmed}-{digest}" if trimmed else f"claim-{digest}"
 
 
+def request_device_name(claim: str, request: str) -> str:
+    """The CDI device name of one request of a claim of several: ``<claim's name>.<request>``."""
+    return f"{device_name(claim)}.{request}"
+
+
 def claim_spec(
     claim: str,
     shares: Sequence[DeviceShare],
@@ -150,6 +158,38 @@ def claim_spec(
     ``gpus`` (the node's GPUs by UUID) tell the simulated driver what to show."""
     if not shares:
         raise ValueError(f"claim {claim} has no devices: there is nothing to put into a container")
+    return _spec([{"name": device_name(claim), "containerEdits": _edits_of(shares, directory, node, gpus)}])
+
+
+def requests_spec(
+    claim: str,
+    requests: Sequence[tuple[str, Sequence[DeviceShare], ClaimDir]],
+    node: NodeFiles,
+    gpus: Mapping[str, GpuDevice] | None = None,
+) -> dict[str, Any]:
+    """The CDI spec of a prepared claim of several requests: one device per request (its name
+    `request_device_name`), each with only its own GPUs, limits and accounting file, so that a
+    container given its request's device gets nothing of another's."""
+    devices = []
+    for request, shares, directory in requests:
+        if not shares:
+            raise ValueError(f"request {request!r} of claim {claim} has no devices")
+        devices.append({"name": request_device_name(claim, request),
+                        "containerEdits": _edits_of(shares, directory, node, gpus)})
+    if not devices:
+        raise ValueError(f"claim {claim} has no requests: there is nothing to put into a container")
+    return _spec(devices)
+
+
+def _spec(devices: list[dict[str, Any]]) -> dict[str, Any]:
+    spec: dict[str, Any] = {"cdiVersion": "", "kind": KIND, "devices": devices}
+    spec["cdiVersion"] = min_version(spec)
+    return spec
+
+
+def _edits_of(shares: Sequence[DeviceShare], directory: ClaimDir, node: NodeFiles,
+              gpus: Mapping[str, GpuDevice] | None) -> dict[str, Any]:
+    """The container edits that give a container these GPU shares, held by ``directory``'s files."""
     env = workload_env(list(shares), directory.cache, libvgpu=CONTAINER_LIBVGPU)
     env["NVIDIA_VISIBLE_DEVICES"] = NVIDIA_VISIBLE_DEVICES
     files = node.driver_files()
@@ -173,10 +213,7 @@ def claim_spec(
     edits["mounts"] = mounts
     if files and files.libraries and node.cdi_hook:
         edits["hooks"] = [ldcache_hook(node.cdi_hook, files)]
-    spec: dict[str, Any] = {"cdiVersion": "", "kind": KIND,
-                            "devices": [{"name": device_name(claim), "containerEdits": edits}]}
-    spec["cdiVersion"] = min_version(spec)
-    return spec
+    return edits
 
 
 def ldcache_hook(hook: str | Path, files: DriverFiles) -> dict[str, Any]:
@@ -306,21 +343,23 @@ def spec_path(cdi_dir: str | Path, claim: str) -> Path:
     return Path(cdi_dir) / _file_name(device_name(claim))
 
 
-def write_spec(cdi_dir: str | Path, spec: Mapping[str, Any]) -> Path:
-    """Write a claim's spec into ``cdi_dir`` atomically and return its path.
+def write_spec(cdi_dir: str | Path, spec: Mapping[str, Any], claim: str | None = None) -> Path:
+    """Write a claim's spec into ``cdi_dir`` atomically and return its path (`spec_path` of
+    ``claim``; without it, of the spec's one device's name).
 
     The temporary file is in the same directory (so the rename is atomic) and ends in ``.tmp``,
     which runtimes ignore (they read ``*.json`` and ``*.yaml`` only)."""
     devices = spec.get("devices") or []
-    if spec.get("kind") != KIND or len(devices) != 1:
+    if spec.get("kind") != KIND or not devices or (claim is None and len(devices) != 1):
         raise ValueError(f"not a claim's spec: kind {spec.get('kind')!r} with {len(devices)} devices "
-                         f"(want {KIND} with one device; build it with claim_spec)")
-    name = devices[0]["name"]
-    if not _DEVICE_NAME.match(name):
-        raise ValueError(f"CDI device name {name!r} is not valid: use device_name(claim)")
+                         f"(want {KIND} with one device, or one per request given the claim; build it with "
+                         "claim_spec or requests_spec)")
+    for device in devices:
+        if not _DEVICE_NAME.match(device["name"]):
+            raise ValueError(f"CDI device name {device['name']!r} is not valid: use device_name(claim)")
     directory = Path(cdi_dir)
     directory.mkdir(parents=True, exist_ok=True)
-    target = directory / _file_name(name)
+    target = spec_path(directory, claim) if claim is not None else directory / _file_name(devices[0]["name"])
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{target.stem}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as out:

@@ -22,6 +22,10 @@ and what `tessera run` and libvgpu meet in:
   ld.so.preload
                one line, the path at which a container sees libvgpu.so (CONTAINER_LIBVGPU); the CDI
                spec mounts it read-only at /etc/ld.so.preload, so unsetting LD_PRELOAD lifts nothing
+  requests/<request>/
+               a claim of several requests (a pod's GPU containers) has, instead of its own
+               vgpu.cache, vgpu.conf and ld.so.preload, one directory of these per request: each
+               container gets its own request's files, limits and budget
   env.json     the environment published in ``prepared``
   kubelet.json (Kubernetes mode) the kubelet plugin's finished prepare of the claim: the devices and
                CDI ids it answered; written last, so its absence marks a prepare that did not finish
@@ -82,6 +86,23 @@ class ClaimDir:
 
     def exists(self) -> bool:
         return self.path.is_dir()
+
+    def request(self, name: str) -> ClaimDir:
+        """The directory of one request of a claim of several (a pod's GPU container): its own
+        accounting, limits and preload files, so that each container is held to its own limits."""
+        return ClaimDir(self.path / "requests" / name)
+
+    def requests(self) -> list[ClaimDir]:
+        """The request directories of a claim of several; none for a claim of one."""
+        root = self.path / "requests"
+        return [ClaimDir(p) for p in sorted(root.iterdir()) if p.is_dir()] if root.is_dir() else []
+
+    def create_holder(self, env: Mapping[str, str]) -> None:
+        """Create the directory of a claim of several requests (container layout): what is the whole
+        claim's (its environment record, the prepare record); each request's files are its own."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.path, 0o700)
+        _write(self.env_file, json.dumps(dict(env), indent=1, sort_keys=True), 0o644)
 
     def create(self, env: Mapping[str, str], config_text: str, *, workload_uid: int | None = None) -> None:
         """Create (or re-create, keeping an existing accounting file's contents) the claim's files.

@@ -9,6 +9,7 @@ of them needs memory that a restart would lose: the next pass rebuilds it from d
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -104,7 +105,7 @@ class Observer:
                 continue
             cv.owner = owner_alive(cv.directory.owner_lock)
             try:
-                cv.snapshot = accounting.read(cv.directory.cache)
+                cv.snapshot = _read_claim(cv.directory)
             except (accounting.VgpuCacheError, OSError) as exc:
                 cv.error = unreadable[cv.claim] = str(exc)
                 # Unreadable is not idle: keep it looking used so nothing is released on a guess.
@@ -117,3 +118,14 @@ class Observer:
             log.info("claim %s: accounting file readable again", claim)
         self.unreadable = unreadable
 
+
+
+def _read_claim(directory: ClaimDir) -> accounting.VgpuSnapshot:
+    """The claim's accounting: its own file, or for a claim of several requests (a pod's GPU
+    containers) each request's, their devices and processes taken together."""
+    requests = directory.requests()
+    if not requests:
+        return accounting.read(directory.cache)
+    snapshots = [accounting.read(r.cache) for r in requests]
+    return dataclasses.replace(snapshots[0], devices=tuple(d for s in snapshots for d in s.devices),
+                               processes=tuple(p for s in snapshots for p in s.processes))

@@ -14,7 +14,8 @@ container gets; where none is found the prepare fails with the reason (``DriverN
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from tessera.shared.events import DeviceShare, GpuDevice
@@ -30,8 +31,15 @@ class Prepared:
     claim: str
     env: dict[str, str]
     directory: ClaimDir
-    # The fully qualified CDI device name (``<kind>=<name>``) a runtime is asked to inject.
+    # The fully qualified CDI device name (``<kind>=<name>``) a runtime is asked to inject (for a
+    # claim of several requests, its first request's).
     cdi_device: str
+    # A claim of several requests: each request's CDI device id (a container gets its request's).
+    cdi_devices: dict[str, str] = field(default_factory=dict)
+
+    def cdi_device_of(self, request: str) -> str:
+        """The CDI device id that gives a container the GPUs of ``request`` ("": the claim's one)."""
+        return self.cdi_devices[request] if request else self.cdi_device
 
 
 class Preparation:
@@ -55,16 +63,36 @@ class Preparation:
         None for a claim meant for containers (the kubelet's, or one submitted without it)."""
         node = self.node_files  # first: without a driver nothing is made (DriverNotFound)
         directory = self.dirs.of(claim)
+        requests = _by_request(shares)
+        if requests is None:
+            env = self._env(shares, directory, devices)
+            directory.create(env, self._limits(shares, directory), workload_uid=workload_uid)
+            spec = cdi.claim_spec(claim, shares, directory, node, devices)
+            cdi.write_spec(self.settings.cdi_dir, spec)
+            return Prepared(claim=claim, env=env, directory=directory, cdi_device=cdi.device_ids(spec)[0])
+        # A claim of several requests (a pod's GPU containers): each request its own files and its
+        # own CDI device, so each container is held to its own limits and budget.
+        parts = [(request, part, directory.request(request)) for request, part in requests.items()]
+        envs = {request: self._env(part, where, devices) for request, part, where in parts}
+        directory.create_holder(envs[parts[0][0]])
+        for request, part, where in parts:
+            where.create(envs[request], self._limits(part, where))
+        spec = cdi.requests_spec(claim, parts, node, devices)
+        cdi.write_spec(self.settings.cdi_dir, spec, claim)
+        ids = dict(zip(requests, cdi.device_ids(spec)))
+        return Prepared(claim=claim, env=envs[parts[0][0]], directory=directory, cdi_device=ids[parts[0][0]],
+                        cdi_devices=ids)
+
+    def _limits(self, shares: list[DeviceShare], directory: ClaimDir) -> str:
+        return vgpu_config(shares, directory.cache, context_overhead_mib=self.settings.vgpu_context_overhead_mib)
+
+    def _env(self, shares: list[DeviceShare], directory: ClaimDir, devices: Mapping[str, GpuDevice]) -> dict[str, str]:
         env = workload_env(shares, directory.cache, libvgpu=self.settings.libvgpu)
         env["TESSERA_VGPU_CONFIG"] = str(directory.config)
         env[OWNER_LOCK_VAR] = str(directory.owner_lock)
         if self.settings.simulated:
             env.update(simulated_driver_env(shares, devices, self.settings.sim_driver_dir))
-        limits = vgpu_config(shares, directory.cache, context_overhead_mib=self.settings.vgpu_context_overhead_mib)
-        directory.create(env, limits, workload_uid=workload_uid)
-        spec = cdi.claim_spec(claim, shares, directory, node, devices)
-        cdi.write_spec(self.settings.cdi_dir, spec)
-        return Prepared(claim=claim, env=env, directory=directory, cdi_device=cdi.device_ids(spec)[0])
+        return env
 
     def remove(self, claim: str) -> None:
         """Remove the claim's CDI spec and directory; idempotent. The spec goes first: from then on
@@ -74,3 +102,21 @@ class Preparation:
 
     def present(self, claim: str) -> bool:
         return self.dirs.of(claim).exists() and cdi.spec_path(self.settings.cdi_dir, claim).exists()
+
+
+_REQUEST = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+
+
+def _by_request(shares: list[DeviceShare]) -> dict[str, list[DeviceShare]] | None:
+    """The shares of a claim of several requests by request, in the order they come; None for a
+    claim of one (its shares name no request)."""
+    if not any(s.request for s in shares):
+        return None
+    requests: dict[str, list[DeviceShare]] = {}
+    for share in shares:
+        if not share.request:
+            raise ValueError("a claim's shares must all name their request, or none")
+        if not _REQUEST.fullmatch(share.request):  # (a directory and a CDI device are named after it)
+            raise ValueError(f"request name {share.request!r} is not a DNS label")
+        requests.setdefault(share.request, []).append(share)
+    return requests

@@ -3,7 +3,8 @@
 On Kubernetes placement is the one allocator of ``gpu.tessera.dev`` devices: kube-scheduler binds a
 pod only once each of its claims shows an allocation, and the kubelet hands that allocation to the
 node plugin. What placement decided in the ledger therefore has to be written in the exact shape the
-scheduler and the kubelet read: one ``devices.results[]`` entry per GPU share, naming the request,
+scheduler and the kubelet read: one ``devices.results[]`` entry per GPU share, naming the request
+(``gpu``, or for a pod's claim of several requests the container's request the share answers),
 the driver, the node's pool and the device as the capacity publisher names them, with a ``shareID``
 (the devices allow multiple allocations, and the API requires a share id for those) and the capacity
 consumed; and a ``nodeSelector`` pinning the claim to the node, as the scheduler's own allocator
@@ -34,27 +35,31 @@ SHARE_NAMESPACE = uuid.UUID("5b0f3c44-7f64-4f3e-9c3b-6a1d2e8f9a10")
 _MODEL_SELECTOR = f'device.attributes["{DRIVER}"].model == '
 
 
-def share_id(claim: str, node: str, index: int) -> str:
-    """The ``shareID`` of a claim's share of one device: the same for every write of that claim."""
-    return str(uuid.uuid5(SHARE_NAMESPACE, f"{claim}/{pool_name(node)}/{device_name(index)}"))
+def share_id(claim: str, node: str, index: int, request: str = "") -> str:
+    """The ``shareID`` of a claim's share of one device: the same for every write of that claim.
+    Two requests of one claim may share a device, so a named request is part of it (a claim of one
+    request keeps the id it always had)."""
+    which = f"{claim}/{request}" if request else claim
+    return str(uuid.uuid5(SHARE_NAMESPACE, f"{which}/{pool_name(node)}/{device_name(index)}"))
 
 
-def request_name(claim_spec: dict | None, model: str) -> str:
-    """The request a result answers: ``gpu``, or ``gpu/<subrequest>`` where the claim asks with a
-    ``firstAvailable`` list (a memory percentage: one subrequest per GPU model), the subrequest
-    being the one that selects the allocated device's model."""
+def request_name(claim_spec: dict | None, model: str, request: str = REQUEST_NAME) -> str:
+    """The request a result answers: ``request`` (``gpu`` for a claim of one), or
+    ``<request>/<subrequest>`` where the claim asks with a ``firstAvailable`` list (a memory
+    percentage: one subrequest per GPU model), the subrequest being the one that selects the
+    allocated device's model."""
     requests = ((claim_spec or {}).get("devices") or {}).get("requests") or []
-    for request in requests:
-        if request.get("name") != REQUEST_NAME or not request.get("firstAvailable"):
+    for entry in requests:
+        if entry.get("name") != request or not entry.get("firstAvailable"):
             continue
         # The translator writes the model as a JSON string literal (which is a valid CEL literal).
         wanted = _MODEL_SELECTOR + json.dumps(model)
-        for sub in request["firstAvailable"]:
+        for sub in entry["firstAvailable"]:
             expressions = [(s.get("cel") or {}).get("expression", "") for s in sub.get("selectors") or []]
             if wanted in expressions:
-                return f"{REQUEST_NAME}/{sub['name']}"
-        raise ValueError(f"no subrequest of request {REQUEST_NAME!r} selects GPU model {model!r}")
-    return REQUEST_NAME
+                return f"{request}/{sub['name']}"
+        raise ValueError(f"no subrequest of request {request!r} selects GPU model {model!r}")
+    return request
 
 
 def node_selector(node: str) -> dict:
@@ -70,13 +75,14 @@ def allocation(claim: str, node: str, shares: list[DeviceShare], *, claim_spec: 
     allocated through) and ``models`` the node's GPU models by index (which subrequest that is).
     """
     results = []
-    for share in sorted(shares, key=lambda s: s.index):
+    # (a claim of several requests keeps its requests' order: `sorted` is stable)
+    for share in sorted(shares, key=lambda s: s.index if not s.request else 0):
         results.append({
-            "request": request_name(claim_spec, (models or {}).get(share.index, "")),
+            "request": request_name(claim_spec, (models or {}).get(share.index, ""), share.request or REQUEST_NAME),
             "driver": DRIVER,
             "pool": pool_name(node),
             "device": device_name(share.index),
-            "shareID": share_id(claim, node, share.index),
+            "shareID": share_id(claim, node, share.index, share.request),
             "consumedCapacity": {
                 "memory": f"{share.memory_mib}Mi",
                 "cores": str(share.cores),
@@ -132,24 +138,22 @@ def _pinned(node_selector: dict | None) -> set[str]:
 
 def describes(found: dict | None, node: str, shares: list[DeviceShare]) -> bool:
     """Whether allocation ``found`` (any allocator's: share ids aside) holds exactly ``shares`` of
-    ``node``, by value; read without the node's inventory (which may not be loaded or known)."""
+    ``node``, by value; read without the node's inventory (which may not be loaded or known). Two
+    requests of one claim may share a GPU, so results and shares are compared as multisets."""
     results = ((found or {}).get("devices") or {}).get("results") or []
     if not results or any(r.get("driver") != DRIVER or r.get("pool") != pool_name(node) for r in results):
         return False
-    wanted = {s.index: s for s in shares}
-    try:
-        indices = sorted(device_index(str(r.get("device"))) for r in results)
-    except ValueError:
-        return False
-    if indices != sorted(wanted):
-        return False
+    held = []
     for result in results:
-        share = wanted[device_index(str(result["device"]))]
         consumed = result.get("consumedCapacity") or {}
-        if quantity.whole_mib(consumed.get("memory", "")) != share.memory_mib \
-                or not quantity.equal(consumed.get("cores"), str(share.cores)):
+        try:
+            index = device_index(str(result.get("device")))
+            cores = quantity.parse(consumed.get("cores", ""))
+        except (ValueError, quantity.QuantityError):
             return False
-    return True
+        held.append((index, quantity.whole_mib(consumed.get("memory", "")) or -1, cores))
+    wanted = [(s.index, s.memory_mib, quantity.parse(s.cores)) for s in shares]
+    return sorted(held) == sorted(wanted)
 
 
 def held_shares(found: dict, devices_of: Callable[[str], list[GpuDevice] | None]) -> tuple[str, list[DeviceShare]]:

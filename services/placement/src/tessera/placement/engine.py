@@ -47,7 +47,7 @@ from operator import attrgetter
 from types import ModuleType
 from typing import Any
 
-from tessera.shared.events import ClaimSpec, DeviceShare, LedgerEntry
+from tessera.shared.events import ClaimSpec, DeviceShare, LedgerEntry, request_specs
 
 from .explain import CONSTRAINTS, UNEXPLAINED, Explainer, Rejection
 from .fleet import Fleet, Node, NodeClass
@@ -206,6 +206,8 @@ class Placer:
 
     def place(self, claim_id: str, tenant: str, spec: ClaimSpec,
               exclude_nodes=()) -> Placement | Rejection:
+        if spec.requests:
+            return self._place_together(claim_id, spec, frozenset(exclude_nodes))
         d = self.demand(spec)
         if self.learn and claim_id not in self._recent:
             self._recent.add(claim_id)
@@ -910,6 +912,97 @@ class Placer:
         if best is None or bestnode is None:
             return self._reject(d, None, filtered, live)
         return self._placement(bestnode, d, best[0][0], best[1], gpu_policy)
+
+    # --- a claim of several requests: all on one node, or none -----------------------------------
+
+    def _place_together(self, claim_id: str, spec: ClaimSpec, exclude: frozenset) -> Placement | Rejection:
+        """Place every request of ``spec`` on one node (a pod's GPU containers), or none of them.
+
+        Node by node, the requests are placed one after another on the node's GPUs as each leaves
+        them (two requests may share a GPU, as two containers may), by the claim's GPU policy; the
+        node's score is the change the whole claim makes (the sum of each step's change in
+        fragmentation; the baselines score the node as the last request leaves it). One
+        `Placement` comes out, its shares named by request, so the ledger takes the claim in one
+        compare-and-set: there is no half-placed claim to crash in."""
+        if self._epoch != self.mix.version:
+            self._mix_moved()
+        parts = [(name, self.demand(part)) for name, part in request_specs(spec)]
+        if self.learn and claim_id not in self._recent:
+            self._recent.add(claim_id)
+            self._recent_q.append(claim_id)
+            if len(self._recent_q) > 8192:
+                self._recent.discard(self._recent_q.popleft())
+            for _, d in parts:
+                self.mix.observe(d)
+        node_policy = spec.node_policy or self.default_node_policy
+        gpu_policy = spec.gpu_policy or self.default_gpu_policy
+        scoring = FRAGMENTATION_AWARE if node_policy in (RANDOM, PAPER_FGD) else node_policy
+        best: Any = None
+        for n in self.fleet.nodes.values():
+            if n.lost or n.name in exclude or (spec.node is not None and n.name != spec.node):
+                continue
+            r = self._together_on(n, parts, scoring, gpu_policy)
+            if r is None:
+                continue
+            score = (self.rng.random(),) if node_policy == RANDOM else r[0]
+            if best is None or score < best[0]:
+                best = (score, n.name, r[1])
+        if best is None:
+            return self._reject_together(parts, scoring, gpu_policy, exclude)
+        return Placement(node=best[1], shares=best[2], score=float(best[0][0]))
+
+    def _together_on(self, n: Node, parts: list[tuple[str, Demand]], node_policy: str,
+                     gpu_policy: str) -> tuple[tuple, list[DeviceShare]] | None:
+        """(score, shares) of the requests placed one after another on node ``n``; None if one does not fit."""
+        cls = n.cls
+        assert cls is not None  # live nodes are classified
+        after_of = self.fleet.states.after
+        pairs = list(zip(cls.devs, n.order))  # (GPU state, its device in n.devices), sorted by state
+        cpu, mem = cls.cpu_free, cls.mem_free
+        delta = 0.0
+        score: tuple = ()
+        shares: list[DeviceShare] = []
+        for name, d in parts:
+            mask = None
+            if d.use_uuids or d.nouse_uuids:
+                mask = [(not d.use_uuids or n.devices[i].uuid in d.use_uuids) and n.devices[i].uuid not in d.nouse_uuids
+                        for _, i in pairs]
+            r = self._evaluate(tuple(s for s, _ in pairs), cpu, mem, cls.cpu_total, cls.mem_total, d, node_policy,
+                               gpu_policy, mask)
+            if r is None:
+                return None
+            score, positions = r
+            if gpu_policy == RANDOM and len(positions) > d.gpus:
+                positions = tuple(self.rng.sample(positions, d.gpus))
+            chosen = []
+            for p in positions[: d.gpus]:
+                state, i = pairs[p]
+                dev = n.devices[i]
+                chosen.append(DeviceShare(uuid=dev.uuid, index=dev.index, memory_mib=d.mem_req(dev.memory_mib),
+                                          cores=d.cores, request=name))
+                pairs[p] = (after_of(state, chosen[-1].memory_mib, d.cores), i)
+            shares += sorted(chosen, key=lambda s: s.index)
+            pairs.sort()
+            cpu -= d.cpu
+            mem -= d.hostmem
+            delta += score[0]
+        if POLICY[node_policy].scoring == "fragmentation":
+            score = (_tied(delta),) + score[1:]
+        return score, shares
+
+    def _reject_together(self, parts: list[tuple[str, Demand]], node_policy: str, gpu_policy: str,
+                         exclude: frozenset) -> Rejection:
+        """Why no node takes all the requests: the first request that fits nowhere even alone, with
+        its own rejection; else that no node has room for all of them at once."""
+        for name, d in parts:
+            alone = self._place_each(d, node_policy, gpu_policy, exclude)
+            if isinstance(alone, Rejection):
+                return Rejection(reason=f"request {name!r}: {alone.reason}", filtered=alone.filtered)
+        names = ", ".join(repr(name) for name, _ in parts)
+        live = sum(1 for n in self.fleet.nodes.values() if not n.lost and n.name not in exclude)
+        return Rejection(reason=f"no node has room for all {len(parts)} requests ({names}) at once, which must be "
+                                f"placed together on one node; each fits somewhere alone",
+                         filtered={"together": live})
 
     # --- rejection (`explain`) -------------------------------------------------------------------
 

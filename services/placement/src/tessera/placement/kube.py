@@ -28,10 +28,10 @@ from typing import Callable
 
 from tessera.shared.errors import ConflictError, PermanentError
 from tessera.shared.kubeapi import AlreadyExists, Invalid, KubeApi, NotFound, Unavailable, object_path
-from tessera.shared.kubeclaims import RESOURCE_API_VERSION, SCHEDULING_GATE, KubeClaimRef
+from tessera.shared.kubeclaims import RESOURCE_API_VERSION, SCHEDULING_GATE, KubeClaimRef, is_tessera_claim
 
 from tessera.placement.clusternodes import ClusterNodes
-from tessera.placement.podreport import condition_patch, event
+from tessera.placement.podreport import condition_patch, event, pod_claims
 
 log = logging.getLogger("tessera.placement.kube")
 
@@ -127,20 +127,43 @@ class KubeWriter:
         return pod
 
     async def lift_gate(self, ref: KubeClaimRef) -> bool:
-        """Remove our scheduling gate from the pod (other gates stay): True if it was removed now,
-        False if the pod is gone or had no such gate. The patch tests the resourceVersion read, so
-        a gate list changed meanwhile is a ConflictError, never a wrong index removed."""
+        """Remove our scheduling gate from the pod (other gates stay) once all of its Tessera claims
+        are allocated: True if it was removed now, False if the pod is gone, had no such gate, or
+        waits for another of its claims (whose allocation lifts it). The patch tests the
+        resourceVersion read, so a gate list changed meanwhile is a ConflictError, never a wrong
+        index removed."""
         pod = await self.read_pod(ref)
         if pod is None:
             return False
         gates = (pod.get("spec") or {}).get("schedulingGates") or []
         if not any(g.get("name") == SCHEDULING_GATE for g in gates):
             return False
+        waiting = await self._unallocated(ref, pod)
+        if waiting:
+            log.info("pod %s/%s keeps its gate: %s not allocated yet", ref.namespace, ref.pod, ", ".join(waiting))
+            return False
         rest = [g for g in gates if g.get("name") != SCHEDULING_GATE]
         patch = [{"op": "test", "path": "/metadata/resourceVersion", "value": pod["metadata"]["resourceVersion"]},
                  {"op": "replace", "path": "/spec/schedulingGates", "value": rest} if rest
                  else {"op": "remove", "path": "/spec/schedulingGates"}]
         return await self._patch_pod(ref, patch, status=False, what="lift the scheduling gate of")
+
+    async def _unallocated(self, ref: KubeClaimRef, pod: dict) -> list[str]:
+        """The pod's Tessera claims (other than ``ref``'s, whose allocation was just written) that
+        are not allocated, or not even made yet; claims of other drivers are the scheduler's."""
+        waiting = []
+        for kind, name in pod_claims(pod):
+            if kind == "claim" and name == ref.name:
+                continue
+            resource = "resourceclaims" if kind == "claim" else "resourceclaimtemplates"
+            path = object_path(RESOURCE_API_VERSION, resource, name, ref.namespace)
+            obj = await self._bounded(f"read {resource} {ref.namespace}/{name}", self.api.get(path))
+            if obj is None:
+                continue  # gone: the pod cannot start anyway, and the kubelet says so
+            claim = (obj.get("spec") or {}) if kind == "template" else obj
+            if is_tessera_claim(claim) and (kind == "template" or not (obj.get("status") or {}).get("allocation")):
+                waiting.append(f"ResourceClaim {name}" if kind == "claim" else f"the claim of template {name}")
+        return waiting
 
     async def set_condition(self, ref: KubeClaimRef, placed: bool, reason: str, message: str) -> None:
         """Set Tessera's pod condition (see `tessera.placement.podreport`), keeping every other one."""

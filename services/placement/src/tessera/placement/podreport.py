@@ -10,6 +10,9 @@ The condition is ``gpu.tessera.dev/Placed`` (True once the claim is allocated, F
 sets it to False with reason ``SchedulingGated`` while our gate is on and to True when it binds the
 pod; a second writer would make it flap.
 
+Which of a pod's claims its gate waits for is read from the pod here too (`pod_claims`): the gate is
+lifted only once all of the pod's Tessera claims are allocated.
+
 Pure: documents and JSON patches as plain values; `tessera.placement.kube` sends them.
 """
 
@@ -79,3 +82,20 @@ def condition_patch(pod: dict, placed: bool, reason: str, message: str, now: str
     if status is None:
         return [test, {"op": "add", "path": "/status", "value": {"conditions": conditions}}]
     return [test, {"op": "add", "path": "/status/conditions", "value": conditions}]
+
+
+def pod_claims(pod: dict) -> list[tuple[str, str]]:
+    """What each of a pod's ``spec.resourceClaims`` stands for: ("claim", name) for a ResourceClaim
+    (named in the entry, or made from its template by the resourceclaim controller, which records
+    the name in ``status.resourceClaimStatuses``), ("template", name) for a template whose claim is
+    not made yet."""
+    made = {s.get("name"): s.get("resourceClaimName") for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
+    out = []
+    for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
+        if entry.get("resourceClaimName"):
+            out.append(("claim", entry["resourceClaimName"]))
+        elif made.get(entry.get("name")):
+            out.append(("claim", made[entry["name"]]))
+        elif entry.get("resourceClaimTemplateName"):
+            out.append(("template", entry["resourceClaimTemplateName"]))
+    return out

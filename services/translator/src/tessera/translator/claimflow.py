@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import msgspec
 
-from tessera.shared.events import ClaimRecord, ClaimSpec, TenantName
-from tessera.shared.kubeclaims import (DEVICE_CLASS, DRIVER, REQUEST_NAME, SCHEDULING_GATE, TENANT_LABEL,
-                                       KubeClaimRef, claim_id)
+from tessera.shared.events import ClaimRecord, ClaimSpec, TenantName, request_specs
+from tessera.shared.kubeclaims import (DEVICE_CLASS, DRIVER, SCHEDULING_GATE, TENANT_LABEL,
+                                       KubeClaimRef, claim_id, device_classes, device_requests)
 from tessera.shared.lifecycle import release_route
 from tessera.shared.podconstraints import PodConstraints, constraints_of
 
@@ -53,22 +53,6 @@ def tenant_problem(namespace: str, tenant: str | None) -> str | None:
             f"(lowercase letters, digits and '-', at most 32): {fix}"
         )
     return None
-
-
-def _device_requests(claim: Mapping) -> list[Mapping]:
-    devices = ((claim.get("spec") or {}).get("devices") or {})
-    return [r for r in devices.get("requests") or [] if isinstance(r, Mapping)]
-
-
-def _classes(request: Mapping) -> list[str]:
-    if isinstance(request.get("exactly"), Mapping):
-        return [request["exactly"].get("deviceClassName", "")]
-    return [s.get("deviceClassName", "") for s in request.get("firstAvailable") or [] if isinstance(s, Mapping)]
-
-
-def is_tessera_claim(claim: Mapping) -> bool:
-    """Whether any request of the ResourceClaim asks for the Tessera device class."""
-    return any(DEVICE_CLASS in _classes(r) for r in _device_requests(claim))
 
 
 def claim_ref(claim: Mapping) -> KubeClaimRef:
@@ -135,37 +119,45 @@ def waits_unallocated(pod: Mapping | None, ref: KubeClaimRef) -> bool:
 def recover_spec(claim: Mapping) -> ClaimSpec:
     """The translated claim a ResourceClaim carries in its (immutable) opaque config.
 
-    The webhook's templates put the whole ClaimSpec there (``dra.parameters``); the request's count
-    must agree with it, so that what placement allocates is what the ResourceClaim asks for.
+    The webhook's templates put the whole ClaimSpec there (``dra.parameters``), for all of the
+    claim's requests; each request's count must agree with it, so that what placement allocates is
+    what the ResourceClaim asks for.
     """
     devices = ((claim.get("spec") or {}).get("devices") or {})
     configs = [
-        c["opaque"] for c in devices.get("config") or []
+        c for c in devices.get("config") or []
         if isinstance(c, Mapping) and isinstance(c.get("opaque"), Mapping) and c["opaque"].get("driver") == DRIVER
-        and REQUEST_NAME in (c.get("requests") or [REQUEST_NAME])
     ]
     if len(configs) != 1:
         raise Unrecoverable(
-            f"spec.devices.config must hold exactly one opaque config of driver {DRIVER} for request "
-            f"{REQUEST_NAME!r} (kind {dra.PARAMETERS_KIND}, as the Tessera webhook's templates do); found "
-            f"{len(configs)}. Ask for GPUs with HAMi resource names on the pod instead of a hand-written claim"
+            f"spec.devices.config must hold exactly one opaque config of driver {DRIVER} (kind "
+            f"{dra.PARAMETERS_KIND}, as the Tessera webhook's templates do); found {len(configs)}. Ask for GPUs "
+            "with HAMi resource names on the pod instead of a hand-written claim"
         )
     try:
-        spec = dra.spec_from_parameters(configs[0].get("parameters"))
+        spec = dra.spec_from_parameters(configs[0]["opaque"].get("parameters"))
     except ValueError as exc:
         raise Unrecoverable(f"spec.devices.config[].opaque: {exc}") from None
-    request = next((r for r in _device_requests(claim) if r.get("name") == REQUEST_NAME), None)
-    if request is None:
-        raise Unrecoverable(f"spec.devices.requests has no request named {REQUEST_NAME!r}")
-    counts = (
-        [request["exactly"].get("count", 1)] if isinstance(request.get("exactly"), Mapping)
-        else [s.get("count", 1) for s in request.get("firstAvailable") or []]
-    )
-    if not counts or any(c != spec.gpus for c in counts):
-        raise Unrecoverable(
-            f"spec.devices.requests[{REQUEST_NAME!r}] asks for {counts} devices but its parameters say "
-            f"gpus={spec.gpus}"
+    names = dra.request_names(spec)
+    configured = configs[0].get("requests") or names
+    if sorted(configured) != sorted(names):
+        raise Unrecoverable(f"spec.devices.config[] applies to requests {sorted(configured)} but its parameters "
+                            f"describe requests {sorted(names)}")
+    requests = {str(r.get("name")): r for r in device_requests(claim)}
+    ours = sorted(name for name, r in requests.items() if DEVICE_CLASS in device_classes(r))
+    if ours != sorted(names):
+        raise Unrecoverable(f"spec.devices.requests of class {DEVICE_CLASS} are {ours} but its parameters describe "
+                            f"requests {sorted(names)}")
+    for name, (_, part) in zip(names, request_specs(spec)):
+        request = requests[name]
+        counts = (
+            [request["exactly"].get("count", 1)] if isinstance(request.get("exactly"), Mapping)
+            else [s.get("count", 1) for s in request.get("firstAvailable") or []]
         )
+        if not counts or any(c != part.gpus for c in counts):
+            raise Unrecoverable(
+                f"spec.devices.requests[{name!r}] asks for {counts} devices but its parameters say gpus={part.gpus}"
+            )
     return spec
 
 

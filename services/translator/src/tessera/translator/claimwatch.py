@@ -31,7 +31,7 @@ from typing import Protocol
 import msgspec
 
 from tessera.shared.events import ClaimRecord, ClaimSpec
-from tessera.shared.kubeclaims import RESOURCE_API_VERSION, KubeClaimRef
+from tessera.shared.kubeclaims import RESOURCE_API_VERSION, KubeClaimRef, is_tessera_claim
 from tessera.shared.podconstraints import PodConstraints
 
 from tessera.translator import claimflow
@@ -114,7 +114,7 @@ class ClaimWatcher:
         await self.sink.flush()
         records = await self.sink.records()  # before the list: see claimflow.reconcile
         items, version = await self.cluster.list_claims()
-        claims = [c for c in items if claimflow.is_tessera_claim(c)]
+        claims = [c for c in items if is_tessera_claim(c)]
         repairs = claimflow.reconcile(claims, records)
         live = {claimflow.tessera_id(c) for c in claims}
         self.recorded = {r.claim for r in records} & live
@@ -147,7 +147,7 @@ class ClaimWatcher:
         return version
 
     async def on_change(self, kind: str, claim: Mapping) -> None:
-        if not claimflow.is_tessera_claim(claim):
+        if not is_tessera_claim(claim):
             return
         uid = claim["metadata"]["uid"]
         if kind == "DELETED" or claimflow.is_ended(claim):

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from tessera.shared.events import ClaimSpec
+from tessera.shared.events import ClaimSpec, RequestSpec, request_specs
 from tessera.shared.kubeclaims import DEVICE_CLASS, DRIVER, REQUEST_NAME
 from tessera.shared.kubeclaims import RESOURCE_API_VERSION as API_VERSION
 
@@ -166,14 +166,43 @@ _PARAMETER_KEYS = {
 _ALWAYS = ("gpus", "cores", "priority")
 
 
-def parameters(spec: ClaimSpec) -> dict:
-    """The opaque config payload: the whole claim, including what DRA's allocator cannot express."""
-    params: dict = {"apiVersion": PARAMETERS_API_VERSION, "kind": PARAMETERS_KIND}
-    for field, key in _PARAMETER_KEYS.items():
-        value = getattr(spec, field)
-        if field in _ALWAYS or value not in (None, [], 0):
+_REQUEST_KEYS = {"name": "name", **{f: k for f, k in _PARAMETER_KEYS.items() if f in RequestSpec.__struct_fields__}}
+
+
+def _encode(obj: ClaimSpec | RequestSpec, keys: dict[str, str]) -> dict:
+    params: dict = {}
+    for field, key in keys.items():
+        value = getattr(obj, field)
+        if field in _ALWAYS or field == "name" or value not in (None, [], 0):
             params[key] = list(value) if isinstance(value, list) else value
     return params
+
+
+def parameters(spec: ClaimSpec) -> dict:
+    """The opaque config payload: the whole claim, including what DRA's allocator cannot express
+    (and, for a claim of several requests, each request's part under ``requests``)."""
+    params: dict = {"apiVersion": PARAMETERS_API_VERSION, "kind": PARAMETERS_KIND, **_encode(spec, _PARAMETER_KEYS)}
+    if spec.requests:
+        params["requests"] = [_encode(r, _REQUEST_KEYS) for r in spec.requests]
+    return params
+
+
+def _renamed(message: str, keys: dict[str, str], prefix: str) -> str:
+    for field, key in keys.items():
+        message = message.replace(f"$.{field}", f"{prefix}{key}")
+    return message
+
+
+def _decode(values: dict, keys: dict[str, str], target: type, where: str):
+    fields = {v: k for k, v in keys.items()}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ValueError(f"{where} has unknown keys {unknown}; known: {sorted(fields)}")
+    try:
+        return msgspec.convert({fields[k]: v for k, v in values.items()}, target)
+    except msgspec.ValidationError as exc:
+        # msgspec names the field; say the parameter key the claim actually carries.
+        raise ValueError(f"opaque parameters are invalid: {_renamed(str(exc), keys, where + '.')}") from None
 
 
 def spec_from_parameters(params: object) -> ClaimSpec:
@@ -185,36 +214,42 @@ def spec_from_parameters(params: object) -> ClaimSpec:
             f"opaque parameters must be apiVersion {PARAMETERS_API_VERSION} kind {PARAMETERS_KIND}, got "
             f"{params.get('apiVersion')!r} / {params.get('kind')!r}"
         )
-    fields = {v: k for k, v in _PARAMETER_KEYS.items()}
-    unknown = sorted(set(params) - set(fields) - {"apiVersion", "kind"})
-    if unknown:
-        raise ValueError(f"opaque parameters have unknown keys {unknown}; known: {sorted(fields)}")
-    values = {fields[k]: v for k, v in params.items() if k in fields}
+    values = {k: v for k, v in params.items() if k not in ("apiVersion", "kind", "requests")}
+    requests = params.get("requests", [])
+    if not isinstance(requests, list) or not all(isinstance(r, dict) for r in requests):
+        raise ValueError("opaque parameters are invalid: parameters.requests must be a list of objects")
+    parts = [_decode(r, _REQUEST_KEYS, RequestSpec, f"parameters.requests[{i}]") for i, r in enumerate(requests)]
+    spec = _decode(values, _PARAMETER_KEYS, ClaimSpec, "parameters")
+    spec = msgspec.structs.replace(spec, requests=parts)
     try:
-        return msgspec.convert(values, ClaimSpec)
-    except msgspec.ValidationError as exc:
-        # msgspec names the ClaimSpec field; say the parameter key the claim actually carries.
-        message = str(exc)
-        for field, key in _PARAMETER_KEYS.items():
-            message = message.replace(f"$.{field}", f"parameters.{key}")
-        raise ValueError(f"opaque parameters are invalid: {message}") from None
+        request_specs(spec)
+    except ValueError as exc:
+        raise ValueError(f"opaque parameters are invalid: {exc}") from None
+    return spec
+
+
+def request_names(spec: ClaimSpec) -> list[str]:
+    """The DRA request names of the claim's requests, in order (``gpu`` for a claim of one)."""
+    return [name or REQUEST_NAME for name, _ in request_specs(spec)]
 
 
 def claim_spec(spec: ClaimSpec, *, card_memory_mib: Mapping[str, int] | None = None) -> dict:
-    """A ``ResourceClaimSpec`` for the spec."""
+    """A ``ResourceClaimSpec`` for the spec: one DeviceRequest per request of the claim."""
+    parts = [(name or REQUEST_NAME, part) for name, part in request_specs(spec)]
     devices: dict = {
-        "requests": [device_request(spec, card_memory_mib=card_memory_mib)],
+        "requests": [device_request(part, name=name, card_memory_mib=card_memory_mib) for name, part in parts],
         "config": [
             {
-                "requests": [REQUEST_NAME],
+                "requests": [name for name, _ in parts],
                 "opaque": {"driver": DRIVER, "parameters": parameters(spec)},
             }
         ],
     }
-    if spec.gpus > 1:
-        # A GPU that allows multiple allocations could otherwise be picked twice; HAMi's
-        # gpu: 2 always means two physical GPUs.
-        devices["constraints"] = [{"requests": [REQUEST_NAME], "distinctAttribute": f"{DRIVER}/uuid"}]
+    # A GPU that allows multiple allocations could otherwise be picked twice for one request; HAMi's
+    # gpu: 2 always means two physical GPUs. (Two requests may share a GPU, as two containers may.)
+    constraints = [{"requests": [name], "distinctAttribute": f"{DRIVER}/uuid"} for name, part in parts if part.gpus > 1]
+    if constraints:
+        devices["constraints"] = constraints
     return {"devices": devices}
 
 

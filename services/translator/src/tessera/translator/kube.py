@@ -25,7 +25,7 @@ from tessera.shared.featuregates import FeatureGateOff, require_consumable_capac
 from tessera.shared.kubeapi import AlreadyExists, KubeApi, object_path
 from tessera.shared.kubeclaims import RESOURCE_API_VERSION
 
-from tessera.translator.webhook import ContainerClaim
+from tessera.translator.webhook import PodClaim
 
 log = logging.getLogger("tessera.translator.kube")
 
@@ -41,7 +41,7 @@ class TemplateWriter:
     def for_url(cls, url: str) -> "TemplateWriter":
         return cls(KubeApi.for_url(url))
 
-    async def __call__(self, namespace: str, claims: list[ContainerClaim]) -> None:
+    async def __call__(self, namespace: str, claims: list[PodClaim]) -> None:
         for claim in claims:
             collection = object_path(RESOURCE_API_VERSION, "resourceclaimtemplates", namespace=namespace)
             try:

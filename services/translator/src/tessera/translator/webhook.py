@@ -3,11 +3,15 @@
 Pods written for HAMi keep their ``nvidia.com/*`` resources and annotations. At admission the
 webhook validates each GPU container with ``hami.translate`` and, instead of leaving extended
 resources for a device plugin, rewrites the pod for DRA: the ``nvidia.com/*`` entries leave the
-container, a ``spec.resourceClaims`` entry points at a ResourceClaimTemplate named after the
-container and the claim's content, the container claims it, the pod gets the scheduling gate
-``gpu.tessera.dev/placement`` (placement lifts it once it has allocated the claim, so kube-scheduler
-never binds the pod before Tessera chose its GPUs), and the translated claim is recorded in an
-annotation for people to read. Bad values are denied with the container and field named, which is
+containers, one ``spec.resourceClaims`` entry points at the pod's one ResourceClaimTemplate (named
+after its containers and the claim's content), each GPU container claims it, the pod gets the
+scheduling gate ``gpu.tessera.dev/placement`` (placement lifts it once it has allocated the claim,
+so kube-scheduler never binds the pod before Tessera chose its GPUs), and the translated claims are
+recorded in an annotation for people to read. One claim per pod, so that all of a pod's GPUs are
+placed together on one node or not at all: a pod with one GPU container gets a claim of one request
+(``gpu``), one with several a request per GPU container, named after it, and each container's
+``resources.claims`` entry names its own request, so the kubelet gives it that request's GPUs and
+limits only. Bad values are denied with the container and field named, which is
 the whole point: HAMi admits them and then drops, clamps or strands them. A pod whose namespace
 names no tenant is denied saying which label to set.
 
@@ -28,7 +32,7 @@ from dataclasses import dataclass
 import msgspec
 from aiohttp import web
 
-from tessera.shared.events import ClaimSpec
+from tessera.shared.events import ClaimSpec, RequestSpec
 from tessera.shared.kubeclaims import SCHEDULING_GATE
 
 from . import dra, hami
@@ -39,25 +43,44 @@ CLAIMS_ANNOTATION = "gpu.tessera.dev/claims"
 TEMPLATE_PREFIX = "tessera-"
 MAX_BODY = 4 * 1024 * 1024  # an AdmissionReview of a Pod near etcd's 1.5 MiB object limit, twice over
 _NAME_MAX = 63  # DNS-1123 label: PodResourceClaim.name
+_REQUEST_FIELDS = tuple(f for f in RequestSpec.__struct_fields__ if f != "name")
 
 
 @dataclass(frozen=True)
-class ContainerClaim:
-    """One container's translated claim, and the template the patched pod points at."""
+class ContainerRequest:
+    """One GPU container's part of the pod's claim."""
+
+    container: str
+    index: int
+    spec: ClaimSpec  # what the container alone asks for (hami.translate)
+    request: str | None  # the request its resources.claims entry names; None: the claim has one
+
+
+@dataclass(frozen=True)
+class PodClaim:
+    """The pod's one translated claim, and the template the patched pod points at."""
 
     namespace: str
     pod: str  # may be empty when the pod uses generateName
-    container: str
-    index: int
-    spec: ClaimSpec
+    spec: ClaimSpec  # the whole claim: one request per GPU container where there are several
     template_name: str
     template: dict  # the ResourceClaimTemplate document (dra.resource_claim_template)
+    containers: tuple[ContainerRequest, ...]
+
+    @property
+    def container(self) -> str:
+        """The GPU container of a pod that has one (the first, where there are several)."""
+        return self.containers[0].container
+
+    @property
+    def index(self) -> int:
+        return self.containers[0].index
 
 
 # Called once per admitted pod with GPU containers, with the pod's namespace (the AdmissionReview's
 # request.namespace), before the response is sent, unless the request is a dry run. Create the
 # ResourceClaimTemplates there; an exception denies the pod.
-TranslateHook = Callable[[str, list[ContainerClaim]], Awaitable[None]]
+TranslateHook = Callable[[str, list[PodClaim]], Awaitable[None]]
 
 # Called with the namespace of a pod that asks for GPUs, before the templates are created: None if
 # its pods may have Tessera GPUs, else the reason they may not (the denial message). An exception
@@ -78,7 +101,7 @@ def _escape(segment: str) -> str:
 
 
 def template_name(container: str, spec: ClaimSpec) -> str:
-    """Deterministic: same container name and same claim give the same template (retries, replicas)."""
+    """Deterministic: same container name(s) and same claim give the same template (retries, replicas)."""
     digest = hashlib.sha256(msgspec.json.encode(spec)).hexdigest()[:10]
     head = f"{TEMPLATE_PREFIX}{container}"[: _NAME_MAX - len(digest) - 1].rstrip("-")
     return f"{head}-{digest}"
@@ -103,20 +126,23 @@ def _merged(resources: Mapping, where: str) -> dict[str, object]:
     return merged
 
 
-def _patch_for(pod: dict, claims: list[ContainerClaim], present: Present) -> list:
+def _patch_for(pod: dict, claims: list[PodClaim], present: Present) -> list:
     ops: list[dict] = []
     containers = pod["spec"]["containers"]
     for claim in claims:
-        i = claim.index
-        base = f"/spec/containers/{i}/resources"
-        for section, names in present[i].items():
-            for name in sorted(names):
-                ops.append({"op": "remove", "path": f"{base}/{section}/{_escape(name)}"})
-        entry = {"name": claim.template_name}
-        if containers[i].get("resources", {}).get("claims"):
-            ops.append({"op": "add", "path": f"{base}/claims/-", "value": entry})
-        else:
-            ops.append({"op": "add", "path": f"{base}/claims", "value": [entry]})
+        for part in claim.containers:
+            i = part.index
+            base = f"/spec/containers/{i}/resources"
+            for section, names in present[i].items():
+                for name in sorted(names):
+                    ops.append({"op": "remove", "path": f"{base}/{section}/{_escape(name)}"})
+            entry = {"name": claim.template_name}
+            if part.request is not None:
+                entry["request"] = part.request
+            if containers[i].get("resources", {}).get("claims"):
+                ops.append({"op": "add", "path": f"{base}/claims/-", "value": entry})
+            else:
+                ops.append({"op": "add", "path": f"{base}/claims", "value": [entry]})
     gates = pod["spec"].get("schedulingGates") or []
     if not any(isinstance(g, dict) and g.get("name") == SCHEDULING_GATE for g in gates):
         gate = {"name": SCHEDULING_GATE}
@@ -132,7 +158,8 @@ def _patch_for(pod: dict, claims: list[ContainerClaim], present: Present) -> lis
     else:
         ops.append({"op": "add", "path": "/spec/resourceClaims", "value": pod_claims})
     record = json.dumps(
-        {c.container: msgspec.to_builtins(c.spec) for c in claims}, sort_keys=True, separators=(",", ":")
+        {p.container: msgspec.to_builtins(p.spec) for c in claims for p in c.containers},
+        sort_keys=True, separators=(",", ":"),
     )
     metadata = pod.get("metadata") or {}
     if "metadata" not in pod:
@@ -146,7 +173,7 @@ def _patch_for(pod: dict, claims: list[ContainerClaim], present: Present) -> lis
     return ops
 
 
-def _translate_pod(pod: dict, namespace: str) -> tuple[list[ContainerClaim], Present]:
+def _translate_pod(pod: dict, namespace: str) -> tuple[list[PodClaim], Present]:
     spec = pod.get("spec")
     if not isinstance(spec, dict) or not isinstance(spec.get("containers"), list):
         raise Malformed("request.object is not a Pod: spec.containers is missing")
@@ -172,7 +199,7 @@ def _translate_pod(pod: dict, namespace: str) -> tuple[list[ContainerClaim], Pre
                 where=f'init container "{init.get("name", j)}"',
             )
 
-    claims: list[ContainerClaim] = []
+    parts: list[tuple[str, int, ClaimSpec]] = []
     present: Present = {}
     for i, container in enumerate(spec["containers"]):
         if not isinstance(container, dict):
@@ -185,30 +212,41 @@ def _translate_pod(pod: dict, namespace: str) -> tuple[list[ContainerClaim], Pre
         merged = _merged(resources, where)
         if not hami.is_gpu_request(merged):
             continue
-        claim = hami.translate(merged, annotations, where=where)
-        tname = template_name(name, claim)
-        claims.append(
-            ContainerClaim(
-                namespace=namespace,
-                pod=pod_name,
-                container=name,
-                index=i,
-                spec=claim,
-                template_name=tname,
-                template=dra.resource_claim_template(
-                    claim,
-                    tname,
-                    namespace or None,
-                    labels={"app.kubernetes.io/managed-by": "tessera-translator"},
-                ),
-            )
-        )
+        parts.append((name, i, hami.translate(merged, annotations, where=where)))
         present[i] = {
             section: {n for n in (resources.get(section) or {}) if n in hami.RESOURCE_NAMES}
             for section in ("limits", "requests")
         }
         present[i] = {k: v for k, v in present[i].items() if v}
-    return claims, present
+    if not parts:
+        return [], present
+    claim = pod_spec(parts)
+    tname = template_name("-".join(name for name, _, _ in parts), claim)
+    several = len(parts) > 1
+    pod_claim = PodClaim(
+        namespace=namespace,
+        pod=pod_name,
+        spec=claim,
+        template_name=tname,
+        template=dra.resource_claim_template(
+            claim, tname, namespace or None, labels={"app.kubernetes.io/managed-by": "tessera-translator"}
+        ),
+        containers=tuple(ContainerRequest(container=name, index=i, spec=part, request=name if several else None)
+                         for name, i, part in parts),
+    )
+    return [pod_claim], present
+
+
+def pod_spec(parts: list[tuple[str, int, ClaimSpec]]) -> ClaimSpec:
+    """The pod's one claim from its GPU containers' (name, index, translated claim): a container's
+    claim itself where there is one; else one request per container, named after it (a container
+    name is a DNS label, as a request name must be), with the pod's annotations' policies and the
+    highest priority of its containers."""
+    if len(parts) == 1:
+        return parts[0][2]
+    first = parts[0][2]
+    requests = [RequestSpec(name=name, **{f: getattr(part, f) for f in _REQUEST_FIELDS}) for name, _, part in parts]
+    return msgspec.structs.replace(first, priority=max(part.priority for _, _, part in parts), requests=requests)
 
 
 def _review(uid: str, response: dict) -> web.Response:

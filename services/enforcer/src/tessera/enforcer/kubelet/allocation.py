@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from tessera.shared import quantity
 from tessera.shared.events import DeviceShare, LedgerEntry
-from tessera.shared.kubeclaims import DRIVER, claim_id, device_index, pool_name
+from tessera.shared.kubeclaims import DRIVER, REQUEST_NAME, claim_id, device_index, pool_name
 
 # A node selector names its node by field (metadata.name) or by the well-known hostname label.
 _NODE_KEYS = ("metadata.name", "kubernetes.io/hostname")
@@ -28,7 +28,7 @@ class AllocationMismatch(ValueError):
 class AllocatedDevice:
     """One device of the claim's allocation, with the ledger's share of that GPU."""
 
-    request: str
+    request: str  # the request it answers, without a subrequest (what a container's claim names)
     pool: str
     device: str
     share_id: str | None
@@ -71,19 +71,21 @@ def check(obj: dict, *, uid: str, node: str, entry: LedgerEntry | None) -> list[
     if entry is None:
         raise AllocationMismatch(f"{ref} (claim {claim}) has no entry in the ledger of node {node}: "
                                  "placement did not allocate it here, or it was released")
-    shares = {s.index: s for s in entry.shares}
+    # A share is known by its request and GPU: two requests of a claim (two containers) may share a GPU.
+    shares = {(s.request or REQUEST_NAME, s.index): s for s in entry.shares}
     try:
-        indices = [device_index(str(r.get("device"))) for r in ours]
+        keys = [(base_request(str(r.get("request", ""))), device_index(str(r.get("device")))) for r in ours]
     except ValueError as exc:
         raise AllocationMismatch(f"{ref}: {exc}") from None
-    if sorted(indices) != sorted(shares):
-        wanted = ", ".join(f"gpu-{i}" for i in sorted(indices))
-        held = ", ".join(f"gpu-{i}" for i in sorted(shares)) or "nothing"
+    if sorted(keys) != sorted(shares):
+        wanted = ", ".join(_label(k) for k in sorted(keys))
+        held = ", ".join(_label(k) for k in sorted(shares)) or "nothing"
         raise AllocationMismatch(f"{ref} is allocated {wanted} but the ledger of node {node} holds {held} "
                                  f"for claim {claim}")
     devices = []
-    for result, index in zip(ours, indices):
-        share = shares[index]
+    for result, key in zip(ours, keys):
+        share = shares[key]
+        index = key[1]
         consumed = result.get("consumedCapacity") or {}
         if "memory" in consumed and quantity.whole_mib(consumed["memory"]) != share.memory_mib:
             raise AllocationMismatch(f"{ref}: gpu-{index} consumes memory {consumed['memory']} but the ledger "
@@ -91,6 +93,19 @@ def check(obj: dict, *, uid: str, node: str, entry: LedgerEntry | None) -> list[
         if "cores" in consumed and not quantity.equal(consumed["cores"], share.cores):
             raise AllocationMismatch(f"{ref}: gpu-{index} consumes cores {consumed['cores']} but the ledger "
                                      f"of node {node} holds {share.cores} for claim {claim}")
-        devices.append(AllocatedDevice(request=str(result.get("request", "")), pool=str(result["pool"]),
+        devices.append(AllocatedDevice(request=key[0], pool=str(result["pool"]),
                                        device=str(result["device"]), share_id=result.get("shareID"), share=share))
     return devices
+
+
+def base_request(name: str) -> str:
+    """The request a result names without its subrequest (``gpu/h100`` -> ``gpu``): what the
+    kubelet matches a container's ``resources.claims[].request`` against."""
+    if not name:
+        raise ValueError("a result names no request")
+    return name.split("/", 1)[0]
+
+
+def _label(key: tuple[str, int]) -> str:
+    request, index = key
+    return f"gpu-{index}" if request == REQUEST_NAME else f"{request}: gpu-{index}"

@@ -266,12 +266,18 @@ class DraPlugin:
                                      f"ResourceClaim {ref} was not prepared")
         try:
             prepared = self.preparation.materialize(claim, [d.share for d in devices], await self.inventory())
-            entry.devices = [
-                CheckpointDevice(request_names=[d.request] if d.request else [], pool=d.pool, device=d.device,
-                                 # The claim's one CDI device carries all its GPUs: named once, so a
-                                 # container gets its edits once.
-                                 cdi_ids=[prepared.cdi_device] if i == 0 else [], share_id=d.share_id)
-                for i, d in enumerate(devices)]
+            # Each request's CDI device carries all of the request's GPUs (a claim of one request:
+            # the claim's one device): named on its first device only, so a container gets its edits
+            # once. The kubelet gives a container the CDI ids of the devices whose request names
+            # include the request its claim entry names (all of them where it names none).
+            named: set[str] = set()
+            entry.devices = []
+            for d in devices:
+                first = d.share.request not in named
+                named.add(d.share.request)
+                entry.devices.append(CheckpointDevice(
+                    request_names=[d.request], pool=d.pool, device=d.device,
+                    cdi_ids=[prepared.cdi_device_of(d.share.request)] if first else [], share_id=d.share_id))
             entry.state = "prepared"
             write_atomically(prepared.directory.kubelet_record, msgspec.json.encode(entry))
             self.checkpoint.write(body)

@@ -1,0 +1,161 @@
+"""Tessera on the real control plane and the real node, as the GPU pod tests run it.
+
+What `test_real_gpu_pod.py` describes, written once: the five services as processes in Kubernetes
+mode on the tests' nats-server, each with its deploy/k8s identity; the enforcer as the real
+kubelet's DRA plugin; the admission webhook reached by the real kube-apiserver through deploy/k8s's
+MutatingWebhookConfiguration, its Service without a selector and an EndpointSlice with the
+translator's address on the node; the probe image imported into containerd. `TesseraOnNode`
+starts all of it and takes the cluster-wide objects away again (the session's control plane
+outlives each test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from tessera.cli.client import Client
+from tessera.shared.events import GpuQuota
+from tessera.shared.kubeclaims import DRIVER, TENANT_LABEL
+from tessera.shared.natsserver import free_port
+
+import probeimage
+from kit import eventually
+from kit.kubecluster import apply, manifests, service_identity
+from kubetessera import KubeletDirs, create_tenant, ledgers, quota_in_use, start_services, webhook_configuration
+from webhook_tls import SERVING_NAMES, Authority
+
+OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
+IDENTITIES = {"capacity": "capacity.yaml", "placement": "placement.yaml", "translator": "translator.yaml",
+              "enforcer": "enforcer.yaml", "controlplane": "controlplane/manager.yaml"}
+SERVICES = ("controlplane", "capacity", "translator", "placement")
+GPU = {"model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "sm_count": 132, "architecture": "Hopper",
+       "compute_capability": "9.0", "driver_version": "580.65.06"}
+
+
+def profile(path: Path, node: str) -> Path:
+    """The fleet: the real node, with two simulated GPUs."""
+    path.write_text(yaml.safe_dump({"nodes": [{"name": node, "gpus": [GPU, GPU]}]}))
+    return path
+
+
+def webhook_service(ip: str, port: int) -> list[dict]:
+    """deploy/k8s's webhook Service without its selector (no translator pod), and its endpoints: the
+    translator's address on the node."""
+    [service] = [d for d in manifests("translator.yaml", ("Service",))]
+    service["spec"].pop("selector", None)
+    [https] = service["spec"]["ports"]
+    meta = service["metadata"]
+    endpoints = {
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": f"{meta['name']}-test", "namespace": meta["namespace"],
+                     "labels": {"kubernetes.io/service-name": meta["name"],
+                                "endpointslice.kubernetes.io/managed-by": "tests.tessera.dev"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [ip], "conditions": {"ready": True}}],
+        "ports": [{"name": https["name"], "port": port, "protocol": "TCP"}],
+    }
+    return [service, endpoints]
+
+
+def checkpoint(dirs: KubeletDirs) -> dict:
+    """The claims in the enforcer's kubelet-plugin checkpoint (ResourceClaim uid -> entry)."""
+    return json.loads((dirs.plugin / "checkpoint.json").read_text())["body"]["claims"]
+
+
+def log_has(path: Path, text: str) -> bool:
+    return path.exists() and text in path.read_text(errors="replace")
+
+
+def probe_command(max_mib: int = 0) -> list[str]:
+    """The probe allocating in 64 MiB steps until refused (or ``max_mib``), then holding what it got
+    until its stdin closes (a container with ``stdin: true`` keeps it open)."""
+    return [probeimage.PROBE, "64", str(max_mib), "hold"]
+
+
+@dataclass
+class TesseraOnNode:
+    kube_cluster: object
+    kube_node: object
+    namespace: str
+    nats_url: str
+    workdir: Path
+
+    async def kubectl(self, *args: str, **kw):
+        return await asyncio.to_thread(self.kube_cluster.kubectl, *args, **kw)
+
+    async def get(self, *what: str) -> dict:
+        return json.loads((await self.kubectl("get", "-n", self.namespace, *what, "-o", "json")).stdout)
+
+    @contextlib.asynccontextmanager
+    async def running(self, tenant: str, quota: GpuQuota):
+        """Start Tessera with a tenant of ``quota`` owning the namespace; yields self (with
+        ``image``, ``client``, ``dirs``, ``cluster`` and ``enforcer_log`` set)."""
+        plane, node = self.kube_cluster, self.kube_node
+        ca = Authority()
+        cert, key = ca.issue(self.workdir / "webhook-tls", list(SERVING_NAMES))
+        apply(plane, manifests("namespace.yaml") + manifests("deviceclass.yaml") + manifests("admission-policies.yaml"))
+        identities = {name: service_identity(plane, manifest) for name, manifest in IDENTITIES.items()}
+        self.image, archive = probeimage.build()
+        node.ctr("images", "import", "--platform", "linux/amd64", str(archive))
+        port = free_port()
+        self.dirs = KubeletDirs(registry=node.plugins_registry, plugin=node.plugins_dir / DRIVER, cdi=node.cdi_dir)
+        self.cluster = await start_services(
+            self.workdir / "tessera", self.nats_url, None, profile=profile(self.workdir / "fleet.yaml", node.name),
+            services=SERVICES, kubeconfigs=identities, kubelets={node.name: self.dirs},
+            env={"TESSERA_WEBHOOK_PORT": str(port), "TESSERA_WEBHOOK_HOST": node.ip,
+                 "TESSERA_WEBHOOK_CERT": str(cert), "TESSERA_WEBHOOK_KEY": str(key)})
+        self.client = None
+        webhook = webhook_configuration(ca)
+        try:
+            self.enforcer_log = self.cluster.find(f"enforcer-{node.name}").log_path
+            # the real kubelet's plugin watcher found the registration socket, asked GetInfo, said yes
+            await eventually(lambda: log_has(self.enforcer_log, f"the kubelet registered DRA plugin {DRIVER}"),
+                             timeout=60, what=f"the kubelet registering {DRIVER}")
+            apply(plane, webhook_service(node.ip, port) + [webhook])
+            self.client = await Client.connect(self.nats_url)
+            await create_tenant(self.client, tenant, quota)
+            await self.kubectl("label", "namespace", self.namespace, f"{TENANT_LABEL}={tenant}")
+            yield self
+        finally:
+            # no webhook (Fail for GPU pods) is left pointing at a translator that is gone
+            await self.kubectl("delete", "mutatingwebhookconfiguration", webhook["metadata"]["name"],
+                               "--ignore-not-found", check=False)
+            service, endpoints = webhook_service(node.ip, port)
+            for kind, doc in (("endpointslices.discovery.k8s.io", endpoints), ("services", service)):
+                await self.kubectl("delete", "-n", doc["metadata"]["namespace"], kind, doc["metadata"]["name"],
+                                   "--ignore-not-found", check=False)
+            if self.client is not None:
+                await self.client.close()
+            await asyncio.to_thread(self.cluster.stop)
+
+    async def ready(self, pod: str) -> dict:
+        """Wait for the pod to be Ready and return it; a failure says what the pod, the kubelet and
+        the enforcer said."""
+        waited = await self.kubectl("wait", "-n", self.namespace, f"pod/{pod}", "--for=condition=Ready",
+                                    "--timeout=120s", check=False)
+        got = await self.get(f"pod/{pod}")
+        assert waited.returncode == 0, (
+            f"pod not Ready: {got['status']}\n"
+            f"{(await self.kubectl('describe', '-n', self.namespace, f'pod/{pod}')).stdout[-3000:]}\n"
+            f"kubelet:\n{self.kube_node.log('kubelet')[-4000:]}\nenforcer:\n{self.enforcer_log.read_text()[-3000:]}")
+        return got
+
+    async def probed(self, pod: str, container: str) -> dict:
+        """The probe's report from a container's log (kubectl logs)."""
+        async def line():
+            logs = await self.kubectl("logs", "-n", self.namespace, pod, "-c", container, check=False)
+            lines = [text for text in logs.stdout.splitlines() if text.startswith("{")]
+            return json.loads(lines[-1]) if lines else None
+
+        return await eventually(line, timeout=30, what=f"the probe's line in the log of {pod}/{container}")
+
+    async def given_back(self, tenant: str) -> bool:
+        """Whether every ledger is empty and the tenant holds no quota."""
+        return all(not lg.entries for lg in (await ledgers(self.client)).values()) \
+            and not (await quota_in_use(self.client, tenant)).claims
