@@ -163,7 +163,8 @@ async def serve(plugin: DraPlugin, registry_dir: Path, plugin_dir: Path, ready: 
         await asyncio.Event().wait()
     finally:
         registration_socket.unlink(missing_ok=True)  # first: the kubelet sees the plugin go
-        await asyncio.gather(registrar.stop(STOP_GRACE_SECONDS), dra.stop(STOP_GRACE_SECONDS))
+        stopping = [registrar.stop(STOP_GRACE_SECONDS), dra.stop(STOP_GRACE_SECONDS)]
+        if registration is not None:  # and the capacity publisher hears it
+            stopping.append(registration.stopped())
+        await asyncio.gather(*stopping)
         dra_socket.unlink(missing_ok=True)
-        if registration is not None:
-            await registration.stopped()
