@@ -48,10 +48,14 @@ def test_a_slice_has_the_v1_shape_the_translators_claims_ask_for():
                                                      "uid": "uid-1", "controller": True}
 
 
-def test_a_sick_gpu_is_not_published_and_names_are_dns_safe():
+def test_a_sick_gpu_is_tainted_and_names_are_dns_safe():
     doc = slices.resource_slice(node("GPU_Node.7", healthy=(True, False)), 2)
-    kubernetes_validate.validate(doc, K8S, strict=True)
-    assert [d["name"] for d in doc["spec"]["devices"]] == ["gpu-0"]
+    kubernetes_validate.validate(doc, "1.34", strict=True)
+    assert [(d["name"], d.get("taints")) for d in doc["spec"]["devices"]] == [
+        ("gpu-0", None), ("gpu-1", [{"key": "gpu.tessera.dev/unhealthy", "effect": "NoSchedule"}])]
+    # where the API server would drop the taint (DRADeviceTaints off), the sick GPU is left out
+    untainted = slices.resource_slice(node("GPU_Node.7", healthy=(True, False)), 2, taints=False)
+    assert [d["name"] for d in untainted["spec"]["devices"]] == ["gpu-0"]
     assert doc["metadata"]["name"] == "gpu-node.7-gpu-tessera-dev"
     assert "ownerReferences" not in doc["metadata"]  # no Node object known (a simulated node)
 
@@ -79,7 +83,7 @@ async def test_the_writer_applies_once_and_raises_the_generation_only_on_change(
         assert len(apiserver.writes) == writes
         assert await writer.publish(node(healthy=(True, False))) == 2  # a GPU fell sick: generation 2
         (doc,) = stored_slices(apiserver).values()
-        assert doc["spec"]["pool"]["generation"] == 2 and len(doc["spec"]["devices"]) == 1
+        assert doc["spec"]["pool"]["generation"] == 2 and doc["spec"]["devices"][1]["taints"]
         applies = [query for method, path, query in apiserver.requests if method == "PATCH" and RS[1] in path]
         assert applies and all(q.get("fieldManager") == "tessera-capacity" and q.get("force") == "true"
                                for q in applies)
@@ -103,7 +107,7 @@ class Flaky:
 
 
 async def test_the_service_retries_a_slice_it_could_not_write_and_then_leaves_it(caplog):
-    settings = CapacitySettings(kubernetes=True)
+    settings = CapacitySettings(kubernetes=True, slices_need_plugin=False)
     writer = Flaky(fails=1)
     svc = CapacityService(SimpleNamespace(bus=None), settings, [node("a"), node("b")], slices=writer)
     await svc._publish_slices()  # "a" fails (logged), "b" is written
@@ -129,7 +133,8 @@ async def test_a_publisher_in_kubernetes_mode_writes_every_nodes_slice(apiserver
 
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", apiserver.url)
     cluster = LocalCluster(workdir=tmp_path, profile=profiles_dir / "tiny.yaml", nats_url=nats_server.url)
-    cluster.spawn("capacity", instance="capacity-k8s", env={"TESSERA_KUBERNETES": "true", "KUBECONFIG": str(kubeconfig)})
+    cluster.spawn("capacity", instance="capacity-k8s", env={"TESSERA_KUBERNETES": "true", "KUBECONFIG": str(kubeconfig),
+                                                           "TESSERA_SLICES_NEED_PLUGIN": "false"})  # (no kubelet)
     try:
         await asyncio.to_thread(cluster.wait_ready, 60)
         await apiserver.wait_for(lambda: len(stored_slices(apiserver)) == 2, timeout=30)
@@ -154,7 +159,7 @@ class Recorder:
 async def test_a_lost_node_shows_no_devices_until_it_is_back():
     # (its enforcer fell silent: the publisher on the node is alive and says so in the slice)
     writer = Recorder()
-    svc = CapacityService(SimpleNamespace(bus=None), CapacitySettings(kubernetes=True), [node("a"), node("b")],
+    svc = CapacityService(SimpleNamespace(bus=None), CapacitySettings(kubernetes=True, slices_need_plugin=False), [node("a"), node("b")],
                           slices=writer)
     await svc._publish_slices()
     assert sorted(writer.published) == [("a", 2), ("b", 2)]
@@ -176,10 +181,10 @@ async def test_a_wiped_or_edited_slice_is_restored_at_the_same_generation(apiser
         assert stored_slices(apiserver) == {}
         assert await writer.publish(node(healthy=(True, False))) == 2  # same devices: same pool generation
         (doc,) = stored_slices(apiserver).values()
-        assert doc["spec"]["pool"]["generation"] == 2 and len(doc["spec"]["devices"]) == 1
+        assert doc["spec"]["pool"]["generation"] == 2 and len(doc["spec"]["devices"]) == 2
         await apiserver.patch(*RS, name, {"spec": {"devices": []}})  # someone else's edit
         assert await writer.publish(node(healthy=(True, False))) == 2
-        assert len(stored_slices(apiserver)[name]["spec"]["devices"]) == 1
+        assert len(stored_slices(apiserver)[name]["spec"]["devices"]) == 2
     finally:
         await writer.close()
     restarted = SliceWriter(KubeApi.for_url(apiserver.url))  # from empty memory: reads the generation back

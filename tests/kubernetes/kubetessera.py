@@ -103,7 +103,9 @@ async def start_services(workdir: Path, nats_url: str, apiserver_url: str | None
     ``apiserver_url``; ``kubelets``: the directories of a node's real kubelet and runtime
     (a profile path that is absolute is used as it is)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    extra = {"TESSERA_KUBERNETES": "true", "TESSERA_HEARTBEAT_SECONDS": "1", **(env or {})}
+    # Nodes without a real kubelet have no plugin registered: their slices are written regardless.
+    extra = {"TESSERA_KUBERNETES": "true", "TESSERA_HEARTBEAT_SECONDS": "1",
+             "TESSERA_SLICES_NEED_PLUGIN": "true" if kubelets else "false", **(env or {})}
     if kubeconfigs is None:
         assert apiserver_url, "the emulator's URL, or a kubeconfig per service"
         extra["KUBECONFIG"] = str(write_kubeconfig(workdir / "kubeconfig", apiserver_url))

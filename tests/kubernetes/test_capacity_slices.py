@@ -35,7 +35,7 @@ async def publisher(apiserver):
     for inv in fleet():  # the real nodes' Node objects (the slices are owned by them)
         await apiserver.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": inv.node}})
     writer = SliceWriter(KubeApi.for_url(apiserver.url))
-    svc = CapacityService(SimpleNamespace(bus=None), CapacitySettings(kubernetes=True), fleet(), slices=writer)
+    svc = CapacityService(SimpleNamespace(bus=None), CapacitySettings(kubernetes=True, slices_need_plugin=False), fleet(), slices=writer)
     try:
         yield svc
     finally:
@@ -69,7 +69,7 @@ async def test_a_slice_the_kubelet_deleted_is_back_after_one_heartbeat_at_the_sa
     one_gpu_sick(publisher, 0)
     await publisher._publish_slices()
     first = stored(apiserver, "gpu-0")
-    assert first["spec"]["pool"]["generation"] == 2 and len(first["spec"]["devices"]) == 1
+    assert first["spec"]["pool"]["generation"] == 2 and first["spec"]["devices"][1]["taints"]
     assert first["metadata"]["ownerReferences"][0]["kind"] == "Node"
 
     other = stored(apiserver, "gpu-1")["metadata"]["resourceVersion"]
@@ -97,7 +97,7 @@ async def test_a_slice_edited_by_someone_else_is_restored_and_a_device_change_ra
     await publisher._publish_slices(verify=True)
     after = stored(apiserver, "gpu-1")
     assert after["spec"]["pool"]["generation"] == before["spec"]["pool"]["generation"] + 1
-    assert [d["name"] for d in after["spec"]["devices"]] == ["gpu-0"]
+    assert [(d["name"], bool(d.get("taints"))) for d in after["spec"]["devices"]] == [("gpu-0", False), ("gpu-1", True)]
 
 
 async def test_the_watch_puts_a_deleted_slice_back_without_waiting_for_a_heartbeat(apiserver, publisher):

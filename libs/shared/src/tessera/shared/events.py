@@ -329,7 +329,20 @@ class NodeUsage(Event, tag="node-usage"):
     ts: float = field(default_factory=now)
 
 
-UsageEvent = ClaimUsage | NodeUsage
+class KubeletPluginStatus(Event, tag="kubelet-plugin"):
+    """Whether the kubelet has the node's DRA plugin (the enforcer, one ``instance`` of it: a rolling
+    update runs two side by side) registered. Said on every change and, while registered, every few
+    seconds: the capacity publisher writes a node's ResourceSlices only while a report says so and is
+    recent (a plugin that died says nothing), as the kubelet deletes them once the plugin is gone."""
+
+    node: NodeName
+    instance: str
+    registered: bool
+    reason: str = ""  # how the plugin knows (the kubelet's notice, a call), or why it is not registered
+    ts: float = field(default_factory=now)
+
+
+UsageEvent = ClaimUsage | NodeUsage | KubeletPluginStatus
 
 
 # --- tenants: tessera.tenants.<tenant>.<event> ---------------------------------------------------

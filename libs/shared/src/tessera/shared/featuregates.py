@@ -7,6 +7,10 @@ silently drops the fields it guards — a device's `allowMultipleAllocations`, i
 slice would offer each GPU once and an allocation would claim a whole card. Nothing errors; the
 fleet is simply wrong. So each writer compares what it wrote with what the server answered and,
 where a gated field is gone, refuses with an error that names the gate.
+
+Device taints (`DRADeviceTaints`: alpha and off in 1.33-1.35, beta and on in 1.36) are dropped the
+same way when off; a tainted GPU would then look healthy to every DRA allocator. That gate is not
+needed to share GPUs, so it is told (`taints_dropped`) and the writer leaves sick GPUs out instead.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ CONSUMABLE_CAPACITY = "DRAConsumableCapacity"
 # The fields the gate guards, by the name of their key in resource.k8s.io/v1 objects. ("capacity"
 # is gated only inside a device request; a slice device's own capacity is not.)
 GATED = ("allowMultipleAllocations", "requestPolicy", "shareID", "consumedCapacity")
+DEVICE_TAINTS = "DRADeviceTaints"
 SUPPORTED = "Kubernetes 1.36 or later (DRAConsumableCapacity is on by default there)"
 
 
@@ -70,3 +75,12 @@ def require_consumable_capacity(what: str, wrote: dict, stored: dict) -> None:
             f"{CONSUMABLE_CAPACITY} feature gate is off there, and without it no GPU can be shared. Enable it "
             f"(kube-apiserver, kube-scheduler, kube-controller-manager and kubelet: "
             f"--feature-gates={CONSUMABLE_CAPACITY}=true), or run {SUPPORTED}")
+
+
+def _tainted(slice_obj: dict) -> int:
+    return sum(1 for d in (slice_obj.get("spec") or {}).get("devices") or [] if d.get("taints"))
+
+
+def taints_dropped(wrote: dict, stored: dict) -> bool:
+    """Whether the API server kept none of the device taints of the ResourceSlice ``wrote``."""
+    return _tainted(wrote) > 0 and _tainted(stored) == 0

@@ -47,6 +47,9 @@ class GpuSpec(GpuFacts, forbid_unknown_fields=True, kw_only=True):
     uuid: str | None = None
     max_shares: Annotated[int, Meta(ge=1, le=64)] = 10
     pci_bus_id: PciBusId | None = None
+    # A simulated GPU that fails (false) or recovers: the capacity publisher reads it again when
+    # the file changes.
+    healthy: bool = True
 
 
 class NodeGroup(GpuFacts, forbid_unknown_fields=True, kw_only=True):
@@ -110,7 +113,8 @@ def expand(profile: Profile) -> list[NodeInventory]:
     for node in profile.nodes:
         devices = [
             GpuDevice(uuid=g.uuid or gpu_uuid(node.name, i), index=i, model=g.model, memory_mib=g.memory_mib,
-                      sm_count=g.sm_count, max_shares=g.max_shares, pci_bus_id=g.pci_bus_id or "", **_facts(g))
+                      sm_count=g.sm_count, max_shares=g.max_shares, pci_bus_id=g.pci_bus_id or "", healthy=g.healthy,
+                      **_facts(g))
             for i, g in enumerate(node.gpus)
         ]
         out.append(NodeInventory(node=node.name, devices=devices, labels=dict(node.labels),

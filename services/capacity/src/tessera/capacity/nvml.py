@@ -97,3 +97,23 @@ def discover_local_node(node: str | None = None) -> NodeInventory:
         pynvml.nvmlShutdown()
     name = node or socket.gethostname().lower()
     return NodeInventory(node=name, devices=devices, cpu_millis=(os.cpu_count() or 1) * 1000)
+
+
+def device_health(uuids: list[str]) -> dict[str, bool]:
+    """uuid -> whether NVML can still query the GPU (a GPU fallen off the bus, or one NVML reports
+    lost, cannot be)."""
+    health = {u: False for u in uuids}
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return health  # the driver itself is gone: so are its GPUs
+    try:
+        for u in uuids:
+            try:
+                pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByUUID(u.encode()))
+                health[u] = True
+            except pynvml.NVMLError:
+                pass
+    finally:
+        pynvml.nvmlShutdown()
+    return health

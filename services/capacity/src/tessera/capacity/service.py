@@ -14,7 +14,12 @@ and re-applies any that is missing (the kubelet deletes a node's slices when it 
 something else, and a watch on them does the same as soon as one changes; an API server that cannot
 be reached is retried at the next heartbeat, and NATS goes on meanwhile. While a node it serves is
 lost (its enforcer silent) the slice shows no devices, so nothing on Kubernetes offers GPUs there
-either (placement already allocates none on a lost node).
+either (placement already allocates none on a lost node). A node's slice is written only while the
+kubelet has the node's DRA plugin registered, as its enforcer says (`tessera.capacity.plugins`): the
+kubelet deletes the slices of a plugin that went, and they stay gone until it is back. At every
+heartbeat each GPU's health is read again (`tessera.capacity.health`); a change is announced as a
+new inventory (placement allocates nothing on an unhealthy GPU) and shows in the slice as a device
+taint (`tessera.capacity.slices`), gone again when the GPU recovers.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from tessera.capacity.metrics import CapacityMetrics
 from tessera.shared import subjects
 from tessera.shared.bus import Outgoing
 from tessera.shared.events import (
+    KubeletPluginStatus,
     NodeHeartbeat,
     NodeInventory,
     NodeLost,
@@ -46,6 +52,8 @@ from tessera.shared.telemetry import NODE, decided
 from tessera.shared.inventory import is_lost, with_lost
 
 from tessera.capacity.discovery import discover
+from tessera.capacity.health import HealthSource
+from tessera.capacity.plugins import KubeletPlugins
 from tessera.capacity.settings import CapacitySettings
 from tessera.capacity.slices import slice_name
 
@@ -74,6 +82,12 @@ class CapacityService:
         self.last_seen: dict[str, float] = {}
         self.enforcer_seen: dict[str, float] = {}
         self.lost: set[str] = set()
+        # Kubernetes mode: whose kubelet plugin is registered (their slices are written), and the
+        # nodes whose slice is held back now (said once per change).
+        self.plugins = KubeletPlugins(settings.plugin_silent_after_seconds)
+        self.held_back: set[str] = set()
+        self.health = HealthSource(settings)
+        self.generation = 0  # of the inventories last announced
 
     async def start(self) -> dict:
         self.kv = await self.bus.kv(subjects.KV_INVENTORY)
@@ -106,12 +120,42 @@ class CapacityService:
         return None
 
     async def _watch_enforcers(self) -> None:
-        """Node usage reports are the enforcers' sign of life."""
+        """Node usage reports are the enforcers' sign of life; their kubelet plugin's status decides
+        whether the node's slice is written."""
         async def reported(event, _headers) -> None:
             if isinstance(event, NodeUsage):
                 await self._sign_of_life(self.enforcer_seen, event.node)
+            elif isinstance(event, KubeletPluginStatus):
+                await self._plugin_said(event)
 
         await self.bus.follow(f"{subjects.USAGE}.>", usage_decoder, reported)
+
+    async def _plugin_said(self, status: KubeletPluginStatus) -> None:
+        node = status.node
+        before = self.plugins.registered(node, time.time())
+        self.plugins.heard(status, time.time())
+        if self.slices is None or node not in self.slice_view or self.plugins.registered(node, time.time()) == before:
+            return
+        if before:
+            log.info("the kubelet plugin of %s is not registered (%s): its ResourceSlice is left to the kubelet, "
+                     "which deletes it", node, status.reason)
+            return
+        self.slices_due.add(node)  # registered (again): the slice the kubelet deleted comes back now
+        await self._publish_slices()
+
+    def writable(self, node: str) -> bool:
+        """Whether ``node``'s slice may be written now (said once each time that changes)."""
+        why = None if not self.settings.slices_need_plugin else self.plugins.why_not(node, time.time())
+        if why is None:
+            if node in self.held_back:
+                self.held_back.discard(node)
+                log.info("ResourceSlice of %s written again: its kubelet plugin is registered", node)
+            return True
+        if node not in self.held_back:
+            self.held_back.add(node)
+            log.info("ResourceSlice of %s not written: %s (TESSERA_SLICES_NEED_PLUGIN=false writes it regardless)",
+                     node, why)
+        return False
 
     async def _sign_of_life(self, seen: dict[str, float], node: str) -> None:
         """Note it, and give a node that was lost back to placement once nothing of it is silent."""
@@ -128,9 +172,9 @@ class CapacityService:
                     **{NODE: inv.node})  # (span=None: the current one; named, so the ** is only attributes)
 
     async def _heartbeats(self, announced) -> None:
-        generation = int(time.time())
+        self.generation = int(time.time())
         for inv in self.nodes:
-            await self.announce(msgspec.structs.replace(inv, generation=generation))
+            await self.announce(msgspec.structs.replace(inv, generation=self.generation))
         announced()
         log.info("announced %d nodes, %d GPUs", len(self.nodes), sum(len(n.devices) for n in self.nodes))
         await self._publish_slices()
@@ -138,6 +182,7 @@ class CapacityService:
         while True:
             await asyncio.sleep(self.settings.heartbeat_seconds)
             seq += 1
+            await self._follow_health()
             await self._publish_slices(verify=True)
             try:
                 await self.bus.publish_many(
@@ -145,6 +190,34 @@ class CapacityService:
                 )
             except Exception as exc:  # NATS restarting: the next beat goes out once it is back
                 log.warning("heartbeat %d not published: %r", seq, exc)
+
+    async def _follow_health(self) -> None:
+        """Announce the nodes whose GPUs' health changed since they were last announced."""
+        try:
+            health = await asyncio.to_thread(self.health.read, [d.uuid for n in self.nodes for d in n.devices])
+        except Exception as exc:  # NVML misbehaving: the health last read stands, read again next beat
+            log.warning("GPU health not read: %r", exc)
+            return
+        if health is None:
+            return
+        for i, inv in enumerate(self.nodes):
+            now = [msgspec.structs.replace(d, healthy=health.get(d.uuid, False)) for d in inv.devices]
+            if now == inv.devices:
+                continue
+            inv = msgspec.structs.replace(inv, devices=now)
+            self.generation = max(self.generation + 1, int(time.time()))
+            labels = with_lost(inv.labels, inv.node in self.lost)
+            try:
+                await self.announce(msgspec.structs.replace(inv, labels=labels, generation=self.generation))
+            except Exception as exc:  # NATS away: tried again at the next heartbeat
+                log.warning("inventory of %s not announced: %r", inv.node, exc)
+                continue
+            self.nodes[i] = inv
+            sick = [f"gpu-{d.index}" for d in now if not d.healthy]
+            log.warning("GPU health of %s changed: %s", inv.node, f"unhealthy {', '.join(sick)}" if sick else "all healthy")
+            if inv.node not in self.lost:
+                self.slice_view[inv.node] = inv
+                self.slices_due.add(inv.node)
 
     async def _publish_slices(self, verify: bool = False) -> None:
         """Bring the ResourceSlices not yet current up to date (Kubernetes mode; else nothing).
@@ -163,7 +236,7 @@ class CapacityService:
                     log.warning("ResourceSlices not read (checked again at the next heartbeat): %s", exc)
             for served in self.nodes:  # (in the profile's order)
                 node = served.node
-                if node not in self.slices_due:
+                if node not in self.slices_due or not self.writable(node):
                     continue
                 inv = self.slice_view[node]
                 try:
@@ -208,7 +281,7 @@ class CapacityService:
     async def _slice_shows(self, node: str, lost: bool) -> None:
         """Kubernetes mode: a lost node we serve shows no devices in its ResourceSlice (no GPU that
         nothing on the node can prepare is offered); back, all of them."""
-        served = next((n for n in self.nodes if n.node == node), None)
+        served = next((n for n in self.nodes if n.node == node), None)  # (its current health)
         if self.slices is None or served is None:
             return
         self.slice_view[node] = msgspec.structs.replace(served, devices=[]) if lost else served

@@ -38,6 +38,16 @@ class CapacitySettings(FromEnv):
         "TESSERA_KUBERNETES", "`true`: also keep each node's DRA ResourceSlice (driver `gpu.tessera.dev`, "
         "consumable `memory`, `cores`, `shares`) current through the Kubernetes API", False)
 
+    # The kubelet deletes a node's slices once its plugin is gone; writing them back would offer GPUs
+    # that nothing on the node can prepare.
+    slices_need_plugin: bool = setting(
+        "TESSERA_SLICES_NEED_PLUGIN", "`true`: a node's ResourceSlice is written only while the node's enforcer "
+        "says the kubelet has its DRA plugin registered (the kubelet deletes it when the plugin goes); `false`: "
+        "always (nodes without a kubelet: a simulated fleet, a benchmark)", True)
+    plugin_silent_after_seconds: float = setting(
+        "TESSERA_PLUGIN_SILENT_AFTER_SECONDS", "a kubelet plugin not heard from for this long counts as gone (it "
+        "reports every 5 s; keep this under the kubelet's 30 s before it deletes the slices)", 15.0, above=5)
+
     def check(self) -> Iterable[str]:
         """The fleet is read before connecting: a bad profile fails fast, naming the path."""
         from tessera.capacity.discovery import discover

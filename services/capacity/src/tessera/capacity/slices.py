@@ -21,8 +21,16 @@ for GPUs and, per GPU, for ``memory`` and ``cores``; this module is the other ha
   takes one by default and can take only one), so that any allocation from the slice keeps to
   the same limits as Tessera's own placement.
 
-A sick GPU is left out (nothing should be allocated on it); when the set of devices changes the
-pool's generation goes up, as DRA asks of a driver that republishes a pool.
+A sick GPU (one its node's inventory marks unhealthy: NVML lost it or says it fails, or the
+simulated profile says so) stays in the slice with a DRA device taint (KEP-5055, ``DRADeviceTaints``:
+beta and on from 1.36) ``gpu.tessera.dev/unhealthy``, effect ``NoSchedule``: no allocator gives
+it to a new claim (kube-scheduler's skips it unless a claim tolerates the taint; Tessera's placement
+allocates no unhealthy GPU), while users still see it, and why, where it was. Not ``NoExecute``:
+kube-controller-manager would then delete every pod on the GPU at its first failed check; a pod
+sees its GPU's health in its status (the kubelet's dra-health stream) and its owner decides. Where
+the API server drops taints (the gate off) the sick GPU is left out instead (`tessera.capacity.kube`).
+When the devices change (a taint included) the pool's generation goes up, as DRA asks of a driver
+that republishes a pool.
 
 Pure: returns plain dicts; the writer is `tessera.capacity.kube`.
 """
@@ -39,6 +47,8 @@ MANAGED_BY = "tessera-capacity"
 # Labels on every slice this publisher writes: what its watch selects on.
 SLICE_LABELS = {"app.kubernetes.io/part-of": "tessera", "app.kubernetes.io/managed-by": MANAGED_BY}
 MAX_STRING = 64  # DRA's limit on a string or version attribute value
+TAINT_KEY = f"{DRIVER}/unhealthy"
+UNHEALTHY = {"key": TAINT_KEY, "effect": "NoSchedule"}  # (the API server adds timeAdded)
 
 
 def slice_name(node: str) -> str:
@@ -102,11 +112,28 @@ def device(gpu: GpuDevice) -> dict:
     }
 
 
-def devices(inv: NodeInventory) -> list[dict]:
-    return [device(g) for g in sorted(inv.devices, key=lambda g: g.index) if g.healthy]
+def devices(inv: NodeInventory, taints: bool = True) -> list[dict]:
+    """The slice's devices: each GPU, a sick one tainted; with ``taints`` False (the API server
+    would drop them) a sick one left out."""
+    out = []
+    for gpu in sorted(inv.devices, key=lambda g: g.index):
+        if gpu.healthy:
+            out.append(device(gpu))
+        elif taints:
+            out.append({**device(gpu), "taints": [dict(UNHEALTHY)]})
+    return out
 
 
-def resource_slice(inv: NodeInventory, generation: int, node_uid: str | None = None) -> dict:
+def untimed(spec_devices: list[dict] | None) -> list[dict] | None:
+    """A slice's devices as read back, less the ``timeAdded`` the API server puts on each taint (so
+    that they compare equal to the devices written, which leave it to the server)."""
+    if spec_devices is None:
+        return None
+    return [{**d, "taints": [{k: v for k, v in t.items() if k != "timeAdded"} for t in d["taints"]]}
+            if d.get("taints") else d for d in spec_devices]
+
+
+def resource_slice(inv: NodeInventory, generation: int, node_uid: str | None = None, taints: bool = True) -> dict:
     """The node's ResourceSlice at pool ``generation``; owned by the Node when its uid is given (the
     slice then goes when the Node is deleted)."""
     metadata: dict = {"name": slice_name(inv.node), "labels": dict(SLICE_LABELS)}
@@ -121,6 +148,6 @@ def resource_slice(inv: NodeInventory, generation: int, node_uid: str | None = N
             "driver": DRIVER,
             "nodeName": inv.node,
             "pool": {"name": pool_name(inv.node), "generation": generation, "resourceSliceCount": 1},
-            "devices": devices(inv),
+            "devices": devices(inv, taints),
         },
     }

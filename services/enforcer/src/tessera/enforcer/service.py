@@ -13,7 +13,8 @@ Root tasks: the claims consumer; the observe loop (reads accounting files, publi
 the leak policy of reclaim.py); the lost-node loop (lost.py); the reconcile loop (the start-up
 reconcile, periodically: what a stop or a failed publish left half done); the watchdog loop (watchdog.py:
 kills a claim's processes that use the GPU without libvgpu in force); in Kubernetes mode the kubelet plugin
-(kubelet/), which prepares the claims that stand for ResourceClaims when the kubelet asks. Every
+(kubelet/), which prepares the claims that stand for ResourceClaims when the kubelet asks, and says
+whether the kubelet has it registered (kubelet/registration.py: the node's ResourceSlices follow). Every
 step checks the claim's recorded state first, so a redelivered or late event changes nothing, and a
 restarted enforcer rebuilds everything from its claim directories, its checkpoint and the KV buckets.
 """
@@ -22,7 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import socket
 import time
 
 import msgspec
@@ -40,6 +43,7 @@ from tessera.shared.events import (
     ClaimRunning,
     ClaimEvent,
     ClaimViolation,
+    KubeletPluginStatus,
     claim_decoder,
 )
 from tessera.shared.ledger import Ledger
@@ -51,6 +55,7 @@ from tessera.enforcer import lost as lostmod
 from tessera.enforcer.claimdir import ClaimDirs
 from tessera.enforcer.driver import DriverNotFound
 from tessera.enforcer.gpustats import GpuStats
+from tessera.enforcer.kubelet.registration import PluginRegistration
 from tessera.enforcer.metrics import EnforcerMetrics
 from tessera.enforcer.observe import NodeView, Observer
 from tessera.enforcer.preparation import Prepared, Preparation
@@ -76,13 +81,17 @@ class EnforcerService:
         self.metrics = EnforcerMetrics(settings.node, ctx.settings.metrics_legacy)
         self.watchdog = Watchdog()
         ctx.metrics.add(self.metrics)  # served by the runner's metrics listener (tessera.shared.metrics)
+        self.registration: PluginRegistration | None = None  # Kubernetes mode: what the kubelet says of the plugin (set in start)
 
     async def start(self) -> dict:
         await self.open()
         tasks = {"claims": self._consume(), "observe": self._observe_loop(), "lost-nodes": self._lost_loop(),
                  "reconcile": self._reconcile_loop(), "watchdog": self._watchdog_loop()}
         if self.settings.kubernetes:
+            instance = self.settings.pod_uid or f"{socket.gethostname()}-{os.getpid()}"
+            self.registration = PluginRegistration(self.node, instance, self._publish_plugin_status)
             tasks["kubelet-plugin"] = self._kubelet_plugin()
+            tasks["kubelet-registration"] = self.registration.report()
         return tasks
 
     async def open(self) -> None:
@@ -127,9 +136,13 @@ class EnforcerService:
             await reader.connect()
             await plugin.restore()
             await serve(plugin, self.settings.kubelet_registry_dir, self.settings.kubelet_plugin_dir, ready,
-                        self.settings.pod_uid, DeviceHealth(self.node, self._current_devices))
+                        self.settings.pod_uid, DeviceHealth(self.node, self._current_devices), self.registration)
         finally:
             await reader.close()
+
+    async def _publish_plugin_status(self, status: KubeletPluginStatus) -> None:
+        await self.bus.publish(subjects.usage(self.node), status,
+                               msg_id=f"plugin:{self.node}:{status.instance}:{time.time_ns()}")
 
     async def _current_devices(self):
         """The node's GPUs as its inventory says now (for the kubelet's health stream)."""

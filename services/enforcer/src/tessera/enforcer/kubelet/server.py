@@ -6,7 +6,9 @@ reports back with ``NotifyRegistrationStatus``; from then on it calls NodePrepar
 NodeUnprepareResources on the DRA socket in the plugin directory. Both DRA versions the kubelet
 speaks (v1, and v1beta1 for older kubelets) are served by one implementation (plugin.py). The DRA
 socket is listening before the registration socket appears, and both sockets are removed on the
-way out, so the kubelet never registers a plugin that cannot answer, and sees it leave.
+way out, so the kubelet never registers a plugin that cannot answer, and sees it leave. What the
+kubelet says of the registration, and its calls, go to `registration.PluginRegistration`, which
+tells the capacity publisher (a node's ResourceSlices exist only while its plugin is registered).
 
 Rolling updates with a surge (the DaemonSet's maxSurge: 1): given its pod's uid, each instance's
 sockets carry it (``gpu.tessera.dev-<uid>-reg.sock``, ``dra-<uid>.sock``), the names the kubelet
@@ -36,6 +38,7 @@ from tessera.enforcer.kubelet.api import (
 )
 from tessera.enforcer.kubelet.health import DeviceHealth
 from tessera.enforcer.kubelet.plugin import ClaimRef, DraPlugin
+from tessera.enforcer.kubelet.registration import PluginRegistration
 
 log = logging.getLogger("tessera.enforcer.kubelet")
 
@@ -58,8 +61,9 @@ STOP_GRACE_SECONDS = 2.0
 
 
 class Registration(registration_pb2_grpc.RegistrationServicer):
-    def __init__(self, endpoint: Path) -> None:
+    def __init__(self, endpoint: Path, registration: PluginRegistration | None = None) -> None:
         self.endpoint = endpoint
+        self.registration = registration
 
     async def GetInfo(self, request, context):  # noqa: N802 - the gRPC method's name
         return registration_pb2.PluginInfo(type=PLUGIN_TYPE, name=DRIVER, endpoint=str(self.endpoint),
@@ -70,6 +74,8 @@ class Registration(registration_pb2_grpc.RegistrationServicer):
             log.info("the kubelet registered DRA plugin %s (endpoint %s)", DRIVER, self.endpoint)
         else:
             log.error("the kubelet refused to register DRA plugin %s: %s", DRIVER, request.error or "no reason given")
+        if self.registration is not None:
+            self.registration.notified(request.plugin_registered, request.error)
         return registration_pb2.RegistrationStatusResponse()
 
 
@@ -83,10 +89,16 @@ class _DraService:
     pb2 = dra_v1_pb2
     has_share_id = True
 
-    def __init__(self, plugin: DraPlugin) -> None:
+    def __init__(self, plugin: DraPlugin, registration: PluginRegistration | None = None) -> None:
         self.plugin = plugin
+        self.registration = registration
+
+    def _called(self, what: str) -> None:
+        if self.registration is not None:
+            self.registration.called(what)
 
     async def NodePrepareResources(self, request, context):  # noqa: N802
+        self._called("NodePrepareResources")
         results = await self.plugin.prepare(_refs(request))
         reply = self.pb2.NodePrepareResourcesResponse()
         for uid, result in results.items():
@@ -102,6 +114,7 @@ class _DraService:
         return reply
 
     async def NodeUnprepareResources(self, request, context):  # noqa: N802
+        self._called("NodeUnprepareResources")
         errors = await self.plugin.unprepare(_refs(request))
         reply = self.pb2.NodeUnprepareResourcesResponse()
         for uid, error in errors.items():
@@ -126,25 +139,32 @@ async def _listen(server: grpc.aio.Server, socket: Path) -> None:
 
 
 async def serve(plugin: DraPlugin, registry_dir: Path, plugin_dir: Path, ready: Callable[[], None],
-                pod_uid: str = "", health: DeviceHealth | None = None) -> None:
+                pod_uid: str = "", health: DeviceHealth | None = None,
+                registration: PluginRegistration | None = None) -> None:
     """Serve until cancelled: the DRA socket first (with the device-health stream, given ``health``),
-    then the registration socket."""
+    then the registration socket; ``registration`` hears what the kubelet says and does."""
     registration_name, dra_name = socket_names(pod_uid)
     dra_socket, registration_socket = plugin_dir / dra_name, registry_dir / registration_name
-    dra, registration = grpc.aio.server(), grpc.aio.server()
-    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraV1(plugin), dra)
-    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraV1beta1(plugin), dra)
+    dra = grpc.aio.server()
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraV1(plugin, registration), dra)
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(DraV1beta1(plugin, registration), dra)
     if health is not None:
         dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(health, dra)
-    registration_pb2_grpc.add_RegistrationServicer_to_server(Registration(dra_socket), registration)
+    registrar = grpc.aio.server()
+    registration_pb2_grpc.add_RegistrationServicer_to_server(Registration(dra_socket, registration), registrar)
     try:
         await _listen(dra, dra_socket)
-        await _listen(registration, registration_socket)
+        await _listen(registrar, registration_socket)
+        if registration is not None:
+            registration.listening(registration_socket)
         log.info("kubelet plugin %s: registration on %s, DRA (%s) on %s", DRIVER, registration_socket,
                  ", ".join(SUPPORTED_VERSIONS), dra_socket)
         ready()
         await asyncio.Event().wait()
     finally:
         registration_socket.unlink(missing_ok=True)  # first: the kubelet sees the plugin go
-        await asyncio.gather(registration.stop(STOP_GRACE_SECONDS), dra.stop(STOP_GRACE_SECONDS))
+        stopping = [registrar.stop(STOP_GRACE_SECONDS), dra.stop(STOP_GRACE_SECONDS)]
+        if registration is not None:  # and the capacity publisher hears it
+            stopping.append(registration.stopped())
+        await asyncio.gather(*stopping)
         dra_socket.unlink(missing_ok=True)
