@@ -31,8 +31,11 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
+import re
+import ssl
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,14 +141,20 @@ def mem_available_mib() -> float:
 
 @dataclass
 class Side:
-    """One allocator's pods: when each was sent, created, bound and where."""
+    """One allocator's pods: when each was sent, created, got its claim, had it allocated, was bound."""
 
     name: str
     namespace: str
     sent: dict[str, float] = field(default_factory=dict)
     created: dict[str, float] = field(default_factory=dict)
+    claimed: dict[str, float] = field(default_factory=dict)  # pod -> its ResourceClaim seen
+    allocated: dict[str, float] = field(default_factory=dict)  # pod -> its claim seen allocated
     bound: dict[str, float] = field(default_factory=dict)
     node: dict[str, str] = field(default_factory=dict)
+    requests: dict[str, float] = field(default_factory=dict)  # API requests while this side ran
+
+    def _stage(self, start: dict[str, float], end: dict[str, float]) -> float:
+        return percentile([end[p] - start[p] for p in end if p in start], 0.50)
 
     def figures(self) -> dict:
         pods = len(self.created)
@@ -156,6 +165,12 @@ class Side:
             "pods_per_s": len(self.bound) / (max(self.bound.values()) - first) if self.bound else 0.0,
             "created_per_s": pods / (max(self.created.values()) - first) if self.created else 0.0,
             "p50_s": percentile(latencies, 0.50), "p99_s": percentile(latencies, 0.99),
+            # where a pod's time goes (p50 of each step): the controller making its claim, the
+            # allocator allocating it, kube-scheduler binding the pod
+            "to_claim_p50_s": self._stage(self.created, self.claimed),
+            "to_allocated_p50_s": self._stage(self.claimed, self.allocated),
+            "to_bound_p50_s": self._stage(self.allocated, self.bound),
+            "requests_per_pod": {k: v / pods for k, v in self.requests.items()} if pods else {},
         }
 
 
@@ -167,10 +182,46 @@ async def _watch_bound(admin: KubeApi, side: Side) -> None:
             side.node[name] = node
 
 
-async def _run_side(admin: KubeApi, side: Side, create, pods: int, timeout: float) -> dict:
+async def _watch_claims(admin: KubeApi, side: Side) -> None:
+    async for _kind, claim in admin.watch(object_path(RESOURCE_API_VERSION, "resourceclaims",
+                                                      namespace=side.namespace)):
+        owners = [o["name"] for o in claim["metadata"].get("ownerReferences") or [] if o.get("kind") == "Pod"]
+        for pod in owners:
+            side.claimed.setdefault(pod, time.perf_counter())
+            if (claim.get("status") or {}).get("allocation"):
+                side.allocated.setdefault(pod, time.perf_counter())
+
+
+def request_counts(plane: KubeControlPlane) -> dict[str, float]:
+    """The API server's requests so far (``apiserver_request_total``, watches left out): all, the
+    writes among them, and each "VERB resource[/subresource]"."""
+    ctx = ssl.create_default_context(cafile=str(plane.pki.ca_file))
+    ctx.load_cert_chain(str(plane.pki.dir / "admin.crt"), str(plane.pki.dir / "admin.key"))
+    with urllib.request.urlopen(f"{plane.url}/metrics", context=ctx, timeout=30) as answer:
+        text = answer.read().decode()
+    counts = {"all": 0.0, "writes": 0.0}
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        verb = re.search(r'verb="([A-Z]+)"', line)
+        if verb is None or verb[1] in ("WATCH", "CONNECT"):
+            continue
+        value = float(line.rsplit(" ", 1)[1])
+        counts["all"] += value
+        if verb[1] in ("POST", "PUT", "PATCH", "DELETE", "APPLY"):
+            counts["writes"] += value
+        resource, sub = re.search(r'resource="([^"]*)"', line), re.search(r'subresource="([^"]*)"', line)
+        key = f"{verb[1]} {resource[1] if resource else ''}{'/' + sub[1] if sub and sub[1] else ''}"
+        counts[key] = counts.get(key, 0.0) + value
+    return counts
+
+
+async def _run_side(plane: KubeControlPlane, admin: KubeApi, side: Side, create, pods: int, timeout: float) -> dict:
     """Create ``pods`` pods with ``create(name)``, all at once (`CONCURRENCY` in flight), and wait
     until the watch has seen each bound."""
-    watcher = asyncio.create_task(_watch_bound(admin, side), name=f"watch-{side.name}")
+    watchers = [asyncio.create_task(_watch_bound(admin, side), name=f"watch-pods-{side.name}"),
+                asyncio.create_task(_watch_claims(admin, side), name=f"watch-claims-{side.name}")]
+    before = await asyncio.to_thread(request_counts, plane)
     try:
         async def one(name: str) -> None:
             side.sent[name] = time.perf_counter()
@@ -180,9 +231,12 @@ async def _run_side(admin: KubeApi, side: Side, create, pods: int, timeout: floa
         deadline = time.monotonic() + timeout
         while len(side.bound) < pods and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
+        after = await asyncio.to_thread(request_counts, plane)
+        side.requests = {k: after[k] - before.get(k, 0.0) for k in after if after[k] > before.get(k, 0.0)}
     finally:
-        watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
+        for watcher in watchers:
+            watcher.cancel()
+        await asyncio.gather(*watchers, return_exceptions=True)
     return side.figures()
 
 
@@ -226,9 +280,10 @@ class FleetRun:
 
 
 async def measure(nodes: int, pods: int, *, minor: str = "v1.36", order: tuple[str, ...] = ("scheduler", "tessera"),
-                  timeout: float = 600, progress=print, workdir: Path | None = None) -> FleetRun:
+                  timeout: float = 600, progress=print, workdir: Path | None = None,
+                  service_env: dict[str, str] | None = None) -> FleetRun:
     """Both allocators on one fresh control plane with ``nodes`` simulated nodes, ``pods`` pods
-    each, in ``order``."""
+    each, in ``order`` (``service_env``: more settings for Tessera's services)."""
     workdir = workdir or Path(tempfile.mkdtemp(prefix="tessera-benchfleet-"))
     lowest = [mem_available_mib()]
     plane: KubeControlPlane = await asyncio.to_thread(
@@ -253,7 +308,7 @@ async def measure(nodes: int, pods: int, *, minor: str = "v1.36", order: tuple[s
                       for name in ("translator", "placement")}
         cluster = await start_services(workdir / "tessera", nats.url, None, profile=workdir / "fleet.yaml",
                                        services=("translator", "placement"), kubeconfigs=identities,
-                                       enforcers=False, env={"TESSERA_LOG_LEVEL": "WARNING"})
+                                       enforcers=False, env={"TESSERA_LOG_LEVEL": "WARNING", **(service_env or {})})
         setup = time.perf_counter() - begin
         lowest.append(mem_available_mib())
         sides = []
@@ -274,7 +329,7 @@ async def measure(nodes: int, pods: int, *, minor: str = "v1.36", order: tuple[s
                 async def create(pod: str, namespace=namespace) -> None:
                     await gpu_pods.submit(namespace, pod, WHOLE_GPU, tolerate_all=True)
             progress(f"{nodes} nodes: {pods} pods allocated by {name}")
-            figures = await _run_side(admin, side, create, pods, timeout)
+            figures = await _run_side(plane, admin, side, create, pods, timeout)
             lowest.append(mem_available_mib())
             progress(f"{nodes} nodes, {name}: {figures['bound']}/{pods} bound, {figures['pods_per_s']:.1f} pods/s, "
                      f"p50 {figures['p50_s']:.2f} s, p99 {figures['p99_s']:.2f} s")

@@ -76,13 +76,17 @@ def pods_table(runs: list[benchpods.PodsRun]) -> list[str]:
 
 
 def fleet_table(runs: list[benchfleet.FleetRun]) -> list[str]:
-    out = ["| nodes | allocator | pods bound | pods/s | created → bound p50 / p99 (s) | pods created/s | "
-           "distinct GPUs allocated |", "|---|---|---|---|---|---|---|"]
+    out = ["| nodes | allocator | pods bound | pods/s | created → bound p50 / p99 (s) | p50 of: → claim, → allocated, "
+           "→ bound (s) | pods created/s | API requests (writes) per pod | distinct GPUs allocated |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         for side in r.sides:
+            per_pod = side["requests_per_pod"]
             out.append(f"| {r.nodes:,} | {side['allocator']} | {side['bound']}/{side['pods']} | "
                        f"{f(side['pods_per_s'], 1)} | {f(side['p50_s'])} / {f(side['p99_s'])} | "
-                       f"{f(side['created_per_s'], 1)} | {r.distinct_devices.get(side['allocator'], 0)} |")
+                       f"{f(side['to_claim_p50_s'])}, {f(side['to_allocated_p50_s'])}, {f(side['to_bound_p50_s'])} | "
+                       f"{f(side['created_per_s'], 1)} | {f(per_pod.get('all', float('nan')), 1)} "
+                       f"({f(per_pod.get('writes', float('nan')), 1)}) | {r.distinct_devices.get(side['allocator'], 0)} |")
     return out
 
 
@@ -106,10 +110,16 @@ async def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fleet", default="500,5000", help="simulated node counts")
     p.add_argument("--fleet-pods", type=int, default=1000, help="pods per allocator at each fleet size")
     p.add_argument("--fleet-version", default="v1.36")
+    p.add_argument("--tessera-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="a setting for Tessera's services in the fleet part (e.g. TESSERA_PLACEMENT_KUBE_WORKERS=16)")
     p.add_argument("--label", default="", help="what this run is (printed above its tables)")
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(argv)
     parts = {x.strip() for x in args.only.split(",") if x.strip()}
+    if any("=" not in e for e in args.tessera_env):
+        print("error: --tessera-env takes NAME=VALUE", file=sys.stderr)
+        return 2
+    service_env = dict(e.split("=", 1) for e in args.tessera_env)
     if not parts or parts - {"pods", "fleet"}:
         print(f"error: --only takes pods, fleet or both, not {args.only!r}", file=sys.stderr)
         return 2
@@ -130,7 +140,7 @@ async def main(argv: list[str] | None = None) -> int:
         for i, nodes in enumerate(sizes):  # which allocator goes first alternates from size to size
             order = ("scheduler", "tessera") if i % 2 == 0 else ("tessera", "scheduler")
             fleet_runs.append(await benchfleet.measure(nodes, args.fleet_pods, minor=args.fleet_version, order=order,
-                                                       progress=progress))
+                                                       progress=progress, service_env=service_env))
             print("\n".join(fleet_table(fleet_runs[-1:])[2:]), flush=True)
     after = machine()
 
@@ -163,7 +173,11 @@ async def main(argv: list[str] | None = None) -> int:
                  "template, the placement gate) and placement allocates them. kube-scheduler and the controller "
                  f"manager with `{' '.join(benchfleet.CLIENT_QPS)}` (at the defaults, 50 and 20 requests/s, the "
                  "rate limiter is what both sides would measure). *pods/s*: bound pods from the first create to "
-                 "the last bind; *created → bound*: each pod's create answer until a watch saw it bound. "
+                 "the last bind; *created → bound*: each pod's create answer until a watch saw it bound, and the p50 "
+                 "of its steps: the resourceclaim controller making the claim, the allocator allocating it, "
+                 "kube-scheduler binding the pod. *API requests per pod*: the API server's "
+                 "`apiserver_request_total` (watches left out) while that side ran, over its pods: every client's, "
+                 "the benchmark's creates included. "
                  f"Published anchor: {ANCHOR}; this box has {benchfleet.cpu_count()} CPUs.", ""]
         text += fleet_table(fleet_runs) + ["", "Memory, at the end of each size (VmRSS / VmHWM):", ""]
         text += memory_table(fleet_runs) + [""]
