@@ -23,7 +23,8 @@ deploy/k8s identities; its inventory is the same fleet, put in the ``inventory``
 capacity publisher would (as the through-NATS benchmark does: no publisher heartbeating thousands
 of nodes shares the two cores). kube-scheduler and the controller manager run with their client
 QPS raised (`CLIENT_QPS`): at their defaults (scheduler 50, controller manager 20 requests/s) both
-sides would measure the rate limiter, not the allocator; scheduler_perf raises them too.
+sides would measure the rate limiter, not the allocator; scheduler_perf raises them too. The
+controller manager runs without its node lifecycle controller (`NO_NODE_LIFECYCLE`).
 """
 
 from __future__ import annotations
@@ -61,6 +62,13 @@ BENCH_DRIVER = "bench.tessera.dev"  # the plain DRA driver kube-scheduler alloca
 TENANT = "bench"
 GPUS_PER_NODE = 8
 CLIENT_QPS = ("--kube-api-qps=5000", "--kube-api-burst=5000")
+# No node lifecycle controller: with no kubelet renewing their Leases it would turn thousands of
+# nodes NotReady and taint them while the pods are measured, a storm of writes a real fleet's
+# healthy nodes never cause (scheduler_perf runs no such controller either).
+NO_NODE_LIFECYCLE = ("--controllers=-node-lifecycle-controller",)
+# The requests a pod's way costs: what the allocators, the controllers and the benchmark do for it
+# (leases, nodes and the like are the control plane's own).
+POD_RESOURCES = ("pods", "resourceclaims", "resourceclaimtemplates", "events", "namespaces")
 WHOLE_GPU = ClaimSpec(gpus=1, cores=100, memory_percent=100)
 CONCURRENCY = 32  # requests in flight while making the fleet and the pods
 
@@ -193,8 +201,8 @@ async def _watch_claims(admin: KubeApi, side: Side) -> None:
 
 
 def request_counts(plane: KubeControlPlane) -> dict[str, float]:
-    """The API server's requests so far (``apiserver_request_total``, watches left out): all, the
-    writes among them, and each "VERB resource[/subresource]"."""
+    """The API server's requests so far on `POD_RESOURCES` (``apiserver_request_total``, watches
+    left out): all, the writes among them, and each "VERB resource[/subresource]"."""
     ctx = ssl.create_default_context(cafile=str(plane.pki.ca_file))
     ctx.load_cert_chain(str(plane.pki.dir / "admin.crt"), str(plane.pki.dir / "admin.key"))
     with urllib.request.urlopen(f"{plane.url}/metrics", context=ctx, timeout=30) as answer:
@@ -203,15 +211,15 @@ def request_counts(plane: KubeControlPlane) -> dict[str, float]:
     for line in text.splitlines():
         if not line.startswith("apiserver_request_total{"):
             continue
-        verb = re.search(r'verb="([A-Z]+)"', line)
-        if verb is None or verb[1] in ("WATCH", "CONNECT"):
+        verb, resource = re.search(r'verb="([A-Z]+)"', line), re.search(r'resource="([^"]*)"', line)
+        if verb is None or verb[1] in ("WATCH", "CONNECT") or resource is None or resource[1] not in POD_RESOURCES:
             continue
         value = float(line.rsplit(" ", 1)[1])
         counts["all"] += value
         if verb[1] in ("POST", "PUT", "PATCH", "DELETE", "APPLY"):
             counts["writes"] += value
-        resource, sub = re.search(r'resource="([^"]*)"', line), re.search(r'subresource="([^"]*)"', line)
-        key = f"{verb[1]} {resource[1] if resource else ''}{'/' + sub[1] if sub and sub[1] else ''}"
+        sub = re.search(r'subresource="([^"]*)"', line)
+        key = f"{verb[1]} {resource[1]}{'/' + sub[1] if sub and sub[1] else ''}"
         counts[key] = counts.get(key, 0.0) + value
     return counts
 
@@ -288,7 +296,7 @@ async def measure(nodes: int, pods: int, *, minor: str = "v1.36", order: tuple[s
     lowest = [mem_available_mib()]
     plane: KubeControlPlane = await asyncio.to_thread(
         start_control_plane, minor,
-        component_flags={"kube-scheduler": CLIENT_QPS, "kube-controller-manager": CLIENT_QPS})
+        component_flags={"kube-scheduler": CLIENT_QPS, "kube-controller-manager": CLIENT_QPS + NO_NODE_LIFECYCLE})
     nats = NatsServer(workdir / "nats").start()
     admin = KubeApi.for_kubeconfig(plane.admin_kubeconfig)
     gpu_pods = cluster = bus = None

@@ -90,6 +90,16 @@ def fleet_table(runs: list[benchfleet.FleetRun]) -> list[str]:
     return out
 
 
+def requests_table(run: benchfleet.FleetRun) -> list[str]:
+    """Each allocator's API requests per pod, by verb and resource."""
+    names = [side["allocator"] for side in run.sides]
+    keys = sorted({k for side in run.sides for k in side["requests_per_pod"] if k not in ("all", "writes")})
+    out = ["| request | " + " | ".join(names) + " |", "|---" * (1 + len(names)) + "|"]
+    for key in keys:
+        out.append(f"| {key} | " + " | ".join(f(side["requests_per_pod"].get(key, 0.0)) for side in run.sides) + " |")
+    return out
+
+
 def memory_table(runs: list[benchfleet.FleetRun]) -> list[str]:
     names = sorted({name for r in runs for name in r.rss_mib})
     out = ["| nodes | set-up (s) | lowest MemAvailable (MiB) | " + " | ".join(f"{n} RSS / peak (MiB)" for n in names) + " |",
@@ -172,14 +182,18 @@ async def main(argv: list[str] | None = None) -> int:
                  "allocates plain DRA claims of its own DeviceClass; Tessera's pods are what its webhook leaves (its "
                  "template, the placement gate) and placement allocates them. kube-scheduler and the controller "
                  f"manager with `{' '.join(benchfleet.CLIENT_QPS)}` (at the defaults, 50 and 20 requests/s, the "
-                 "rate limiter is what both sides would measure). *pods/s*: bound pods from the first create to "
+                 "rate limiter is what both sides would measure), the controller manager without its node lifecycle "
+                 "controller (no kubelet renews these nodes' Leases: it would make thousands of them NotReady during "
+                 "the measurement; scheduler_perf runs none). *pods/s*: bound pods from the first create to "
                  "the last bind; *created → bound*: each pod's create answer until a watch saw it bound, and the p50 "
                  "of its steps: the resourceclaim controller making the claim, the allocator allocating it, "
                  "kube-scheduler binding the pod. *API requests per pod*: the API server's "
-                 "`apiserver_request_total` (watches left out) while that side ran, over its pods: every client's, "
-                 "the benchmark's creates included. "
+                 "`apiserver_request_total` on pods, claims, claim templates, events and namespaces (watches left "
+                 "out) while that side ran, over its pods: every client's, the benchmark's creates included. "
                  f"Published anchor: {ANCHOR}; this box has {benchfleet.cpu_count()} CPUs.", ""]
-        text += fleet_table(fleet_runs) + ["", "Memory, at the end of each size (VmRSS / VmHWM):", ""]
+        text += fleet_table(fleet_runs) + ["", f"API requests per pod at {fleet_runs[-1].nodes:,} nodes, by verb and "
+                                           "resource:", ""]
+        text += requests_table(fleet_runs[-1]) + ["", "Memory, at the end of each size (VmRSS / VmHWM):", ""]
         text += memory_table(fleet_runs) + [""]
     out = Path(args.out)
     out.write_text("\n".join(text))
