@@ -19,7 +19,9 @@ counted as killed, with what the pod's status, the kubelet's and containerd's lo
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -39,16 +41,17 @@ from kit.kubenode import KubeNode, start_node
 from kit.kubenode import remove as remove_node
 from benchfleet import bounded, percentile
 from gpupods import hami_pod
-from kubetessera import create_tenant, ledgers, node_profile, tessera_on_node
+import probeimage
+from kubetessera import OnNode, create_tenant, ledgers, node_profile, tessera_on_node
 from webhook_tls import SERVING_NAMES, Authority
 
 TENANT = "bench"
 MEMORY_MIB, CORES = 256, 2  # per pod: 100 of them fit on 4 GPUs of 32 shares each
 GPUS, SHARES = 4, 32
 CONCURRENCY = 16
-# what the kubelet and containerd log when they stop a container, or why
-KILL_WORDS = re.compile(r"evict|Killing container|OOM|oom|preempt|SyncLoop DELETE|SyncLoop REMOVE|"
-                        r"TaskOOM|exit_status:137", re.IGNORECASE)
+# what the kubelet, containerd and Tessera's services log when they stop a container, or why
+KILL_WORDS = re.compile(r"evict|Killing container|OOM|preempt|SyncLoop DELETE|SyncLoop REMOVE|TaskOOM|"
+                        r"exit_status:137|released|reclaimed|killed|sent SIG|lost", re.IGNORECASE)
 
 
 def oom_kills() -> int:
@@ -57,6 +60,22 @@ def oom_kills() -> int:
         if line.startswith("oom_kill "):
             return int(line.split()[1])
     return 0
+
+
+def oom_score_adjs(node_name: str) -> list[int]:
+    """The ``oom_score_adj`` of the probes running in ``node_name``'s pods (their cgroups are under
+    the node's own cgroup root): whom the kernel's OOM killer takes first when the box runs short."""
+    scores = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if probeimage.PROBE.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
+            if f"/{node_name}/" not in Path(f"/proc/{pid}/cgroup").read_text():
+                continue
+            scores.add(int(Path(f"/proc/{pid}/oom_score_adj").read_text()))
+        except (OSError, ValueError):
+            continue
+    return sorted(scores)
 
 
 @dataclass
@@ -138,15 +157,14 @@ async def run_on(plane: KubeControlPlane, node: KubeNode, nats_url: str, workdir
         client = await Client.connect(nats_url)
         admin = KubeApi.for_kubeconfig(plane.admin_kubeconfig)
         try:
-            return await _run(admin, client, node, tessera.image, plane.minor, namespace, pods, hold, timeout,
-                              progress)
+            return await _run(admin, client, node, tessera, plane.minor, namespace, pods, hold, timeout, progress)
         finally:
             await admin.close()
             await client.close()
 
 
-async def _run(admin: KubeApi, client: Client, node: KubeNode, image: str, minor: str, namespace: str, pods: int,
-               hold: float, timeout: float, progress) -> PodsRun:
+async def _run(admin: KubeApi, client: Client, node: KubeNode, tessera: OnNode, minor: str, namespace: str,
+               pods: int, hold: float, timeout: float, progress) -> PodsRun:
     times: dict[str, PodTimes] = {}
     holding = asyncio.Event()
     await create_tenant(client, TENANT, GpuQuota())
@@ -160,7 +178,7 @@ async def _run(admin: KubeApi, client: Client, node: KubeNode, image: str, minor
             t = times.setdefault(name, PodTimes())
             t.sent = time.perf_counter()
             await admin.create(object_path("v1", "pods", namespace=namespace),
-                               hami_pod(name, namespace, image, MEMORY_MIB, CORES))
+                               hami_pod(name, namespace, tessera.image, MEMORY_MIB, CORES))
             t.created = time.perf_counter()
 
         progress(f"{minor}: creating {pods} GPU pods ({CONCURRENCY} requests in flight)")
@@ -170,13 +188,22 @@ async def _run(admin: KubeApi, client: Client, node: KubeNode, image: str, minor
             await asyncio.sleep(0.2)
         running = [n for n in names if times[n].running]
         progress(f"{minor}: {len(running)}/{pods} Running; watching them {hold:.0f} s more")
-        kubelet_mark, containerd_mark = len(node.log("kubelet")), len(node.log("containerd"))
+        logs = {"kubelet": lambda: node.log("kubelet"), "containerd": lambda: node.log("containerd")}
+        logs.update({sp.name: (lambda path=sp.log_path: path.read_text(errors="replace"))
+                     for sp in tessera.cluster.processes})
+        marks = {name: len(read()) for name, read in logs.items()}
         holding.set()
+        adjs = oom_score_adjs(node.name)
         await asyncio.sleep(hold)
         killed = {n: times[n].stopped for n in names if times[n].stopped}
-        lines = [f"kubelet: {line}" for line in node.log("kubelet")[kubelet_mark:].splitlines() if KILL_WORDS.search(line)]
-        lines += [f"containerd: {line}" for line in node.log("containerd")[containerd_mark:].splitlines()
-                  if KILL_WORDS.search(line)]
+        if oom_kills() > oom_before:  # the kernel's own account of whom it killed
+            dmesg = subprocess.run(["dmesg"], capture_output=True, text=True).stdout
+            killed_lines = [line for line in dmesg.splitlines() if "Killed process" in line or "oom-kill" in line]
+            logs_oom = [f"kernel: {line}" for line in killed_lines[-50:]]
+        else:
+            logs_oom = []
+        lines = [f"{name}: {line}" for name, read in logs.items() for line in read()[marks[name]:].splitlines()
+                 if KILL_WORDS.search(line)] + logs_oom
 
         sent = [times[n].sent for n in names]
         admission = [times[n].created - times[n].sent for n in names]
@@ -189,6 +216,7 @@ async def _run(admin: KubeApi, client: Client, node: KubeNode, image: str, minor
             "all_running_s": (max(times[n].running for n in running) - min(sent)) if running else float("nan"),
             "nodes": sorted({times[n].node for n in running}),
             "oom_kills": oom_kills() - oom_before,  # on the whole box while the pods ran
+            "oom_score_adj": adjs,
         }
 
         # give everything back before the node goes: the kubelet unprepares, the ledger empties

@@ -64,14 +64,15 @@ def f(x: float, digits: int = 2) -> str:
 
 def pods_table(runs: list[benchpods.PodsRun]) -> list[str]:
     out = ["| version | pods | Running | killed after Running | admission p50 / p99 (s) | "
-           "created → Running p50 / p99 (s) | all created (s) | all Running (s) | given back | kernel OOM kills |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "created → Running p50 / p99 (s) | all created (s) | all Running (s) | given back | kernel OOM kills | "
+           "pods' oom_score_adj |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         x = r.figures
         out.append(f"| {kube_version(r.minor)} | {x['pods']} | {x['running']} | {x['killed']} | "
                    f"{f(x['admission_p50_s'])} / {f(x['admission_p99_s'])} | "
                    f"{f(x['running_p50_s'])} / {f(x['running_p99_s'])} | {f(x['created_s'], 1)} | "
-                   f"{f(x['all_running_s'], 1)} | {'yes' if x['given_back'] else 'no'} | {x['oom_kills']} |")
+                   f"{f(x['all_running_s'], 1)} | {'yes' if x['given_back'] else 'no'} | {x['oom_kills']} | "
+                   f"{', '.join(map(str, x['oom_score_adj'])) or '–'} |")
     return out
 
 
