@@ -64,8 +64,8 @@ def f(x: float, digits: int = 2) -> str:
 
 def pods_table(runs: list[benchpods.PodsRun]) -> list[str]:
     out = ["| version | pods | Running | killed after Running | admission p50 / p99 (s) | "
-           "created → Running p50 / p99 (s) | all created (s) | all Running (s) | given back | kernel OOM kills | "
-           "pods' oom_score_adj |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "created → Running p50 / p99 (s) | all created (s) | all Running (s) | given back | "
+           "kernel OOM kills (whole box) | pods' oom_score_adj |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         x = r.figures
         out.append(f"| {kube_version(r.minor)} | {x['pods']} | {x['running']} | {x['killed']} | "
