@@ -107,7 +107,8 @@ up: $(STAMP) $(CORE) native
 demo: $(STAMP) $(CORE) native
 	$(VENV)/bin/tessera demo
 
-bench: $(STAMP) $(CORE) native
+# (its Kubernetes part, bench/kubernetes.md, runs the real components and node: built here when missing)
+bench: $(STAMP) $(CORE) native container-tools kube-binaries kube-node-binaries
 	$(VENV)/bin/tessera bench all
 
 clean:

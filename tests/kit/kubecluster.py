@@ -136,6 +136,9 @@ class KubeControlPlane:
     minor: str = "v1.36"
     extra_apiserver_flags: tuple[str, ...] = ()
     controllers: bool = True  # False: the API server alone (no controller manager, no scheduler)
+    # more flags for a component (``kube-controller-manager``, ``kube-scheduler``), e.g. a client QPS
+    # raised for a benchmark (tests/kubernetes/benchfleet.py)
+    component_flags: dict[str, tuple[str, ...]] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     port: int = 0
 
@@ -209,12 +212,14 @@ class KubeControlPlane:
             f"--root-ca-file={pki.ca_file}",
             f"--cluster-signing-cert-file={pki.ca_file}", f"--cluster-signing-key-file={pki.ca_key_file}",
             "--controllers=*,-nodeipam", "--v=0",  # (no cloud: 1.37 knows no cloud controllers at all)
+            *self.component_flags.get("kube-controller-manager", ()),
         ])
         sched = self.cert_kubeconfig("scheduler", "system:kube-scheduler")
         self._spawn("kube-scheduler", [
             str(bindir / "kube-scheduler"), f"--kubeconfig={sched}",
             f"--authentication-kubeconfig={sched}", f"--authorization-kubeconfig={sched}",
             "--secure-port=0", "--leader-elect=false", "--v=0",
+            *self.component_flags.get("kube-scheduler", ()),
         ])
         return self
 

@@ -35,6 +35,10 @@ from tessera.shared.natsserver import free_port
 from tessera.cli.client import Client
 from tessera.cli.cluster import LocalCluster
 
+import probeimage
+from kit import eventually
+from kit.kubecluster import KubeControlPlane, apply, manifests, service_identity
+from kit.kubenode import KubeNode
 from kubeparts import add_node
 from webhook_server import CertificateAuthority
 
@@ -96,12 +100,13 @@ async def start_services(workdir: Path, nats_url: str, apiserver_url: str | None
                          services: tuple[str, ...] = ("controlplane", "capacity", "placement"),
                          placement_replicas: int = 1, env: dict[str, str] | None = None,
                          kubeconfigs: Mapping[str, Path] | None = None,
-                         kubelets: Mapping[str, KubeletDirs] | None = None) -> KubeCluster:
+                         kubelets: Mapping[str, KubeletDirs] | None = None, enforcers: bool = True) -> KubeCluster:
     """``services`` (and an enforcer per node, its node's kubelet plugin) in Kubernetes mode; ready
     when this returns. ``kubeconfigs`` (service name -> kubeconfig, ``enforcer`` included): each
     service acts as its own identity, instead of all as the emulator's one user of
     ``apiserver_url``; ``kubelets``: the directories of a node's real kubelet and runtime
-    (a profile path that is absolute is used as it is)."""
+    (a profile path that is absolute is used as it is); ``enforcers=False``: none (simulated nodes
+    that no kubelet serves, as in tests/kubernetes/benchfleet.py)."""
     workdir.mkdir(parents=True, exist_ok=True)
     # Nodes without a real kubelet have no plugin registered: their slices are written regardless.
     extra = {"TESSERA_KUBERNETES": "true", "TESSERA_HEARTBEAT_SECONDS": "1",
@@ -116,7 +121,7 @@ async def start_services(workdir: Path, nats_url: str, apiserver_url: str | None
         replicas = placement_replicas if name == "placement" else 1
         for i in range(replicas):
             cluster.spawn(name, instance=f"{name}-{i}" if replicas > 1 else name, env=identity.get(name))
-    for node_name in cluster.nodes():
+    for node_name in cluster.nodes() if enforcers else ():
         cluster.spawn("enforcer", instance=f"enforcer-{node_name}",
                       env={"TESSERA_NODE": node_name, **cluster.kubelet(node_name).env(),
                            **identity.get("enforcer", {})})
@@ -126,6 +131,97 @@ async def start_services(workdir: Path, nats_url: str, apiserver_url: str | None
         cluster.stop()
         raise
     return cluster
+
+
+# Each service's identity on a real control plane: the ServiceAccount of its deploy/k8s manifest.
+IDENTITIES = {"capacity": "capacity.yaml", "placement": "placement.yaml", "translator": "translator.yaml",
+              "enforcer": "enforcer.yaml", "controlplane": "controlplane/manager.yaml"}
+
+
+def webhook_endpoints(ip: str, port: int) -> list[dict]:
+    """deploy/k8s's webhook Service without its selector (no translator pod), and its endpoints: the
+    translator's address on the node (the real API server refuses loopback endpoints)."""
+    [service] = [d for d in manifests("translator.yaml", ("Service",))]
+    service["spec"].pop("selector", None)
+    [https] = service["spec"]["ports"]
+    meta = service["metadata"]
+    endpoints = {
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": f"{meta['name']}-test", "namespace": meta["namespace"],
+                     "labels": {"kubernetes.io/service-name": meta["name"],
+                                "endpointslice.kubernetes.io/managed-by": "tests.tessera.dev"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [ip], "conditions": {"ready": True}}],
+        "ports": [{"name": https["name"], "port": port, "protocol": "TCP"}],
+    }
+    return [service, endpoints]
+
+
+GPU = {"model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "sm_count": 132, "architecture": "Hopper",
+       "compute_capability": "9.0", "driver_version": "580.65.06"}
+SERVICES = ("controlplane", "capacity", "translator", "placement")
+
+
+def node_profile(path: Path, node_name: str, gpus: int = 2, max_shares: int = 10) -> Path:
+    """The fleet of a real node: that node, with ``gpus`` simulated H100s."""
+    path.write_text(yaml.safe_dump({"nodes": [{"name": node_name,
+                                               "gpus": [{**GPU, "max_shares": max_shares}] * gpus}]}))
+    return path
+
+
+def log_has(path: Path, text: str) -> bool:
+    return path.exists() and text in path.read_text(errors="replace")
+
+
+@dataclass(frozen=True)
+class OnNode:
+    """Tessera running on a real node (`tessera_on_node`)."""
+
+    cluster: KubeCluster
+    dirs: KubeletDirs  # the enforcer's, which are the node's kubelet's and containerd's
+    image: str  # the probe image (probeimage.py), imported into the node's containerd
+
+
+@contextlib.asynccontextmanager
+async def tessera_on_node(plane: KubeControlPlane, kube_node: KubeNode, nats_url: str, workdir: Path,
+                          profile: Path, tls: tuple[CertificateAuthority, Path, Path]):
+    """Tessera's services in Kubernetes mode on a real control plane and node, as deployed: each acts
+    as the ServiceAccount of its deploy/k8s manifest with that file's RBAC (``service_identity``),
+    the enforcer is the node's DRA plugin (its kubelet's plugin registry, plugin and CDI
+    directories; ready once the kubelet registered it), and the translator's webhook is installed as
+    deploy/k8s/webhook.yaml configures it, reached at the node's address (``webhook_endpoints``)
+    with TLS verified against ``tls``'s CA. On the way out the webhook (Fail for GPU pods) goes
+    before the translator does, so that the control plane can outlive this."""
+    ca, cert, key = tls
+    apply(plane, manifests("namespace.yaml") + manifests("deviceclass.yaml") + manifests("admission-policies.yaml"))
+    identities = {name: service_identity(plane, manifest) for name, manifest in IDENTITIES.items()}
+    image, archive = probeimage.build()
+    kube_node.ctr("images", "import", "--platform", "linux/amd64", str(archive))
+    port = free_port()
+    dirs = KubeletDirs(registry=kube_node.plugins_registry, plugin=kube_node.plugins_dir / DRIVER,
+                       cdi=kube_node.cdi_dir)
+    cluster = await start_services(
+        workdir, nats_url, None, profile=profile, services=SERVICES, kubeconfigs=identities,
+        kubelets={kube_node.name: dirs},
+        env={"TESSERA_WEBHOOK_PORT": str(port), "TESSERA_WEBHOOK_HOST": kube_node.ip,
+             "TESSERA_WEBHOOK_CERT": str(cert), "TESSERA_WEBHOOK_KEY": str(key)})
+    webhook = webhook_configuration(ca)
+    endpoints = webhook_endpoints(kube_node.ip, port)
+    try:
+        enforcer_log = cluster.find(f"enforcer-{kube_node.name}").log_path
+        # the real kubelet's plugin watcher found the registration socket, asked GetInfo, said yes
+        await eventually(lambda: log_has(enforcer_log, f"the kubelet registered DRA plugin {DRIVER}"), timeout=60,
+                         what=f"the kubelet registering {DRIVER}")
+        apply(plane, endpoints + [webhook])
+        yield OnNode(cluster, dirs, image)
+    finally:
+        await asyncio.to_thread(plane.kubectl, "delete", "mutatingwebhookconfiguration", webhook["metadata"]["name"],
+                                "--ignore-not-found", check=False)
+        service, slice_ = endpoints
+        for kind, doc in (("endpointslices.discovery.k8s.io", slice_), ("services", service)):
+            await asyncio.to_thread(plane.kubectl, "delete", "-n", doc["metadata"]["namespace"], kind,
+                                    doc["metadata"]["name"], "--ignore-not-found", check=False)
+        await asyncio.to_thread(cluster.stop)
 
 
 def webhook_configuration(ca: CertificateAuthority) -> dict:

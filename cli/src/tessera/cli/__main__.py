@@ -8,7 +8,7 @@
   tessera top | ui           the live fleet, in the terminal / in a browser
   tessera dlq list|replay    dead letters, and sending them back once
   tessera tenant ...         tenant control planes
-  tessera bench ...          benchmarks (placement, tenants)
+  tessera bench ...          benchmarks (placement, tenants, kubernetes)
   tessera asyncapi           write (or --check) the AsyncAPI document of the subjects
 
 Each command module registers its commands the same way (`tessera.cli.options`): ``register(sub)``

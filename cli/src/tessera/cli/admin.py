@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--check", action="store_true", help="fail if the document is out of date")
     a.set_defaults(func=cmd_asyncapi)
 
-    b = sub.add_parser("bench", help="run a benchmark: all, placement, placement-families, placement-dynamic, placement-speed, placement-nats, tenants, vgpu-launch")
+    b = sub.add_parser("bench", help="run a benchmark: all, placement, placement-families, placement-dynamic, placement-speed, placement-nats, tenants, vgpu-launch, kubernetes")
     b.add_argument("what")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments passed to the benchmark")
     b.set_defaults(func=cmd_bench)
@@ -129,9 +129,13 @@ def cmd_bench(args) -> int:
         "tenants": [sys.executable, "-m", "tessera.controlplane.benchmarks.tenants"],
         # libvgpu's launch hooks (cuGraphLaunch, cuLaunchKernel): host cost with and without, side by side
         "vgpu-launch": ["make", "-s", "-C", "native/vgpu", "bench"],  # (run in the checkout)
+        # (on the real Kubernetes components: it runs the tests' kit, so it lives with the tests)
+        "kubernetes": [sys.executable, "tests/kubernetes/kubebench.py"],
     }
 
     def command(name: str, rest: list[str]) -> list[str]:
+        if name == "kubernetes":
+            return [sys.executable, str(checkout.require("tessera bench kubernetes") / targets[name][1]), *rest]
         if name in ("placement", "placement-speed", "placement-families", "placement-dynamic") and "--nodes" not in rest:
             openb = openb_dir()
             if not openb.exists():
@@ -144,7 +148,8 @@ def cmd_bench(args) -> int:
 
     if args.what == "all":
         code = 0
-        for name in ("placement", "placement-families", "placement-speed", "placement-nats", "tenants", "vgpu-launch"):
+        for name in ("placement", "placement-families", "placement-speed", "placement-nats", "tenants", "vgpu-launch",
+                     "kubernetes"):
             err.print(f"[bold]== bench {name}[/]")
             # (the service with its compiled core against the Python engine, side by side)
             rest = ["--models", "default,python-core"] if name == "placement-nats" else []
