@@ -116,7 +116,7 @@ up: $(STAMP) $(CORE) native tenant-binaries
 demo: $(STAMP) $(CORE) native
 	$(VENV)/bin/tessera demo
 
-bench: $(STAMP) $(CORE) native
+bench: $(STAMP) $(CORE) native tenant-binaries
 	$(VENV)/bin/tessera bench all
 
 clean:

@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--check", action="store_true", help="fail if the document is out of date")
     a.set_defaults(func=cmd_asyncapi)
 
-    b = sub.add_parser("bench", help="run a benchmark: all, placement, placement-families, placement-dynamic, placement-speed, placement-nats, tenants, vgpu-launch")
+    b = sub.add_parser("bench", help="run a benchmark: all, placement, placement-families, placement-dynamic, placement-speed, placement-nats, tenants, tenant-planes, vgpu-launch")
     b.add_argument("what")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments passed to the benchmark")
     b.set_defaults(func=cmd_bench)
@@ -129,6 +129,7 @@ def cmd_bench(args) -> int:
         "tenants": [sys.executable, "-m", "tessera.controlplane.benchmarks.tenants"],
         # libvgpu's launch hooks (cuGraphLaunch, cuLaunchKernel): host cost with and without, side by side
         "vgpu-launch": ["make", "-s", "-C", "native/vgpu", "bench"],  # (run in the checkout)
+        "tenant-planes": [sys.executable, "-m", "tessera.controlplane.benchmarks.planes"],
     }
 
     def command(name: str, rest: list[str]) -> list[str]:
@@ -144,12 +145,15 @@ def cmd_bench(args) -> int:
 
     if args.what == "all":
         code = 0
-        for name in ("placement", "placement-families", "placement-speed", "placement-nats", "tenants", "vgpu-launch"):
+        for name in ("placement", "placement-families", "placement-speed", "placement-nats", "tenants", "vgpu-launch",
+                     "tenant-planes"):
             err.print(f"[bold]== bench {name}[/]")
             # (the service with its compiled core against the Python engine, side by side)
             rest = ["--models", "default,python-core"] if name == "placement-nats" else []
             if name == "placement-families":  # (the families table is kept in the repository)
                 rest = ["--md", str(checkout.require("tessera bench all") / "bench" / "placement_families.md")]
+            if name == "tenant-planes":  # (and the tenant control planes' table)
+                rest = ["--md", str(checkout.require("tessera bench all") / "bench" / "tenant_control_planes.md")]
             code |= subprocess.call(command(name, rest))
         return code
     if args.what not in targets:
