@@ -41,6 +41,7 @@ from tessera.controlplane.spec import TenantControlPlane, parse_spec
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from tessera.shared import api, subjects
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.natsserver import free_port, wait_for_port
 from tessera.shared.settings import BusSettings
 
@@ -338,12 +339,7 @@ async def _planes(driver, extra, server, users, pid, kube_bin, kine_bin, etcd, p
         try:
             yield Planes(manager, bus, driver, tmp_path, kube_bin, etcd, postgres.admin_url)
         finally:
-            for task in tasks:
-                task.cancel()
-            done, pending = await asyncio.wait(tasks, timeout=30)
-            for task in pending:  # a manager loop that does not stop when cancelled is a bug: show where
-                task.print_stack()
-            assert not pending, f"manager loops still running 30 s after cancel: {[t.get_name() for t in pending]}"
+            await cancel_and_wait(tasks)
             host = manager.host
             assert isinstance(host, LocalControlPlanes)
             await host.stop_all()
