@@ -37,7 +37,7 @@ class Limits:
             return None
         return cls(mount, root, unified)
 
-    def _dirs(self, tenant: str, container: str | None = None) -> list[Path]:
+    def dirs(self, tenant: str, container: str | None = None) -> list[Path]:
         tail = [self.root, tenant] + ([container] if container else [])
         if self.unified:
             return [self.mount.joinpath(*tail)]
@@ -45,7 +45,7 @@ class Limits:
 
     def apply(self, tenant: str, container: str, pid: int, cpu_millis: int, memory_bytes: int) -> None:
         """Put ``pid`` in its container's cgroup with these limits (0: that one unlimited)."""
-        dirs = self._dirs(tenant, container)
+        dirs = self.dirs(tenant, container)
         for d in dirs:
             d.mkdir(parents=True, exist_ok=True)
         quota = cpu_millis * PERIOD_US // 1000 if cpu_millis else -1
@@ -65,11 +65,11 @@ class Limits:
     def read(self, tenant: str, container: str) -> tuple[int, int]:
         """(CPU quota in millicores, memory limit in bytes) as the kernel holds them."""
         if self.unified:
-            [d] = self._dirs(tenant, container)
+            [d] = self.dirs(tenant, container)
             quota, period = (d / "cpu.max").read_text().split()
             memory = (d / "memory.max").read_text().strip()
             return (int(quota) * 1000 // int(period) if quota != "max" else 0, int(memory) if memory != "max" else 0)
-        cpu, memory_dir = self._dirs(tenant, container)
+        cpu, memory_dir = self.dirs(tenant, container)
         cfs_quota = int((cpu / "cpu.cfs_quota_us").read_text())
         cfs_period = int((cpu / "cpu.cfs_period_us").read_text())
         return (cfs_quota * 1000 // cfs_period if cfs_quota > 0 else 0,
@@ -77,7 +77,7 @@ class Limits:
 
     def remove(self, tenant: str) -> None:
         """Remove the tenant's cgroups (their processes are gone: a cgroup with members stays)."""
-        for top in self._dirs(tenant):
+        for top in self.dirs(tenant):
             if not top.exists():
                 continue
             for child in sorted(top.iterdir(), reverse=True):
@@ -92,5 +92,5 @@ class Limits:
                 log.warning("cgroup %s stays: %s", top, exc)
 
     def paths(self, tenant: str) -> list[Path]:
-        return [d for d in self._dirs(tenant) if d.exists()]
+        return [d for d in self.dirs(tenant) if d.exists()]
 

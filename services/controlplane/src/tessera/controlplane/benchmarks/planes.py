@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import ssl
 import statistics
 import subprocess
@@ -33,24 +32,26 @@ import aiohttp
 import msgspec
 
 from tessera.controlplane import processes
-from tessera.controlplane.benchmarks.tenants import PLATFORM, peak_rss_mib, percentile, wait_ready
-from tessera.controlplane.datastores.natskv import UsersFile
+from tessera.controlplane.benchmarks.tenants import peak_rss_mib, percentile, start_platform, wait_ready
 from tessera.controlplane.localplanes import default_bin_dirs
-from tessera.shared import api, identities, subjects
+from tessera.shared import api, subjects
 from tessera.shared.bus import Bus
-from tessera.shared.natsserver import NatsServer, free_port
-from tessera.shared.secretkeys import write_key_file
 from tessera.shared.settings import BusSettings
 
 SERVE_TIMEOUT = 900.0
 
 
 async def _request(bus: Bus, verb: str, body: dict, timeout: float = 120) -> api.Reply:
-    reply = api.decode_reply(await bus.request(f"{subjects.API_TENANTS}.{verb}", msgspec.json.encode(body),
-                                               timeout=timeout))
-    if not reply.ok:
-        raise RuntimeError(f"{verb} {body}: {reply.error}")
-    return reply
+    """One API call; "unavailable" (NATS busy: the reply says retry) is retried, as a user would."""
+    for attempt in range(10):
+        reply = api.decode_reply(await bus.request(f"{subjects.API_TENANTS}.{verb}", msgspec.json.encode(body),
+                                                   timeout=timeout))
+        if reply.ok:
+            return reply
+        if reply.error is None or reply.error.code != "unavailable":
+            break
+        await asyncio.sleep(1 + attempt)
+    raise RuntimeError(f"{verb} {body}: {reply.error}")
 
 
 async def _kubectl_ok(kubectl: Path, kubeconfig: Path) -> bool:
@@ -143,22 +144,11 @@ async def _writes(planes: Path, name: str, stop: asyncio.Event) -> int:
 
 
 async def run(sizes: list[int], wakes: int, workdir: Path) -> dict:
-    users = workdir / "tenants.conf"
-    UsersFile(users, None).write({})
-    conf = workdir / "nats.conf"
-    conf.write_text(identities.operator_only_config(*PLATFORM, "tenants.conf", pid_file=str(workdir / "nats.pid")))
-    server = NatsServer(workdir / "store", config_file=conf).start()
-    url = f"nats://{PLATFORM[0]}:{PLATFORM[1]}@127.0.0.1:{server.port}"
     planes = workdir / "planes"
     kube_bin, _ = default_bin_dirs()
-    env = dict(
-        os.environ, TESSERA_NATS_URL=url, TESSERA_CP_NATS_AUTH_FILE=str(users),
-        TESSERA_CP_NATS_PID_FILE=str(workdir / "nats.pid"), TESSERA_CP_HOST="local",
-        TESSERA_CP_CONTROL_PLANES_DIR=str(planes), TESSERA_CP_STOP_PLANES_ON_EXIT="true",
-        TESSERA_HTTP_PORT=str(free_port()), TESSERA_LOG_LEVEL="WARNING", TESSERA_CP_RESYNC_SECONDS="5",
-        TESSERA_CP_SECRET_KEY_FILE=str(workdir / "secret-keys"),
-    )
-    write_key_file(workdir / "secret-keys")
+    server, url, _, env = start_platform(workdir, TESSERA_CP_HOST="local", TESSERA_CP_RESYNC_SECONDS="5",
+                                         TESSERA_CP_CONTROL_PLANES_DIR=str(planes),
+                                         TESSERA_CP_STOP_PLANES_ON_EXIT="true")
     with open(workdir / "manager.log", "wb") as log:
         manager = subprocess.Popen([sys.executable, "-m", "tessera.controlplane"], env=env, stderr=log)
     bus = await Bus.connect(BusSettings(url=url), "bench")
