@@ -321,17 +321,18 @@ async def planes(request, binaries, secured_nats, postgres, tmp_path):
 
 
 async def _planes(driver, extra, server, users, pid, kube_bin, kine_bin, etcd, postgres, tmp_path):
-    settings = ControlPlaneSettings(
-        drivers=("nats", driver) if driver != "nats" else ("nats",),
-        nats_auth_file=str(users), nats_pid_file=str(pid), host_mode="local",
-        control_planes_dir=str(tmp_path / "planes"), kube_bin_dir=str(kube_bin), kine_bin_dir=str(kine_bin),
-        cgroup_root="", resync_seconds=2.0,
-        postgres_dsn=postgres.admin_url, postgres_tenant_host=postgres.host,
-        etcd_endpoint=etcd.endpoint if etcd else "http://127.0.0.1:1",
-        etcd_root_password=ETCD_ROOT_PASSWORD,
-        etcd_ca_file=str(etcd.ca_file) if etcd else "", etcd_ca_key_file=str(etcd.ca_key_file) if etcd else "",
+    settings = ControlPlaneSettings(**{
+        "drivers": ("nats", driver) if driver != "nats" else ("nats",),
+        "nats_auth_file": str(users), "nats_pid_file": str(pid), "host_mode": "local",
+        "control_planes_dir": str(tmp_path / "planes"), "kube_bin_dir": str(kube_bin), "kine_bin_dir": str(kine_bin),
+        "cgroup_root": "", "resync_seconds": 2.0,  # (limits: test_tenant_plane_limits.py)
+        "stop_planes_on_exit": True,  # (the manager's close stops them, for sure)
+        "postgres_dsn": postgres.admin_url, "postgres_tenant_host": postgres.host,
+        "etcd_endpoint": etcd.endpoint if etcd else "http://127.0.0.1:1",
+        "etcd_root_password": ETCD_ROOT_PASSWORD,
+        "etcd_ca_file": str(etcd.ca_file) if etcd else "", "etcd_ca_key_file": str(etcd.ca_key_file) if etcd else "",
         **extra,
-    )
+    })
     url = f"nats://platform:platform-secret@127.0.0.1:{server.port}"
     async with open_bus(BusSettings(url=url, file_storage=False), "controlplane") as bus:
         manager = await Manager.start(bus, settings)
@@ -340,9 +341,6 @@ async def _planes(driver, extra, server, users, pid, kube_bin, kine_bin, etcd, p
             yield Planes(manager, bus, driver, tmp_path, kube_bin, etcd, postgres.admin_url)
         finally:
             await cancel_and_wait(tasks)
-            host = manager.host
-            assert isinstance(host, LocalControlPlanes)
-            await host.stop_all()
             await manager.close()
 
 

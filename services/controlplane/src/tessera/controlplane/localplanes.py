@@ -183,8 +183,14 @@ class LocalControlPlanes:
 
     async def close(self) -> None:
         """The control planes go on running (they are the tenants'), unless ``stop_on_close``."""
-        if self.stop_on_close:
-            await self.stop_all()
+        if self.stop_on_close:  # all at once, and killed for sure even if this close is cancelled
+            owned = [(pid, self.owner(tenant, name)) for tenant in self.tenants()
+                     for name, pid in self.pids(tenant).items()]
+            try:
+                await processes.stop_together(owned)
+            finally:
+                for tenant in self.tenants() if self.limits is not None else []:
+                    self.limits.remove(tenant)  # type: ignore[union-attr]
         if self._session is not None:
             await self._session.close()
             self._session = None

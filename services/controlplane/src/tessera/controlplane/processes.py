@@ -73,6 +73,30 @@ async def stop(pid: int, owner: str, grace: float = 10.0) -> None:
     raise RuntimeError(f"process {pid} ({owner}) did not exit after SIGKILL")
 
 
+async def stop_together(owned: list[tuple[int, str]], grace: float = 10.0) -> None:
+    """Stop many at once: SIGTERM to all now, wait up to ``grace`` for them, SIGKILL what is left, also
+    when the wait is cancelled (a service shutting down cancels its clean-up after a grace of its own:
+    whatever happens, nothing is left running)."""
+    for pid, owner in owned:
+        if running(pid, owner):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    try:
+        for _ in range(int(grace / 0.05)):
+            if not any(running(pid, owner) for pid, owner in owned):
+                return
+            await asyncio.sleep(0.05)
+    finally:
+        for pid, owner in owned:
+            if running(pid, owner):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
 def rss_bytes(pid: int) -> int:
     """Resident memory of ``pid`` (0 once it is gone)."""
     try:
