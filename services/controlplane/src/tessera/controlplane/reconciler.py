@@ -86,6 +86,8 @@ class Reconciler:
         for orphan in set(await self.store.tenants.keys()) - names:
             try:
                 async with self._locks[orphan]:
+                    if await self.store.controlplanes.get(orphan) is not None:
+                        continue  # created since the list above: not an orphan (its teardown would delete it)
                     await self._teardown(orphan, uid=None, wait=wait)
             except Exception as exc:
                 log.warning("removing orphaned tenant record %s failed: %s", orphan, exc)
