@@ -77,24 +77,23 @@ async def stop_together(owned: list[tuple[int, str]], grace: float = 10.0) -> No
     """Stop many at once: SIGTERM to all now, wait up to ``grace`` for them, SIGKILL what is left, also
     when the wait is cancelled (a service shutting down cancels its clean-up after a grace of its own:
     whatever happens, nothing is left running)."""
-    for pid, owner in owned:
-        if running(pid, owner):
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+    _signal_running(owned, signal.SIGTERM)
     try:
         for _ in range(int(grace / 0.05)):
             if not any(running(pid, owner) for pid, owner in owned):
                 return
             await asyncio.sleep(0.05)
     finally:
-        for pid, owner in owned:
-            if running(pid, owner):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        _signal_running(owned, signal.SIGKILL)
+
+
+def _signal_running(owned: list[tuple[int, str]], sig: signal.Signals) -> None:
+    for pid, owner in owned:
+        if running(pid, owner):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
 
 
 def rss_bytes(pid: int) -> int:
