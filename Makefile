@@ -79,6 +79,15 @@ kube-binaries:
 	@tools/kube/build.sh v1.36 $(KUBE_COMPONENTS) >/dev/null
 	@tools/kube/build.sh v1.37 $(KUBE_COMPONENTS) >/dev/null
 
+# kine (etcd's API over PostgreSQL and NATS JetStream) for tenant control planes on those datastores,
+# built with `go` from the module pinned in tools/kube/kine/go.mod into ~/.cache/tessera/kine/<version>/bin
+# (README: cold build time). `make up` also needs the supported release's control plane (v1.36 only).
+.PHONY: kine tenant-binaries
+kine:
+	@nice -n 10 tools/kube/build-kine.sh >/dev/null
+tenant-binaries: kine
+	@nice -n 10 tools/kube/build.sh v1.36 kube-apiserver kube-controller-manager kube-scheduler kubectl >/dev/null
+
 # The edit-test loop: unit-level tests only, no servers (docs/development.md); CI runs `make test`.
 .PHONY: test-fast
 test-fast: $(STAMP) $(CORE)
@@ -97,18 +106,18 @@ kube-node-binaries:
 	@tools/kube/build-containerd.sh >/dev/null
 	@$(PYTHON) tools/kube/images.py >/dev/null
 
-test: $(STAMP) $(CORE) native lint container-tools browser-tools metrics-tools datastore-tools kube-binaries kube-node-binaries protos
+test: $(STAMP) $(CORE) native lint container-tools browser-tools metrics-tools datastore-tools kube-binaries kube-node-binaries kine protos
 	$(MAKE) -C native/vgpu test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-up: $(STAMP) $(CORE) native
+up: $(STAMP) $(CORE) native tenant-binaries
 	$(VENV)/bin/tessera up
 
 demo: $(STAMP) $(CORE) native
 	$(VENV)/bin/tessera demo
 
 # (its Kubernetes part, bench/kubernetes.md, runs the real components and node: built here when missing)
-bench: $(STAMP) $(CORE) native container-tools kube-binaries kube-node-binaries
+bench: $(STAMP) $(CORE) native container-tools kube-binaries kube-node-binaries tenant-binaries
 	$(VENV)/bin/tessera bench all
 
 clean:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 
 import pytest
+import yaml
 
 from tessera.cli import tenant
 from tessera.controlplane.app import Manager
@@ -99,3 +100,21 @@ async def test_tenant_commands_connect_as_the_user_the_environment_names(tmp_pat
             await manager_bus.close()
     finally:
         srv.stop()
+
+
+async def test_kubeconfig_prints_the_tenants_admin_kubeconfig_and_sleep_needs_local_control_planes(served, capsys):
+    url = served
+    args = parse("tenant", "kubeconfig", "nobody", "--nats", url)
+    assert await args.func(args) != 0
+    assert "tenant 'nobody' has no kubeconfig" in capsys.readouterr().err
+    args = parse("tenant", "create", "alpha", "--nats", url)
+    assert await args.func(args) == 0
+    capsys.readouterr()
+    args = parse("tenant", "kubeconfig", "alpha", "--nats", url)
+    assert await args.func(args) == 0
+    config = yaml.safe_load(capsys.readouterr().out)
+    assert config["current-context"] == "tessera-alpha"
+    assert config["users"][0]["user"]["client-certificate-data"]
+    args = parse("tenant", "sleep", "alpha", "--nats", url)
+    assert await args.func(args) != 0
+    assert "TESSERA_CP_HOST is not `local`" in capsys.readouterr().err

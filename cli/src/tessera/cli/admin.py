@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--check", action="store_true", help="fail if the document is out of date")
     a.set_defaults(func=cmd_asyncapi)
 
-    b = sub.add_parser("bench", help="run a benchmark: all, placement, placement-families, placement-dynamic, placement-speed, placement-nats, tenants, vgpu-launch, kubernetes")
+    b = sub.add_parser("bench", help="run a benchmark: all, placement, placement-families, placement-dynamic, placement-speed, placement-nats, tenants, tenant-planes, vgpu-launch, kubernetes")
     b.add_argument("what")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments passed to the benchmark")
     b.set_defaults(func=cmd_bench)
@@ -131,6 +131,7 @@ def cmd_bench(args) -> int:
         "vgpu-launch": ["make", "-s", "-C", "native/vgpu", "bench"],  # (run in the checkout)
         # (on the real Kubernetes components: it runs the tests' kit, so it lives with the tests)
         "kubernetes": [sys.executable, "tests/kubernetes/kubebench.py"],
+        "tenant-planes": [sys.executable, "-m", "tessera.controlplane.benchmarks.planes"],
     }
 
     def command(name: str, rest: list[str]) -> list[str]:
@@ -149,12 +150,14 @@ def cmd_bench(args) -> int:
     if args.what == "all":
         code = 0
         for name in ("placement", "placement-families", "placement-speed", "placement-nats", "tenants", "vgpu-launch",
-                     "kubernetes"):
+                     "tenant-planes", "kubernetes"):
             err.print(f"[bold]== bench {name}[/]")
             # (the service with its compiled core against the Python engine, side by side)
             rest = ["--models", "default,python-core"] if name == "placement-nats" else []
             if name == "placement-families":  # (the families table is kept in the repository)
                 rest = ["--md", str(checkout.require("tessera bench all") / "bench" / "placement_families.md")]
+            if name == "tenant-planes":  # (and the tenant control planes' table)
+                rest = ["--md", str(checkout.require("tessera bench all") / "bench" / "tenant_control_planes.md")]
             code |= subprocess.call(command(name, rest))
         return code
     if args.what not in targets:

@@ -18,7 +18,7 @@ from pathlib import Path
 from rich.console import Console, Group
 from rich.live import Live
 
-from tessera.shared import identities
+from tessera.shared import api, identities, subjects
 from tessera.shared.bus import redact
 
 from tessera.cli import checkout, scenario, top, views, webui
@@ -58,11 +58,14 @@ def _workdir(args) -> Path:
     return checkout.require(f"tessera {args.command} without --workdir") / ".run"
 
 
-def _start_cluster(args) -> LocalCluster:
+def _start_cluster(args, *, control_planes: bool = False) -> LocalCluster:
+    """``control_planes``: the manager runs each tenant's control plane (kube-apiserver, controller
+    manager, scheduler, kine) as its own processes, within their rendered CPU and memory limits, and
+    stops them when it stops (`tessera up`; `make up` builds their binaries first)."""
     workdir = _workdir(args)
     if not args.keep_state:
         # A fresh scenario each time: the previous run's streams, buckets and claim directories go.
-        for part in ("nats", "nats-auth", "state", "nats-url", "nats-url-viewer"):
+        for part in ("nats", "nats-auth", "state", "nats-url", "nats-url-viewer", "control-planes"):
             target = workdir / part
             if target.is_dir():
                 shutil.rmtree(target)
@@ -74,6 +77,8 @@ def _start_cluster(args) -> LocalCluster:
         profile=Path(args.profile).resolve(),
         nats_url=reuse,
         otlp_endpoint=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
+        extra_env={"TESSERA_CP_HOST": "local", "TESSERA_CP_CONTROL_PLANES_DIR": str(workdir / "control-planes"),
+                   "TESSERA_CP_STOP_PLANES_ON_EXIT": "true"} if control_planes else {},
     )
     cluster.start(progress=lambda m: err.print(f"[dim]•[/] {m}"))
     try:
@@ -120,15 +125,33 @@ async def ledger_entries_left(client: Client, timeout: float = 15) -> int:
         await asyncio.sleep(0.2)
 
 
+async def _report_control_planes(client: Client, started: float) -> None:
+    """Say when each demo tenant's API server first answers (or why not yet), once each."""
+    said: dict[str, str] = {}
+    while len([p for p in said.values() if p == "Ready"]) < len(scenario.TENANTS):
+        reply = await client.request(f"{subjects.API_TENANTS}.list", api.TenantRequest(), timeout=10)
+        for t in (reply.result or []) if reply.ok else []:
+            if said.get(t["name"]) != t["phase"] and (t["phase"] == "Ready" or t["reason"] != "WaitingForControlPlane"):
+                said[t["name"]] = t["phase"]
+                err.print(f"[dim]•[/] tenant {t['name']}: control plane {t['phase']} after "
+                          f"{time.monotonic() - started:.0f} s" + (f" ({t['reason']}: {t['message'][:160]})"
+                                                                     if t["phase"] != "Ready" else
+                                                                     f" at {t['endpoint']}"))
+        await asyncio.sleep(2)
+
+
 async def cmd_up(args) -> int:
-    cluster = _start_cluster(args)
+    cluster = _start_cluster(args, control_planes=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     client = viewer = None
+    planes: asyncio.Task | None = None
     try:
+        started = time.monotonic()
         client, _ = await _scenario(cluster.url)
+        planes = asyncio.create_task(_report_control_planes(client, started), name="control-planes")
         viewer = await Client.connect(cluster.url_for(identities.VIEWER) if cluster.nats else cluster.url)
         async with top.live_model(viewer) as (model, _feed):
             async with webui.serving(model, "127.0.0.1", args.ui_port) as url:
@@ -146,11 +169,14 @@ async def cmd_up(args) -> int:
                         except asyncio.TimeoutError:
                             pass
     finally:
+        if planes is not None:
+            planes.cancel()
+            await asyncio.gather(planes, return_exceptions=True)
         for c in (viewer, client):
             if c is not None:
                 await c.close()
-        err.print("[dim]•[/] stopping services")
-        codes = cluster.stop()
+        err.print("[dim]•[/] stopping services and the tenants' control planes")
+        codes = cluster.stop(timeout=30)  # (the manager stops the control planes first)
         bad = {k: v for k, v in codes.items() if v not in (0, -signal.SIGTERM)}
         err.print("[dim]•[/] stopped" + (f" (non-zero exits: {bad})" if bad else " cleanly"))
     return 0

@@ -1,4 +1,4 @@
-"""`tessera tenant create|get|list|delete`: a client of the control-plane manager's NATS API.
+"""`tessera tenant create|get|list|delete|kubeconfig|sleep|wake`: a client of the control-plane manager's NATS API.
 
 The CLI knows the manager only through its public request/reply subjects
 (tessera.api.tenants.<verb>) and the shared request/reply types; it never imports the manager. It
@@ -31,7 +31,8 @@ from tessera.cli.options import add_identity_args
 def register(sub: argparse._SubParsersAction) -> None:
     """``tenant`` with its four subcommands, each with its handler as ``func``."""
     tenant = sub.add_parser("tenant", help="create, inspect and delete tenants")
-    verbs = tenant.add_subparsers(dest="tenant_command", metavar="{create,get,list,delete}")
+    verbs = tenant.add_subparsers(dest="tenant_command",
+                                  metavar="{create,get,list,delete,kubeconfig,sleep,wake}")
     verbs.required = True
 
     def common(p: argparse.ArgumentParser) -> None:
@@ -68,6 +69,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     common(delete)
     delete.set_defaults(func=run_delete)
 
+    kubeconfig = verbs.add_parser("kubeconfig", help="print the tenant's admin kubeconfig (for kubectl)")
+    kubeconfig.add_argument("name")
+    common(kubeconfig)
+    kubeconfig.set_defaults(func=run_kubeconfig)
+
+    for verb, text in (("sleep", "stop the tenant's control plane, keeping its data (scale to zero)"),
+                       ("wake", "start a sleeping tenant's control plane; says how long until it answered")):
+        p = verbs.add_parser(verb, help=text)
+        p.add_argument("name")
+        common(p)
+        p.set_defaults(func=run_sleep_or_wake, verb=verb)
+
 
 # --- handlers --------------------------------------------------------------------------------
 
@@ -102,6 +115,19 @@ async def run_delete(args: argparse.Namespace) -> int:
         print(f"tenant {result.get('name')} {word}")
 
     return await _call(args, "delete", TenantRequest(name=args.name), show)
+
+
+async def run_kubeconfig(args: argparse.Namespace) -> int:
+    return await _call(args, "kubeconfig", TenantRequest(name=args.name),
+                       lambda r: print(r["kubeconfig"], end="" if r["kubeconfig"].endswith("\n") else "\n"))
+
+
+async def run_sleep_or_wake(args: argparse.Namespace) -> int:
+    def show(result: dict) -> None:
+        t = result["tenant"]
+        print(f"tenant {t['name']}: {t['phase']} ({t['reason']}) after {result['seconds']:.2f} s")
+
+    return await _call(args, args.verb, TenantRequest(name=args.name), show)
 
 
 # --- plumbing --------------------------------------------------------------------------------

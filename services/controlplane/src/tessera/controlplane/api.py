@@ -13,7 +13,7 @@ import asyncio
 import builtins
 import logging
 import uuid
-from typing import Awaitable, Callable, Mapping
+from typing import Awaitable, Callable, Mapping, Protocol
 
 import msgspec
 
@@ -34,6 +34,14 @@ from tessera.shared.errors import ConflictError
 from tessera.shared.events import GpuQuota
 
 log = logging.getLogger("tessera.controlplane.api")
+
+WAKE_TIMEOUT = 120.0  # how long a wake waits for the API server to answer before it replies
+
+
+class Sleeper(Protocol):
+    async def sleep(self, tenant: str) -> None: ...
+    async def wake(self, tenant: str) -> None: ...
+    async def probe(self, tenant: str) -> str | None: ...
 
 _request_decoder = msgspec.json.Decoder(TenantRequest)
 
@@ -90,14 +98,17 @@ class Removal(msgspec.Struct, frozen=True):
 
 
 class TenantApi:
-    def __init__(self, store: TenantStore, reconciler: Reconciler, capacity: HostCapacity) -> None:
+    def __init__(self, store: TenantStore, reconciler: Reconciler, capacity: HostCapacity,
+                 planes: Sleeper | None = None) -> None:
         self.store = store
         self.reconciler = reconciler
         self.capacity = capacity
+        self.planes = planes  # a host that runs the control planes itself (local mode): sleep and wake
         self._admission = asyncio.Lock()  # one capacity decision at a time in this process
 
     def handlers(self) -> dict[str, Handler]:
-        return {"create": self.create, "get": self.get, "list": self.list, "delete": self.delete}
+        return {"create": self.create, "get": self.get, "list": self.list, "delete": self.delete,
+                "kubeconfig": self.kubeconfig, "sleep": self.sleep, "wake": self.wake}
 
     async def create(self, data: bytes, headers: Mapping[str, str]) -> bytes:
         async def act(req: TenantRequest) -> bytes:
@@ -167,6 +178,48 @@ class TenantApi:
             return api.ok(reply)
 
         return await self._guard(data, act)
+
+    async def kubeconfig(self, data: bytes, headers: Mapping[str, str]) -> bytes:
+        """The tenant's admin kubeconfig (its API server's address, its CA, an admin certificate)."""
+        async def act(req: TenantRequest) -> bytes:
+            name = check_name(req.name)
+            stored = await self.store.secrets.get(name)
+            if stored is None or not stored.value.kubeconfig:
+                return api.error(f"tenant {name!r} has no kubeconfig (it does not exist, or is not provisioned yet)",
+                                 field="name", code="not-found")
+            return api.ok({"name": name, "kubeconfig": stored.value.kubeconfig})
+
+        return await self._guard(data, act)
+
+    async def sleep(self, data: bytes, headers: Mapping[str, str]) -> bytes:
+        """Stop the tenant's control-plane processes, keeping its data (scale to zero)."""
+        return await self._guard(data, lambda req: self._sleep_or_wake(req, asleep=True))
+
+    async def wake(self, data: bytes, headers: Mapping[str, str]) -> bytes:
+        """Start them again and wait until its API server answers; the reply says how long it took."""
+        return await self._guard(data, lambda req: self._sleep_or_wake(req, asleep=False))
+
+    async def _sleep_or_wake(self, req: TenantRequest, *, asleep: bool) -> bytes:
+        name = check_name(req.name)
+        if self.planes is None:
+            return api.error("this manager does not run control planes itself (TESSERA_CP_HOST is not `local`):"
+                             " nothing to put to sleep or wake", code="invalid")
+        if await self.store.controlplanes.get(name) is None:
+            return api.error(f"tenant {name!r} does not exist", field="name", code="not-found")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        if asleep:
+            await self.planes.sleep(name)
+            record = await self.reconciler.reconcile(name)
+        else:
+            await self.planes.wake(name)
+            await self.reconciler.reconcile(name)  # starts the processes
+            while await self.planes.probe(name) is not None and loop.time() < started + WAKE_TIMEOUT:
+                await asyncio.sleep(0.1)
+            record = await self.reconciler.reconcile(name)
+        if record is None:
+            return api.error(f"tenant {name!r} does not exist", field="name", code="not-found")
+        return api.ok({"tenant": view(record), "seconds": round(loop.time() - started, 3)})
 
     async def _admit(self, name: str, spec: TenantControlPlaneSpec, resource: ResourceRef | None = None,
                      ) -> TenantControlPlane:

@@ -16,6 +16,7 @@ from tessera.controlplane.capacity import HostCapacity
 from tessera.controlplane.claimdrain import ClaimDrain
 from tessera.controlplane.datastores import DatastoreDriver
 from tessera.controlplane.host import HostCluster, NoHost, RenderedHost
+from tessera.controlplane.localplanes import LocalControlPlanes, default_bin_dirs
 from tessera.controlplane.pki import PkiAuthority
 from tessera.controlplane.reconciler import Reconciler
 from tessera.controlplane.settings import ControlPlaneSettings
@@ -70,7 +71,8 @@ class Manager:
         reconciler = Reconciler(store, publish, drivers, pki, host, settings.platform_namespace, claims=drain,
                                 teardown_wait=settings.teardown_wait_seconds)
         capacity = HostCapacity(settings.host_cpu_millis, settings.host_memory_mib)
-        tenants = TenantApi(store, reconciler, capacity)
+        planes = host if isinstance(host, LocalControlPlanes) else None  # it sleeps and wakes tenants
+        tenants = TenantApi(store, reconciler, capacity, planes=planes)
         resources = None
         if hasattr(host, "tenant_control_planes"):  # a Kubernetes host: serve its TenantControlPlane objects
             from tessera.controlplane.resources import TenantResources
@@ -149,15 +151,24 @@ async def make_drivers(bus: Bus, settings: ControlPlaneSettings) -> dict[str, Da
 
         drivers["etcd"] = DedicatedEtcdDriver(settings.etcd_data_dir, settings.etcd_quota_bytes, settings.etcd_binary)
     elif "etcd" in settings.drivers:
-        from tessera.controlplane.datastores.etcd import EtcdDriver
+        from tessera.controlplane.datastores.etcd import EtcdCa, EtcdDriver
 
-        drivers["etcd"] = EtcdDriver(settings.etcd_endpoint, settings.etcd_root_password)
+        ca = EtcdCa(settings.etcd_ca_file, settings.etcd_ca_key_file) if settings.etcd_ca_file else None
+        drivers["etcd"] = EtcdDriver(settings.etcd_endpoint, settings.etcd_root_password, ca)
     return drivers
 
 
 def make_host(settings: ControlPlaneSettings) -> HostCluster:
     if settings.host_mode == "render":
         return RenderedHost(settings.manifests_dir)
+    if settings.host_mode == "local":
+        from tessera.controlplane.limits import Limits
+
+        kube_bin, kine_bin = default_bin_dirs()
+        return LocalControlPlanes(settings.control_planes_dir, settings.kube_bin_dir or kube_bin,
+                                  settings.kine_bin_dir or kine_bin, idle_seconds=settings.idle_seconds,
+                                  stop_on_close=settings.stop_planes_on_exit,
+                                  limits=Limits.find(settings.cgroup_root) if settings.cgroup_root else None)
     if settings.host_mode == "kubernetes":
         from tessera.controlplane.kube import KubeHost
 

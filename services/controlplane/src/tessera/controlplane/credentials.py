@@ -20,6 +20,11 @@ class DatastoreCredentials(Struct, kw_only=True, frozen=True):
     scope: str  # the bucket, database or key prefix the credentials are confined to
     inbox_prefix: str = ""  # NATS: the only reply subjects this tenant may subscribe to
     replicas: int = 1  # NATS: the replicas of the tenant's bucket (kine creates it)
+    # etcd over TLS: the CA of the server, and the client certificate (CN: ``username``) and key etcd
+    # maps to the tenant's user; kube-apiserver has no password flag, a certificate is its only login.
+    ca_cert: str = ""
+    client_cert: str = ""
+    client_key: str = ""
 
 
 class TenantSecrets(Struct, kw_only=True):

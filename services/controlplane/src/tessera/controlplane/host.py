@@ -17,6 +17,15 @@ from typing import Any, Protocol
 import yaml
 
 
+class HostFault(Exception):
+    """The host knows why the tenant's control plane is not serving (``reason``: a word for the
+    status, such as ``BinaryMissing``, ``PortInUse``, ``ApiServerNotAnswering``)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class HostCluster(Protocol):
     async def apply(self, tenant: str, objects: list[dict[str, Any]]) -> None: ...
     async def ready(self, tenant: str) -> tuple[bool, str]: ...

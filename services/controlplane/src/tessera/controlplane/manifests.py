@@ -26,7 +26,7 @@ from tessera.controlplane.spec import Resources, TenantControlPlane
 
 HOST_SCHEMA_VERSION = "1.33.0"
 MANAGER = "tessera-controlplane"
-KINE_IMAGE = "docker.io/rancher/kine:v0.13.14"
+KINE_IMAGE = "docker.io/rancher/kine:v0.17.5"  # the version tools/kube/kine/go.mod pins
 
 
 def namespace(tenant: str) -> str:
@@ -93,7 +93,14 @@ def datastore_secret(ds: DatastoreCredentials | None) -> dict[str, str]:
         data["context.json"] = json.dumps({k: v for k, v in context.items() if v}, sort_keys=True)
         data["endpoint"] = (f"nats://?contextFile={DATASTORE_DIR}/context.json&bucket={ds.scope}"
                             f"&replicas={ds.replicas}&noEmbed")
+    if ds.client_cert:
+        data.update({"ca.crt": ds.ca_cert, "client.crt": ds.client_cert, "client.key": ds.client_key})
     return data
+
+
+def _etcd_tls(ds: DatastoreCredentials | None) -> bool:
+    """Whether the API server logs in to etcd itself, with the tenant's client certificate."""
+    return ds is not None and ds.driver == "etcd" and bool(ds.client_cert)
 
 
 def datastore_endpoint(secrets: TenantSecrets) -> str:
@@ -137,6 +144,9 @@ def render(record: TenantControlPlane, secrets: TenantSecrets, platform_namespac
     ]
     if ds is not None and ds.driver == "etcd":
         apiserver_args.append(f"--etcd-prefix={ds.scope.rstrip('/')}")
+    if _etcd_tls(ds):
+        apiserver_args += [f"--etcd-cafile={DATASTORE_DIR}/ca.crt", f"--etcd-certfile={DATASTORE_DIR}/client.crt",
+                           f"--etcd-keyfile={DATASTORE_DIR}/client.key"]
     if spec.network.address:
         apiserver_args.append(f"--advertise-address={spec.network.address}")
 
@@ -145,6 +155,7 @@ def render(record: TenantControlPlane, secrets: TenantSecrets, platform_namespac
 
     pki_mount = [{"name": "pki", "mountPath": "/pki", "readOnly": True}]
     kubeconfig_mount = [{"name": "kubeconfig", "mountPath": "/kubeconfig", "readOnly": True}]
+    datastore_mount = [{"name": "datastore", "mountPath": DATASTORE_DIR, "readOnly": True}]
     containers = [
         {
             "name": "kube-apiserver",
@@ -155,7 +166,7 @@ def render(record: TenantControlPlane, secrets: TenantSecrets, platform_namespac
             "livenessProbe": probe("/livez"),
             "readinessProbe": probe("/readyz"),
             "securityContext": _SECURITY,
-            "volumeMounts": pki_mount,
+            "volumeMounts": pki_mount + (datastore_mount if _etcd_tls(ds) else []),
         },
         {
             "name": "kube-controller-manager",
@@ -190,19 +201,21 @@ def render(record: TenantControlPlane, secrets: TenantSecrets, platform_namespac
             {
                 "name": "datastore-shim",
                 "image": KINE_IMAGE,
-                "args": ["--listen-address=127.0.0.1:2379", "--endpoint=$(DATASTORE_ENDPOINT)"],
+                # (kine's metrics port, the same in every pod, is off: nothing scrapes it)
+                "args": ["--listen-address=127.0.0.1:2379", "--endpoint=$(DATASTORE_ENDPOINT)",
+                         "--metrics-bind-address=0"],
                 "env": [{"name": "DATASTORE_ENDPOINT", "valueFrom": {"secretKeyRef": {
                     "name": f"{t}-datastore", "key": "endpoint"}}}],
                 "resources": _resources(res["datastore_shim"]),
                 "securityContext": _SECURITY,
-                "volumeMounts": [{"name": "datastore", "mountPath": DATASTORE_DIR, "readOnly": True}],
+                "volumeMounts": datastore_mount,
             }
         )
     volumes = [
         {"name": "pki", "secret": {"secretName": f"{t}-pki", "defaultMode": SECRET_MODE}},
         {"name": "kubeconfig", "secret": {"secretName": f"{t}-admin-kubeconfig", "defaultMode": SECRET_MODE}},
     ]
-    if ds is None or ds.driver != "etcd":
+    if ds is None or ds.driver != "etcd" or _etcd_tls(ds):
         volumes.append({"name": "datastore", "secret": {"secretName": f"{t}-datastore", "defaultMode": SECRET_MODE}})
 
     ingress_from: list[dict[str, Any]] = [

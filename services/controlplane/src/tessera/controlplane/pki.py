@@ -129,6 +129,25 @@ class PkiAuthority:
         secrets.not_after = min(load_cert(pki[f"{leaf}.crt"]).not_valid_after_utc for leaf in LEAVES).timestamp()
         return changed
 
+    def issue_client(self, ca_pem: str, ca_key_pem: str, cn: str | None, org: str | None = None) -> tuple[str, str]:
+        """A client certificate (PEM) and its key from another CA (a datastore's): CN names the user
+        (None: no CN at all, only the organisation)."""
+        key = _key()
+        subject = _name(cn, org) if cn is not None else x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME,
+                                                                                      org or "tessera")])
+        cert = self._leaf(ca_pem, ca_key_pem, key, subject, ExtendedKeyUsageOID.CLIENT_AUTH, None)
+        return _pem_cert(cert), _pem_key(key)
+
+    def current(self, cert_pem: str, ca_pem: str, cn: str) -> bool:
+        """Whether ``cert_pem`` is for ``cn``, from that CA, and not yet due for renewal."""
+        try:
+            cert, ca = load_cert(cert_pem), load_cert(ca_pem)
+        except ValueError:
+            return False
+        names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        return (cert.issuer == ca.subject and bool(names) and names[0].value == cn
+                and not self._expiring(cert))
+
     def _expiring(self, cert: x509.Certificate) -> bool:
         return cert.not_valid_after_utc - self.rotate_before <= self.clock()
 

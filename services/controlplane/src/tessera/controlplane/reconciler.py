@@ -21,7 +21,7 @@ from tessera.controlplane import manifests
 from tessera.controlplane.claimdrain import ClaimDrain, Remaining
 from tessera.controlplane.credentials import TenantSecrets
 from tessera.controlplane.datastores import DatastoreDriver
-from tessera.controlplane.host import HostCluster
+from tessera.controlplane.host import HostCluster, HostFault
 from tessera.controlplane.pki import PkiAuthority
 from tessera.controlplane.sealing import Unopenable
 from tessera.controlplane.spec import Phase, TenantControlPlane, TenantControlPlaneStatus
@@ -86,6 +86,8 @@ class Reconciler:
         for orphan in set(await self.store.tenants.keys()) - names:
             try:
                 async with self._locks[orphan]:
+                    if await self.store.controlplanes.get(orphan) is not None:
+                        continue  # created since the list above: not an orphan (its teardown would delete it)
                     await self._teardown(orphan, uid=None, wait=wait)
             except Exception as exc:
                 log.warning("removing orphaned tenant record %s failed: %s", orphan, exc)
@@ -160,7 +162,8 @@ class Reconciler:
         except Exception as exc:
             log.warning("tenant %s: datastore: %s", name, exc)
             return ("NotReady", "DatastoreUnavailable", str(exc), "", "", secrets.not_after)
-        endpoint = manifests.endpoint(record)
+        # (a host that runs the control plane itself knows where it answers: local processes)
+        endpoint = getattr(self.host, "endpoint", manifests.endpoint)(record)
         self.pki.ensure(record, secrets, endpoint, manifests.namespace(name))
         if msgspec.json.encode(secrets) != before:
             await self.store.secrets.put(name, secrets, revision=stored.revision if stored else None)
@@ -173,6 +176,9 @@ class Reconciler:
         try:
             await self.host.apply(name, objects)
             ready, why = await self.host.ready(name)
+        except HostFault as exc:  # the host knows what is wrong: the status names it
+            log.warning("tenant %s: %s: %s", name, exc.reason, exc)
+            return ("NotReady", exc.reason, str(exc), endpoint, secrets.datastore.scope, secrets.not_after)
         except Exception as exc:
             log.warning("tenant %s: host cluster: %s", name, exc)
             return ("NotReady", "HostApplyFailed", str(exc), endpoint, secrets.datastore.scope, secrets.not_after)

@@ -13,7 +13,7 @@ from tessera.shared.secretkeys import SecretKeys
 from tessera.shared.settings import FromEnv, setting
 
 DRIVERS = ("nats", "postgres", "etcd")
-HostMode = Literal["none", "render", "kubernetes"]
+HostMode = Literal["none", "render", "local", "kubernetes"]
 EtcdMode = Literal["shared", "dedicated"]
 
 
@@ -30,8 +30,30 @@ class ControlPlaneSettings(FromEnv):
         "comma-separated", ("nats",), choices=DRIVERS)
     host_mode: HostMode = setting(
         "TESSERA_CP_HOST", "where tenant control planes run: `none` (datastore, PKI and credentials only), "
-        "`render` (manifests written and schema-checked), `kubernetes` (server-side applied, readiness watched)",
-        "none")
+        "`render` (manifests written and schema-checked), `local` (the rendered pod run as the manager's own "
+        "processes: kube-apiserver, controller manager, scheduler, kine), `kubernetes` (server-side applied, "
+        "readiness watched)", "none")
+    control_planes_dir: str = setting(
+        "TESSERA_CP_CONTROL_PLANES_DIR", "`local` (required with it): where each tenant's control plane keeps "
+        "its files, logs and pids (`<dir>/<tenant>/`)", "")
+    kube_bin_dir: str = setting(
+        "TESSERA_CP_KUBE_BIN_DIR", "`local`: the directory of kube-apiserver, kube-controller-manager and "
+        "kube-scheduler", "", shown="`~/.cache/tessera/kubernetes/<pinned v1.36 version>/bin` (`make kube-binaries`)")
+    kine_bin_dir: str = setting(
+        "TESSERA_CP_KINE_BIN_DIR", "`local`: the directory of kine (PostgreSQL and NATS datastores)", "",
+        shown="`~/.cache/tessera/kine/<pinned version>/bin` (`make kine`)")
+    idle_seconds: float = setting(
+        "TESSERA_CP_IDLE_SECONDS", "`local`: a tenant control plane that served no request for this long is put to "
+        "sleep (its processes stopped, its data kept; `tessera tenant wake` starts it); `0`: never", 0.0,
+        minimum=0)
+    stop_planes_on_exit: bool = setting(
+        "TESSERA_CP_STOP_PLANES_ON_EXIT", "`local`: stop every tenant's control-plane processes when the manager "
+        "stops (`tessera up` does: its tenants live as long as it); by default they outlive the manager, as "
+        "dedicated etcd servers do, and a restarted manager finds them", False)
+    cgroup_root: str = setting(
+        "TESSERA_CP_CGROUP_ROOT", "`local`: the cgroup (under each controller) the tenants' processes are limited "
+        "in, one per tenant and container with the rendered CPU and memory limits; empty: no limits",
+        "tessera-tenants")
     manifests_dir: str = setting(
         "TESSERA_CP_MANIFESTS_DIR", "where `render` writes the manifests (required with it)", "")
     platform_namespace: str = setting(
@@ -78,6 +100,12 @@ class ControlPlaneSettings(FromEnv):
         "TESSERA_CP_ETCD_QUOTA_BYTES", "dedicated mode: `--quota-backend-bytes` of each tenant's etcd; a tenant "
         "past it is refused with etcd's \"database space exceeded\" while the others go on (at least 1 MiB)",
         2 * 1024 * 1024 * 1024, minimum=1024 * 1024, shown="`2147483648` (2 GiB, etcd's own default)")
+    etcd_ca_file: str = setting(
+        "TESSERA_CP_ETCD_CA_FILE", "shared mode over TLS: the CA that signed etcd's serving certificate and that "
+        "etcd trusts for client certificates (`--trusted-ca-file`, with `--client-cert-auth`); the manager issues "
+        "each tenant's API server a client certificate from it whose CN is the tenant's etcd user", "")
+    etcd_ca_key_file: str = setting(
+        "TESSERA_CP_ETCD_CA_KEY_FILE", "the key of that CA (required with it)", "")
     etcd_data_dir: str = setting(
         "TESSERA_CP_ETCD_DATA_DIR", "dedicated mode (required with it): where each tenant's etcd keeps its data "
         "(`<dir>/<tenant>/`)", "")
@@ -109,6 +137,10 @@ class ControlPlaneSettings(FromEnv):
         default_factory=SecretKeys.ephemeral, repr=False, parse=SecretKeys.from_file, unset="", shown="required")
 
     def check(self) -> Iterable[str]:
+        if self.host_mode == "local" and not self.control_planes_dir:
+            yield "TESSERA_CP_HOST=local needs TESSERA_CP_CONTROL_PLANES_DIR (where the control planes keep their files)"
+        if bool(self.etcd_ca_file) != bool(self.etcd_ca_key_file):
+            yield "TESSERA_CP_ETCD_CA_FILE and TESSERA_CP_ETCD_CA_KEY_FILE go together: set both, or neither"
         if self.host_mode == "render" and not self.manifests_dir:
             yield "TESSERA_CP_HOST=render needs TESSERA_CP_MANIFESTS_DIR (where to write)"
         if self.rotate_before_days >= self.cert_days:

@@ -59,21 +59,28 @@ async def wait_ready(bus: Bus, timeout: float = 60) -> None:
             await asyncio.sleep(0.2)
 
 
-async def run(tenants: int, concurrency: int, workdir: Path) -> dict[str, float]:
+def start_platform(workdir: Path, **settings: str) -> tuple[NatsServer, str, Path, dict[str, str]]:
+    """A private nats-server with config-file authorization (tenant accounts in ``tenants.conf``)
+    and the environment of a manager process on it, with ``settings`` (TESSERA_CP_...) added:
+    (server, its platform URL, the tenants' accounts file, the environment)."""
     users = workdir / "tenants.conf"
     UsersFile(users, None).write({})
     conf = workdir / "nats.conf"
     conf.write_text(identities.operator_only_config(*PLATFORM, "tenants.conf", pid_file=str(workdir / "nats.pid")))
     server = NatsServer(workdir / "store", config_file=conf).start()
     url = f"nats://{PLATFORM[0]}:{PLATFORM[1]}@127.0.0.1:{server.port}"
+    write_key_file(workdir / "secret-keys")
     env = dict(
         os.environ, TESSERA_NATS_URL=url, TESSERA_CP_NATS_AUTH_FILE=str(users),
-        TESSERA_CP_NATS_PID_FILE=str(workdir / "nats.pid"), TESSERA_CP_HOST="render",
-        TESSERA_CP_MANIFESTS_DIR=str(workdir / "manifests"), TESSERA_HTTP_PORT=str(free_port()),
-        TESSERA_LOG_LEVEL="WARNING", TESSERA_CP_RESYNC_SECONDS="3600",
-        TESSERA_CP_SECRET_KEY_FILE=str(workdir / "secret-keys"),
+        TESSERA_CP_NATS_PID_FILE=str(workdir / "nats.pid"), TESSERA_HTTP_PORT=str(free_port()),
+        TESSERA_LOG_LEVEL="WARNING", TESSERA_CP_SECRET_KEY_FILE=str(workdir / "secret-keys"), **settings,
     )
-    write_key_file(workdir / "secret-keys")
+    return server, url, users, env
+
+
+async def run(tenants: int, concurrency: int, workdir: Path) -> dict[str, float]:
+    server, url, users, env = start_platform(workdir, TESSERA_CP_HOST="render", TESSERA_CP_RESYNC_SECONDS="3600",
+                                             TESSERA_CP_MANIFESTS_DIR=str(workdir / "manifests"))
     with open(workdir / "manager.log", "wb") as log:
         manager = subprocess.Popen([sys.executable, "-m", "tessera.controlplane"], env=env, stderr=log)
     bus = await Bus.connect(BusSettings(url=url), "bench")

@@ -1,7 +1,9 @@
 """etcd datastore: a key prefix per tenant, guarded by an etcd user and role with auth enabled.
 
 The tenant's control plane talks to etcd as user ``tenant-<t>``, whose role grants read-write on the
-key range ``/tessera/<t>/`` only; etcd refuses everything else with "permission denied". The manager
+key range ``/tessera/<t>/`` only; etcd refuses everything else with "permission denied". Over TLS
+(``EtcdCa``: etcd with ``--client-cert-auth``) the tenant's kube-apiserver logs in with a client
+certificate whose CN is that user, issued here; kube-apiserver has no flag for a password. The manager
 speaks etcd's v3 JSON gateway over HTTP (the same API etcdctl uses, in JSON), so it needs no gRPC
 stack; keys and values are base64 on that wire.
 """
@@ -10,12 +12,16 @@ from __future__ import annotations
 
 import base64
 import secrets
+import ssl
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from tessera.controlplane.credentials import DatastoreCredentials
 from tessera.controlplane.datastores import DatastoreUnavailable
+from tessera.controlplane.pki import PkiAuthority
 
 
 def prefix(tenant: str) -> str:
@@ -46,11 +52,14 @@ class EtcdError(Exception):
 
 
 class EtcdClient:
-    """The few v3 gateway calls the manager and the tests need; one aiohttp session."""
+    """The few v3 gateway calls the manager and the tests need; one aiohttp session (TLS with
+    ``tls``: etcd's CA and a client certificate, for a server with ``--client-cert-auth``)."""
 
-    def __init__(self, endpoint: str, session: aiohttp.ClientSession | None = None) -> None:
+    def __init__(self, endpoint: str, session: aiohttp.ClientSession | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.endpoint = endpoint.rstrip("/")
         self._session = session
+        self.tls = tls
         self.token: str | None = None
 
     @property
@@ -67,7 +76,8 @@ class EtcdClient:
     async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         headers = {"Authorization": self.token} if self.token else {}
         try:
-            async with self.session.post(f"{self.endpoint}/v3/{path}", json=body, headers=headers) as resp:
+            async with self.session.post(f"{self.endpoint}/v3/{path}", json=body, headers=headers,
+                                         ssl=self.tls if self.tls is not None else True) as resp:
                 data = await resp.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise DatastoreUnavailable(f"cannot reach etcd at {self.endpoint}: {exc}") from exc
@@ -107,13 +117,51 @@ class EtcdClient:
         await self.call("auth/enable", {})
 
 
+def tls_context(ca_cert: str, client_cert: str, client_key: str) -> ssl.SSLContext:
+    """A client TLS context from PEM strings (the ssl module reads a key pair only from files: they
+    live for the call in a private temporary directory)."""
+    ctx = ssl.create_default_context(cadata=ca_cert)
+    with tempfile.TemporaryDirectory(prefix="tessera-etcd-") as tmp:
+        crt, key = Path(tmp) / "client.crt", Path(tmp) / "client.key"
+        crt.write_text(client_cert)
+        key.touch(mode=0o600)
+        key.write_text(client_key)
+        ctx.load_cert_chain(str(crt), str(key))
+    return ctx
+
+
+class EtcdCa:
+    """The CA a shared etcd trusts for client certificates (``--trusted-ca-file``), which also
+    signed its serving certificate: the manager issues tenants' certificates from it."""
+
+    def __init__(self, cert_file: str, key_file: str, pki: PkiAuthority | None = None) -> None:
+        try:
+            self.cert = Path(cert_file).read_text()
+            self.key = Path(key_file).read_text()
+        except OSError as exc:
+            raise ValueError(f"cannot read etcd's CA ({exc}): check TESSERA_CP_ETCD_CA_FILE and "
+                             "TESSERA_CP_ETCD_CA_KEY_FILE") from None
+        self.pki = pki or PkiAuthority()
+
+    def client(self, user: str) -> tuple[str, str]:
+        """A certificate that logs in as ``user`` (etcd's gRPC maps its CN to the user)."""
+        return self.pki.issue_client(self.cert, self.key, user, "tessera:datastore")
+
+    def gateway_client(self) -> tuple[str, str]:
+        """A certificate for the JSON gateway, which refuses one with a CN (it would not be the user
+        there): none, so the manager logs in with root's password as before."""
+        return self.pki.issue_client(self.cert, self.key, None, "tessera:controlplane")
+
+
 class EtcdDriver:
     name = "etcd"
 
-    def __init__(self, endpoint: str, root_password: str) -> None:
+    def __init__(self, endpoint: str, root_password: str, ca: EtcdCa | None = None) -> None:
         self.endpoint = endpoint
         self.root_password = root_password
-        self.client = EtcdClient(endpoint)
+        self.ca = ca
+        tls = tls_context(ca.cert, *ca.gateway_client()) if ca is not None else None
+        self.client = EtcdClient(endpoint, tls=tls)
 
     async def _as_root(self) -> EtcdClient:
         await self.client.authenticate("root", self.root_password)
@@ -141,8 +189,16 @@ class EtcdDriver:
             {"name": role, "perm": {"permType": "READWRITE", "key": b64(key), "range_end": b64(range_end(key))}},
         )
         await etcd.call("auth/user/grant", {"user": user, "role": role})
+        ca_cert = crt = private = ""
+        if self.ca is not None:  # kube-apiserver logs in with a certificate: etcd takes its CN for the user
+            ca_cert = self.ca.cert
+            if current and current.client_cert and self.ca.pki.current(current.client_cert, self.ca.cert, user):
+                crt, private = current.client_cert, current.client_key
+            else:
+                crt, private = self.ca.client(user)
         return DatastoreCredentials(
-            driver=self.name, endpoint=self.endpoint, username=user, password=password, scope=key
+            driver=self.name, endpoint=self.endpoint, username=user, password=password, scope=key,
+            ca_cert=ca_cert, client_cert=crt, client_key=private,
         )
 
     async def remove(self, tenant: str) -> None:

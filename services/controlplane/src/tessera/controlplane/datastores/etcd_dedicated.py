@@ -23,11 +23,11 @@ import logging
 import os
 import secrets
 import shutil
-import signal
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tessera.controlplane import processes
 from tessera.controlplane.credentials import DatastoreCredentials
 from tessera.controlplane.datastores import DatastoreUnavailable
 from tessera.controlplane.datastores.etcd import EtcdClient, EtcdDriver, EtcdError
@@ -170,55 +170,23 @@ class DedicatedEtcdDriver:
                 "--initial-cluster", f"{tenant}={peer}", "--quota-backend-bytes", str(self.quota_bytes),
                 "--log-level", "warn"]
         # Spawned, not a Popen the manager keeps: the server is the tenant's datastore and runs on
-        # when this process stops (a session of its own, so no signal to the manager reaches it).
-        log_flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-        pid = os.posix_spawn(args[0], args, dict(os.environ), setsid=True, file_actions=[
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_OPEN, 1, str(directory / "etcd.log"), log_flags, 0o600),
-            (os.POSIX_SPAWN_DUP2, 1, 2),
-        ])
+        # when this process stops.
+        pid = processes.spawn(args, directory / "etcd.log", self._owner(tenant))
         record.pid = pid
         self._write(tenant, record)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + START_TIMEOUT
         while not await self._answers(record):
-            exited = _reap(pid)
+            exited = not processes.running(pid, self._owner(tenant))
             if exited or loop.time() > deadline:
                 raise DatastoreUnavailable(f"etcd of tenant {tenant} did not start ({'it exited' if exited else 'no answer'}"
                                            f" after {START_TIMEOUT:.0f}s); see {directory / 'etcd.log'}")
             await asyncio.sleep(0.1)
         log.info("tenant %s: etcd started on %s (quota %d bytes)", tenant, client, self.quota_bytes)
 
+    def _owner(self, tenant: str) -> str:
+        return str(self.directory(tenant) / "data")
+
     async def _stop(self, tenant: str, record: ServerRecord) -> None:
-        pid = record.pid
-        if not pid or _reap(pid) or not _is_its_etcd(pid, self.directory(tenant)):
-            return  # gone already (or the pid is now someone else's)
-        os.kill(pid, signal.SIGTERM)
-        for _ in range(100):
-            if _reap(pid) or not _is_its_etcd(pid, self.directory(tenant)):
-                return
-            await asyncio.sleep(0.1)
-        os.kill(pid, signal.SIGKILL)
-        for _ in range(50):
-            if _reap(pid) or not _is_its_etcd(pid, self.directory(tenant)):
-                return
-            await asyncio.sleep(0.1)
-
-
-def _reap(pid: int) -> bool:
-    """Collect ``pid`` if it is an exited child of this process; whether it has exited."""
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return False  # not our child (started by an earlier manager): /proc says whether it runs
-    return done == pid
-
-
-def _is_its_etcd(pid: int, directory: Path) -> bool:
-    """Whether ``pid`` is the etcd serving ``directory`` (a recorded pid may have been reused)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z" and str(directory / "data").encode() in cmdline
+        if record.pid:
+            await processes.stop(record.pid, self._owner(tenant))

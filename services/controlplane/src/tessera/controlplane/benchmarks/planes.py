@@ -1,0 +1,244 @@
+"""Benchmark: tenant control planes that serve, run by the manager as local processes.
+
+Where `tessera.controlplane.benchmarks.tenants` counts a tenant Ready once its datastore, PKI and
+manifests are in place, this one starts what they name: the real manager (its own process,
+``TESSERA_CP_HOST=local``) on a private nats-server with per-tenant accounts, each tenant's
+kube-apiserver, controller manager, scheduler and kine on its own bucket. Tenants are created
+concurrently; a tenant counts once its API server answers ``/readyz`` and ``kubectl get ns`` as the
+tenant. Then: the RSS of one idle tenant's processes, the manager's peak, waking from sleep
+(``tessera tenant wake``'s own figure: until the first answered request), and one tenant's reads
+timed while another tenant's API server takes a loop of writes, beside the same reads alone.
+
+    python -m tessera.controlplane.benchmarks.planes --tenants 4,8 --md bench/tenant_control_planes.md
+
+Kamaji's anchor: 100 control planes Ready in ~7.5 min on one etcd, ~12 mCPU and ~6 MiB each at rest
+(its pods' figures), its manager ~600 MiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import msgspec
+
+from tessera.controlplane import processes
+from tessera.controlplane.benchmarks.tenants import peak_rss_mib, percentile, start_platform, wait_ready
+from tessera.controlplane.localplanes import default_bin_dirs
+from tessera.shared import api, subjects
+from tessera.shared.bus import Bus
+from tessera.shared.settings import BusSettings
+
+SERVE_TIMEOUT = 900.0
+
+
+async def _request(bus: Bus, verb: str, body: dict, timeout: float = 120) -> api.Reply:
+    """One API call; "unavailable" (NATS busy: the reply says retry) is retried, as a user would."""
+    for attempt in range(10):
+        reply = api.decode_reply(await bus.request(f"{subjects.API_TENANTS}.{verb}", msgspec.json.encode(body),
+                                                   timeout=timeout))
+        if reply.ok:
+            return reply
+        if reply.error is None or reply.error.code != "unavailable":
+            break
+        await asyncio.sleep(1 + attempt)
+    raise RuntimeError(f"{verb} {body}: {reply.error}")
+
+
+async def _kubectl_ok(kubectl: Path, kubeconfig: Path) -> bool:
+    proc = await asyncio.create_subprocess_exec(str(kubectl), f"--kubeconfig={kubeconfig}", "--request-timeout=5s",
+                                                "get", "ns", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        return await asyncio.wait_for(proc.wait(), 30) == 0
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return False
+
+
+async def _served(bus: Bus, name: str, kubectl: Path, workdir: Path, started: float) -> float:
+    """Seconds from ``started`` until the tenant's API server answers ``kubectl get ns`` as the tenant."""
+    deadline = started + SERVE_TIMEOUT
+    kubeconfig = workdir / f"{name}.kubeconfig"
+    while time.perf_counter() < deadline:
+        got = api.decode_reply(await bus.request(f"{subjects.API_TENANTS}.get",
+                                                 msgspec.json.encode({"name": name}), timeout=30))
+        if got.ok and got.result["phase"] == "Ready":
+            if not kubeconfig.exists():
+                reply = await _request(bus, "kubeconfig", {"name": name})
+                kubeconfig.write_text(reply.result["kubeconfig"])
+            if await _kubectl_ok(kubectl, kubeconfig):
+                return time.perf_counter() - started
+        await asyncio.sleep(0.5)
+    raise RuntimeError(f"tenant {name} did not serve within {SERVE_TIMEOUT:.0f} s")
+
+
+def _tenant_rss_mib(planes: Path, name: str) -> float:
+    try:
+        record = json.loads((planes / name / "plane.json").read_text())
+    except FileNotFoundError:
+        return float("nan")
+    return sum(processes.rss_bytes(pid) for pid in record["pids"].values()) / 2**20
+
+
+def _tls(planes: Path, name: str) -> ssl.SSLContext:
+    pki = planes / name / "volumes" / "pki"
+    ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    return ctx
+
+
+def _port(planes: Path, name: str) -> int:
+    return json.loads((planes / name / "plane.json").read_text())["apiserver_port"]
+
+
+async def _reads(planes: Path, name: str, seconds: float) -> list[float]:
+    """GET one ConfigMap of ``name``'s, back to back, for ``seconds``; each latency."""
+    url = f"https://127.0.0.1:{_port(planes, name)}/api/v1/namespaces/default/configmaps/bench-read"
+    ctx = _tls(planes, name)
+    out: list[float] = []
+    async with aiohttp.ClientSession() as http:
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "bench-read"}, "data": {"k": "v"}}
+        async with http.post(url.rsplit("/", 1)[0], json=body, ssl=ctx) as resp:
+            await resp.read()
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            async with http.get(url, ssl=ctx) as resp:
+                await resp.read()
+                if resp.status != 200:
+                    raise RuntimeError(f"read {name}: {resp.status}")
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+async def _writes(planes: Path, name: str, stop: asyncio.Event) -> int:
+    """Create ConfigMaps in ``name``'s API server, 4 at a time, until ``stop``; how many."""
+    url = f"https://127.0.0.1:{_port(planes, name)}/api/v1/namespaces/default/configmaps"
+    ctx = _tls(planes, name)
+    count = 0
+
+    async def loop(worker: int) -> None:
+        nonlocal count
+        async with aiohttp.ClientSession() as http:
+            i = 0
+            while not stop.is_set():
+                body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"w{worker}-{i}"},
+                        "data": {"payload": "x" * 1024}}
+                async with http.post(url, json=body, ssl=ctx) as resp:
+                    await resp.read()
+                i += 1
+                count += 1
+
+    await asyncio.gather(*(loop(w) for w in range(4)))
+    return count
+
+
+async def run(sizes: list[int], wakes: int, workdir: Path) -> dict:
+    planes = workdir / "planes"
+    kube_bin, _ = default_bin_dirs()
+    server, url, _, env = start_platform(workdir, TESSERA_CP_HOST="local", TESSERA_CP_RESYNC_SECONDS="5",
+                                         TESSERA_CP_CONTROL_PLANES_DIR=str(planes),
+                                         TESSERA_CP_STOP_PLANES_ON_EXIT="true")
+    with open(workdir / "manager.log", "wb") as log:
+        manager = subprocess.Popen([sys.executable, "-m", "tessera.controlplane"], env=env, stderr=log)
+    bus = await Bus.connect(BusSettings(url=url), "bench")
+    result: dict = {"sizes": []}
+    try:
+        await wait_ready(bus)
+        made = 0
+        for size in sizes:  # cumulative: the next size adds tenants beside those already serving
+            names = [f"t{i:03d}" for i in range(made, size)]
+            started = time.perf_counter()
+            await asyncio.gather(*(_request(bus, "create", {"name": n}) for n in names))
+            times = await asyncio.gather(*(_served(bus, n, kube_bin / "kubectl", workdir, started) for n in names))
+            made = size
+            result["sizes"].append({"tenants": size, "added": len(names), "total_s": max(times),
+                                    "p50_s": statistics.median(times), "p99_s": percentile(list(times), 0.99)})
+        await asyncio.sleep(20)  # at rest
+        rss = [_tenant_rss_mib(planes, f"t{i:03d}") for i in range(made)]
+        result["rss_tenant_mib_p50"] = statistics.median(rss)
+        result["rss_tenant_mib_max"] = max(rss)
+        woken: list[float] = []
+        for i in range(min(wakes, made)):
+            name = f"t{i:03d}"
+            await _request(bus, "sleep", {"name": name})
+            woken.append((await _request(bus, "wake", {"name": name}, timeout=300)).result["seconds"])
+        result["wake_p50_s"] = statistics.median(woken) if woken else float("nan")
+        result["wake_p99_s"] = percentile(woken, 0.99) if woken else float("nan")
+        result["wakes"] = len(woken)
+        if made >= 2:
+            alone = await _reads(planes, "t001", 10)
+            stop = asyncio.Event()
+            writer = asyncio.create_task(_writes(planes, "t000", stop))
+            await asyncio.sleep(2)
+            loaded = await _reads(planes, "t001", 10)
+            stop.set()
+            writes = await writer
+            result["reads"] = {"alone_p50_ms": statistics.median(alone) * 1000,
+                               "alone_p99_ms": percentile(alone, 0.99) * 1000,
+                               "loaded_p50_ms": statistics.median(loaded) * 1000,
+                               "loaded_p99_ms": percentile(loaded, 0.99) * 1000, "writes": writes}
+        result["manager_rss_peak_mib"] = peak_rss_mib(manager.pid)
+        return result
+    finally:
+        await bus.close()
+        manager.terminate()  # it stops the control planes (TESSERA_CP_STOP_PLANES_ON_EXIT)
+        try:
+            manager.wait(120)
+        except subprocess.TimeoutExpired:
+            manager.kill()
+            manager.wait()
+        server.stop()
+
+
+def render(r: dict) -> str:
+    lines = ["| tenants serving | added at once | all serving after | per tenant p50 | per tenant p99 |",
+             "|---:|---:|---:|---:|---:|"]
+    for s in r["sizes"]:
+        lines.append(f"| {s['tenants']} | {s['added']} | {s['total_s']:.1f} s | {s['p50_s']:.1f} s | {s['p99_s']:.1f} s |")
+    lines += ["", f"- RSS of one idle tenant's processes (kube-apiserver, controller manager, scheduler, kine): "
+              f"p50 {r['rss_tenant_mib_p50']:.0f} MiB, max {r['rss_tenant_mib_max']:.0f} MiB (Kamaji: ~6 MiB per "
+              f"control plane at rest, its figure)",
+              f"- manager peak RSS: {r['manager_rss_peak_mib']:.0f} MiB (Kamaji's operator ~600 MiB at 100)",
+              f"- wake from sleep to first answered request ({r['wakes']} tenants): p50 {r['wake_p50_s']:.1f} s, "
+              f"p99 {r['wake_p99_s']:.1f} s"]
+    if "reads" in r:
+        rd = r["reads"]
+        lines.append(f"- tenant t001's reads (GET one ConfigMap, back to back, 10 s each): alone p50 "
+                     f"{rd['alone_p50_ms']:.1f} ms / p99 {rd['alone_p99_ms']:.1f} ms; while t000 took {rd['writes']} "
+                     f"writes (4 in flight): p50 {rd['loaded_p50_ms']:.1f} ms / p99 {rd['loaded_p99_ms']:.1f} ms")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tessera.controlplane.benchmarks.planes",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--tenants", default="10,20", help="comma-separated cumulative sizes")
+    parser.add_argument("--wakes", type=int, default=5, help="tenants put to sleep and woken, one by one")
+    parser.add_argument("--md", type=Path, help="also write the table to this file")
+    args = parser.parse_args(argv)
+    sizes = sorted(int(s) for s in args.tenants.split(","))
+    if sizes[0] < 1:
+        parser.error("--tenants sizes must be at least 1")
+    with tempfile.TemporaryDirectory(prefix="tessera-planes-bench-") as tmp:
+        r = asyncio.run(run(sizes, args.wakes, Path(tmp)))
+    table = render(r)
+    print(table)
+    if args.md:
+        args.md.write_text(args.md.read_text().split("<!-- table -->")[0] + "<!-- table -->\n" + table
+                           if args.md.exists() and "<!-- table -->" in args.md.read_text() else table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

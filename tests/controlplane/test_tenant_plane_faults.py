@@ -1,0 +1,83 @@
+"""Faults of a tenant's control plane: a binary missing, its port taken, its datastore password
+changed behind the manager's back. The tenant's status names what is wrong, the other tenant is
+not harmed, and a later resync repairs what can be repaired."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from controlplane.planes import Planes
+from kit import eventually
+from tessera.controlplane.datastores import postgres as pg_store
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("planes", ["postgres"], indirect=True)
+async def test_a_missing_binary_is_named_and_repaired(planes: Planes, tmp_path):
+    await planes.create("steady")
+    bins = tmp_path / "bins"
+    shutil.copytree(planes.host.kube_bin, bins, symlinks=True)
+    planes.host.kube_bin = bins
+    (bins / "kube-apiserver").rename(bins / "kube-apiserver.away")
+
+    await planes.manager.api.apply("broken", planes_spec(planes))
+    record = await planes.wait_phase("broken", "NotReady", "BinaryMissing", timeout=120)
+    assert "kube-apiserver" in record.status.message
+    assert (await planes.record("steady")).status.phase == "Ready"  # type: ignore[union-attr]
+
+    (bins / "kube-apiserver.away").rename(bins / "kube-apiserver")
+    await planes.wait_phase("broken", "Ready")
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("planes", ["postgres"], indirect=True)
+async def test_a_taken_port_is_named_and_the_tenant_moves(planes: Planes, tmp_path):
+    await planes.create("steady")
+    await planes.create("mover")
+    assert (await planes.call("sleep", "mover")).ok
+    port = planes.host._read("mover").apiserver_port  # type: ignore[union-attr]
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", port))
+    squatter.listen()
+    try:
+        await planes.host.wake("mover")
+        await planes.manager.reconciler.reconcile("mover")
+        assert "PortInUse" in await planes.reasons("mover")
+        record = await planes.wait_phase("mover", "Ready")
+        assert f":{port}" not in record.status.endpoint  # a new port, and its kubeconfig says so
+        kubeconfig = await planes.kubeconfig("mover", tmp_path)
+        assert (await planes.kubectl(kubeconfig, "get", "ns")).returncode == 0
+        assert (await planes.record("steady")).status.phase == "Ready"  # type: ignore[union-attr]
+    finally:
+        squatter.close()
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("planes", ["postgres"], indirect=True)
+async def test_a_changed_datastore_password_is_repaired(planes: Planes, tmp_path):
+    await planes.create("steady")
+    await planes.create("victim")
+    kubeconfig = await planes.kubeconfig("victim", tmp_path)
+    conn = await psycopg.AsyncConnection.connect(planes.postgres_admin, autocommit=True)
+    async with conn:
+        await conn.execute(sql.SQL("ALTER ROLE {} PASSWORD 'not-the-one'").format(
+            sql.Identifier(pg_store.role_name("victim"))))
+    os.kill(planes.host.pids("victim")["datastore-shim"], signal.SIGKILL)  # its next login is refused
+
+    await eventually(lambda: planes.host.pids("victim").get("datastore-shim"), timeout=60)
+    await planes.wait_phase("victim", "Ready")
+    assert (await planes.kubectl(kubeconfig, "get", "ns")).returncode == 0
+    assert (await planes.record("steady")).status.phase == "Ready"  # type: ignore[union-attr]
+
+
+def planes_spec(planes: Planes):
+    from tessera.controlplane.spec import parse_spec
+
+    return parse_spec({"datastore": {"driver": planes.driver}})
