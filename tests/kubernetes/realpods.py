@@ -27,15 +27,11 @@ from tessera.shared.natsserver import free_port
 import probeimage
 from kit import eventually
 from kit.kubecluster import apply, manifests, service_identity
-from kubetessera import KubeletDirs, create_tenant, ledgers, quota_in_use, start_services, webhook_configuration
+from kubetessera import (GPU, IDENTITIES, SERVICES, KubeletDirs, create_tenant, ledgers, log_has, quota_in_use,
+                         start_services, webhook_configuration, webhook_endpoints)
 from webhook_tls import SERVING_NAMES, Authority
 
 OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
-IDENTITIES = {"capacity": "capacity.yaml", "placement": "placement.yaml", "translator": "translator.yaml",
-              "enforcer": "enforcer.yaml", "controlplane": "controlplane/manager.yaml"}
-SERVICES = ("controlplane", "capacity", "translator", "placement")
-GPU = {"model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "sm_count": 132, "architecture": "Hopper",
-       "compute_capability": "9.0", "driver_version": "580.65.06"}
 
 
 def profile(path: Path, node: str) -> Path:
@@ -44,32 +40,9 @@ def profile(path: Path, node: str) -> Path:
     return path
 
 
-def webhook_service(ip: str, port: int) -> list[dict]:
-    """deploy/k8s's webhook Service without its selector (no translator pod), and its endpoints: the
-    translator's address on the node."""
-    [service] = [d for d in manifests("translator.yaml", ("Service",))]
-    service["spec"].pop("selector", None)
-    [https] = service["spec"]["ports"]
-    meta = service["metadata"]
-    endpoints = {
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": f"{meta['name']}-test", "namespace": meta["namespace"],
-                     "labels": {"kubernetes.io/service-name": meta["name"],
-                                "endpointslice.kubernetes.io/managed-by": "tests.tessera.dev"}},
-        "addressType": "IPv4",
-        "endpoints": [{"addresses": [ip], "conditions": {"ready": True}}],
-        "ports": [{"name": https["name"], "port": port, "protocol": "TCP"}],
-    }
-    return [service, endpoints]
-
-
 def checkpoint(dirs: KubeletDirs) -> dict:
     """The claims in the enforcer's kubelet-plugin checkpoint (ResourceClaim uid -> entry)."""
     return json.loads((dirs.plugin / "checkpoint.json").read_text())["body"]["claims"]
-
-
-def log_has(path: Path, text: str) -> bool:
-    return path.exists() and text in path.read_text(errors="replace")
 
 
 def probe_command(max_mib: int = 0) -> list[str]:
@@ -117,7 +90,7 @@ class TesseraOnNode:
             # the real kubelet's plugin watcher found the registration socket, asked GetInfo, said yes
             await eventually(lambda: log_has(self.enforcer_log, f"the kubelet registered DRA plugin {DRIVER}"),
                              timeout=60, what=f"the kubelet registering {DRIVER}")
-            apply(plane, webhook_service(node.ip, port) + [webhook])
+            apply(plane, webhook_endpoints(node.ip, port) + [webhook])
             self.client = await Client.connect(self.nats_url)
             await create_tenant(self.client, tenant, quota)
             await self.kubectl("label", "namespace", self.namespace, f"{TENANT_LABEL}={tenant}")
@@ -126,7 +99,7 @@ class TesseraOnNode:
             # no webhook (Fail for GPU pods) is left pointing at a translator that is gone
             await self.kubectl("delete", "mutatingwebhookconfiguration", webhook["metadata"]["name"],
                                "--ignore-not-found", check=False)
-            service, endpoints = webhook_service(node.ip, port)
+            service, endpoints = webhook_endpoints(node.ip, port)
             for kind, doc in (("endpointslices.discovery.k8s.io", endpoints), ("services", service)):
                 await self.kubectl("delete", "-n", doc["metadata"]["namespace"], kind, doc["metadata"]["name"],
                                    "--ignore-not-found", check=False)

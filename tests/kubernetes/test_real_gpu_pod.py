@@ -37,31 +37,13 @@ import time
 from tessera.shared.events import GpuQuota
 from tessera.shared.kubeclaims import DRIVER, claim_id
 
+from gpupods import hami_pod
 from kit import eventually
 from kubetessera import ledgers, quota_in_use
-from realpods import OUT_OF_MEMORY, TesseraOnNode, checkpoint, log_has, probe_command
+from realpods import OUT_OF_MEMORY, TesseraOnNode, checkpoint, log_has
 
 MEMORY_MIB, CORES = 1024, 30
 TENANT = "alpha"
-
-
-def _gpu_pod(name: str, namespace: str, image: str) -> dict:
-    """A pod as a user writes it for HAMi: nvidia.com/gpu and gpumem limits, nothing of DRA. Its
-    container runs the probe and holds what it got until its stdin closes (``stdin: true`` keeps
-    it open), so the pod stays Running with its memory in use."""
-    return {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-            "dnsPolicy": "Default",  # the node has no cluster DNS (the kubelet would warn MissingClusterDNS)
-            "containers": [{
-                "name": "main", "image": image, "imagePullPolicy": "Never", "stdin": True,
-                "command": probe_command(),
-                "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(MEMORY_MIB),
-                                         "nvidia.com/gpucores": str(CORES)}},
-            }],
-        },
-    }
 
 
 async def test_a_gpu_pod_runs_on_the_real_node_enforced_and_given_back(
@@ -70,7 +52,7 @@ async def test_a_gpu_pod_runs_on_the_real_node_enforced_and_given_back(
     kubectl = on.kubectl
     async with on.running(TENANT, GpuQuota(gpus=2)):
         client, dirs, enforcer_log = on.client, on.dirs, on.enforcer_log
-        pod = _gpu_pod("train", kube_namespace, on.image)
+        pod = hami_pod("train", kube_namespace, on.image, MEMORY_MIB, CORES)
         created = time.monotonic()
         await kubectl("create", "-f", "-", stdin=json.dumps(pod))
         got = await on.ready("train")
