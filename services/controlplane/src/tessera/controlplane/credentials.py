@@ -20,6 +20,9 @@ class DatastoreCredentials(Struct, kw_only=True, frozen=True):
     scope: str  # the bucket, database or key prefix the credentials are confined to
     inbox_prefix: str = ""  # NATS: the only reply subjects this tenant may subscribe to
     replicas: int = 1  # NATS: the replicas of the tenant's bucket (kine creates it)
+    # PostgreSQL: the role's CONNECTION LIMIT (0: none). kine's pool is kept to half of it, so that a
+    # restarted kine can log in while the backends of the one it replaces are still being reaped.
+    connection_limit: int = 0
     # etcd over TLS: the CA of the server, and the client certificate (CN: ``username``) and key etcd
     # maps to the tenant's user; kube-apiserver has no password flag, a certificate is its only login.
     ca_cert: str = ""

@@ -77,6 +77,15 @@ def _secret(name: str, ns: str, tenant: str, data: dict[str, str]) -> dict[str, 
     }
 
 
+def kine_pool(ds: DatastoreCredentials) -> int:
+    """kine's bound on its open connections (0: none). Unbounded, a kube-apiserver starting up (a list
+    and a watch per resource) has kine open more connections than the tenant role's CONNECTION LIMIT
+    and PostgreSQL refuses the rest ("too many connections for role"); half the limit also leaves
+    room for the backends of a kine that was just killed, which PostgreSQL reaps only when it
+    notices."""
+    return max(1, ds.connection_limit // 2) if ds.connection_limit else 0
+
+
 def datastore_secret(ds: DatastoreCredentials | None) -> dict[str, str]:
     """What the tenant's datastore Secret holds: its own credentials, never the platform's.
 
@@ -87,7 +96,7 @@ def datastore_secret(ds: DatastoreCredentials | None) -> dict[str, str]:
     if ds is None:
         return {}
     data = {"driver": ds.driver, "endpoint": ds.endpoint, "username": ds.username, "password": ds.password,
-            "scope": ds.scope}
+            "scope": ds.scope, "max-open-connections": str(kine_pool(ds))}
     if ds.driver == "nats":
         context = {"url": ds.endpoint, "user": ds.username, "password": ds.password, "inbox_prefix": ds.inbox_prefix}
         data["context.json"] = json.dumps({k: v for k, v in context.items() if v}, sort_keys=True)
@@ -203,9 +212,11 @@ def render(record: TenantControlPlane, secrets: TenantSecrets, platform_namespac
                 "image": KINE_IMAGE,
                 # (kine's metrics port, the same in every pod, is off: nothing scrapes it)
                 "args": ["--listen-address=127.0.0.1:2379", "--endpoint=$(DATASTORE_ENDPOINT)",
-                         "--metrics-bind-address=0"],
+                         "--metrics-bind-address=0", "--datastore-max-open-connections=$(DATASTORE_MAX_OPEN)"],
                 "env": [{"name": "DATASTORE_ENDPOINT", "valueFrom": {"secretKeyRef": {
-                    "name": f"{t}-datastore", "key": "endpoint"}}}],
+                    "name": f"{t}-datastore", "key": "endpoint"}}},
+                        {"name": "DATASTORE_MAX_OPEN", "valueFrom": {"secretKeyRef": {
+                            "name": f"{t}-datastore", "key": "max-open-connections"}}}],
                 "resources": _resources(res["datastore_shim"]),
                 "securityContext": _SECURITY,
                 "volumeMounts": datastore_mount,

@@ -69,7 +69,8 @@ class PostgresDriver:
             await conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(db)))
             await conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(db), sql.Identifier(role)))
         dsn = f"postgresql://{quote(role)}:{quote(password)}@{self.tenant_host}/{db}"
-        return DatastoreCredentials(driver=self.name, endpoint=dsn, username=role, password=password, scope=db)
+        return DatastoreCredentials(driver=self.name, endpoint=dsn, username=role, password=password, scope=db,
+                                    connection_limit=self.connection_limit)
 
     async def remove(self, tenant: str) -> None:
         db, role = database_name(tenant), role_name(tenant)
