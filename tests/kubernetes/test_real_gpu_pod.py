@@ -36,6 +36,7 @@ import time
 
 from tessera.shared.events import GpuQuota
 from tessera.shared.kubeclaims import DRIVER, claim_id
+from tessera.enforcer.cdi import spec_path
 
 from gpupods import hami_pod
 from kit import eventually
@@ -99,7 +100,7 @@ async def test_a_gpu_pod_runs_on_the_real_node_enforced_and_given_back(
         # the kubelet unprepares after the containers stop and before the pod's phase is final,
         # and only then does the resourceclaim controller deallocate: unprepared before released
         assert log_has(enforcer_log, f"unprepared ResourceClaim {ref} ({cid})"), enforcer_log.read_text()
-        assert not list(kube_node.cdi_dir.iterdir()), "the CDI spec outlived the pod"
+        assert not spec_path(kube_node.cdi_dir, cid).exists(), "the CDI spec outlived the pod"
         assert claim["metadata"]["uid"] not in checkpoint(dirs)
 
         assert await eventually(lambda: on.given_back(TENANT), timeout=30), (

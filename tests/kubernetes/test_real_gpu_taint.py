@@ -25,6 +25,7 @@ from tessera.shared.events import ClaimRecord, ClaimRequested, ClaimSpec, GpuQuo
 from tessera.shared.kubeclaims import DRIVER
 
 from tessera.cli.client import Client
+from tessera.enforcer.cdi import spec_path
 
 from kit import eventually
 from kit.kubecluster import apply, manifests, node_bound_identity, service_identity
@@ -116,6 +117,10 @@ async def test_a_failing_gpu_is_tainted_not_allocated_and_untainted_when_it_reco
         _fleet(fleet, node, gpu0_healthy=True)  # it recovers
         await eventually(lambda: _untainted(devices, "gpu-0"), timeout=30, what="gpu-0's taint gone")
         assert await scheduler_allocates("probe-well") == "gpu-0"
+        # give the claim back, so that its CDI spec leaves the session's node with it
+        await client.release("taint-probe-1", reason="test finished")
+        await client.wait_for("taint-probe-1", {"released"}, timeout=60)
+        assert not spec_path(kube_node.cdi_dir, "taint-probe-1").exists(), "the CDI spec outlived the claim"
     finally:
         await client.close()
         await asyncio.to_thread(cluster.stop)

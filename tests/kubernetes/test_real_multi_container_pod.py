@@ -21,6 +21,7 @@ from tessera.shared.events import ClaimSpec, DeviceShare, GpuQuota
 from tessera.shared.kubeapi import KubeApi, object_path
 from tessera.shared.kubeclaims import DRIVER, RESOURCE_API_VERSION, SCHEDULING_GATE, KubeClaimRef, claim_id
 from tessera.translator.dra import resource_claim_template
+from tessera.enforcer.cdi import spec_path
 
 from gpupods import GpuPods
 from kubetessera import ledgers
@@ -85,7 +86,7 @@ async def test_a_pod_with_two_gpu_containers_runs_each_held_to_its_own_limit(
         released = await on.client.wait_for(cid, {"released"}, timeout=60)
         assert released.reason == "resourceclaim-unused", released
         assert log_has(on.enforcer_log, f"unprepared ResourceClaim {ref} ({cid})")
-        assert not list(kube_node.cdi_dir.iterdir()), "the CDI spec outlived the pod"
+        assert not spec_path(kube_node.cdi_dir, cid).exists(), "the CDI spec outlived the pod"
         assert await eventually(lambda: on.given_back(TENANT), timeout=30), await ledgers(on.client)
         assert not (on.cluster.state_dir(kube_node.name) / "claims" / cid).exists()
 
