@@ -151,6 +151,7 @@ class KubeControlPlane:
     # raised for a benchmark (tests/kubernetes/benchfleet.py)
     component_flags: dict[str, tuple[str, ...]] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    argv: dict[str, list[str]] = field(default_factory=dict)
     port: int = 0
 
     @property
@@ -252,9 +253,21 @@ class KubeControlPlane:
         terminate(self.procs.pop("kube-apiserver"))
 
     def start_apiserver(self) -> None:
-        """The API server back on the same address, with the same state (its watch cache new)."""
+        """The API server back on the same address, with the same state (its watch cache new); a
+        controller manager or scheduler that exited while it was away (they may, when it goes away
+        as they start) started again, as the kubelet restarts a control plane's static pods."""
         self._spawn("kube-apiserver", self._apiserver_argv(self.port, self.workdir / "audit.log"), append=True)
         self._wait_ready(90)
+        self.revive()
+
+    def revive(self) -> list[str]:
+        """The controller manager and the scheduler started again if they exited (as the kubelet
+        restarts static pods); the names of those that had."""
+        revived = [name for name in ("kube-controller-manager", "kube-scheduler")
+                   if name in self.procs and self.procs[name].poll() is not None]
+        for name in revived:
+            self._spawn(name, self.argv[name], append=True)
+        return revived
 
     def add_apiserver(self) -> Path:
         """A second API server on the same etcd (as in an HA control plane), started once; a
@@ -319,6 +332,7 @@ class KubeControlPlane:
             time.sleep(0.2)
 
     def _spawn(self, name: str, argv: list[str], append: bool = False) -> None:
+        self.argv[name] = argv
         log = open(self.workdir / f"{name}.log", "ab" if append else "wb")
         self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
@@ -522,7 +536,10 @@ def spare_plane():
 
 @pytest.fixture
 def breakable_plane(spare_plane):
-    """``spare_plane`` for one test: its API server is serving again when the test ends."""
+    """``spare_plane`` for one test, whole (a controller manager or scheduler that exited while an
+    earlier test had its API server down started again); its API server serving again when the
+    test ends."""
+    spare_plane.revive()
     try:
         yield spare_plane
     finally:
