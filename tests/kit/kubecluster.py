@@ -20,6 +20,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -153,6 +154,8 @@ class KubeControlPlane:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     argv: dict[str, list[str]] = field(default_factory=dict)
     port: int = 0
+    _stopping: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def url(self) -> str:
@@ -212,6 +215,10 @@ class KubeControlPlane:
             "--secure-port=0", "--leader-elect=false", "--v=0",
             *self.component_flags.get("kube-scheduler", ()),
         ])
+        # the controller manager exits when the API server goes away while it starts its
+        # controllers ('Error building controllers'): restarted, as the kubelet restarts static pods
+        self._supervisor = threading.Thread(target=self._supervise, name=f"supervise-{self.port}", daemon=True)
+        self._supervisor.start()
         return self
 
     def _apiserver_argv(self, port: int, audit_log: Path) -> list[str]:
@@ -260,13 +267,20 @@ class KubeControlPlane:
         self._wait_ready(90)
         self.revive()
 
+    def _supervise(self) -> None:
+        while not self._stopping.wait(0.5):
+            self.revive()
+
     def revive(self) -> list[str]:
         """The controller manager and the scheduler started again if they exited (as the kubelet
         restarts static pods); the names of those that had."""
-        revived = [name for name in ("kube-controller-manager", "kube-scheduler")
-                   if name in self.procs and self.procs[name].poll() is not None]
-        for name in revived:
-            self._spawn(name, self.argv[name], append=True)
+        with self._lock:
+            if self._stopping.is_set():
+                return []
+            revived = [name for name in ("kube-controller-manager", "kube-scheduler")
+                       if name in self.procs and self.procs[name].poll() is not None]
+            for name in revived:
+                self._spawn(name, self.argv[name], append=True)
         return revived
 
     def add_apiserver(self) -> Path:
@@ -361,6 +375,9 @@ class KubeControlPlane:
         raise RuntimeError(f"{name} not ready in {timeout:.0f} s ({last}):\n{self.log(name)[-4000:]}")
 
     def stop(self) -> None:
+        self._stopping.set()
+        with self._lock:
+            pass  # (a restart under way is done)
         for name in reversed(list(self.procs)):
             terminate(self.procs[name])
         self.procs.clear()

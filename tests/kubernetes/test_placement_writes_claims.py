@@ -87,11 +87,12 @@ class World:
             await asyncio.to_thread(self.plane.kubectl, "delete", "node", node, "--ignore-not-found", "--wait=false")
         await self.pods.close()
 
-    async def gated_pod(self, name: str, spec: ClaimSpec, *, other_gate: bool = False) -> tuple[dict, dict]:
+    async def gated_pod(self, name: str, spec: ClaimSpec, *, other_gate: bool = False,
+                        timeout: float = 30) -> tuple[dict, dict]:
         """A pod as the webhook leaves it (the translator's template, our gate) and the claim the
         resourceclaim controller made for it."""
         return await self.pods.create(self.ns, name, spec, gates=(OTHER_GATE,) if other_gate else (),
-                                      tolerate_all=True)
+                                      tolerate_all=True, timeout=timeout)
 
     async def current(self, obj: dict) -> dict | None:
         meta = obj["metadata"]
@@ -234,7 +235,8 @@ async def test_two_placement_replicas_racing_never_overcommit_and_every_status_m
 async def test_an_unreachable_api_server_is_waited_for_then_the_allocation_is_given_back(own_world):
     world = own_world
     plane = world.plane
-    client = await world.start(env={"TESSERA_PLACEMENT_KUBE_RETRY_SECONDS": "6",
+    # (a retry budget longer than a real API server's restart: 5-6 s here, more on a loaded machine)
+    client = await world.start(env={"TESSERA_PLACEMENT_KUBE_RETRY_SECONDS": "25",
                                     "TESSERA_PLACEMENT_KUBE_TIMEOUT_SECONDS": "2"})
     await create_tenant(client, "alpha", GpuQuota(gpus=4))
     spec = ClaimSpec(gpus=1, memory_mib=10000, cores=10)
@@ -263,7 +265,9 @@ async def test_an_unreachable_api_server_is_waited_for_then_the_allocation_is_gi
 
     # Refused for good (a policy of the cluster's refuses the status write, 422): given back at
     # once, said on the pod.
-    pod3, claim3 = await world.gated_pod("refused", spec)
+    # (after the API server was away for the retry budget, the controllers' informers back off up
+    # to 30 s before they list again: the claim may come that much later)
+    pod3, claim3 = await world.gated_pod("refused", spec, timeout=90)
     await refuse_writes(plane, world.ns, "resource.k8s.io", "resourceclaims/status", probe=[
         "patch", "resourceclaim", "-n", world.ns, claim3["metadata"]["name"], "--subresource=status",
         "--type=merge", "-p", '{"metadata": {"labels": {"probe": "1"}}}'])
