@@ -15,7 +15,8 @@ from tessera.shared.natsserver import NatsServer
 
 from kit.bus import bus, bus_service, bus_settings  # noqa: F401 - fixtures, registered by being here
 from kit.clusters import PROFILES, start_cluster  # noqa: F401 - a fixture, registered by being here
-from kit.kubecluster import kube_cluster, kube_namespace  # noqa: F401 - fixtures, registered by being here
+from kit.kubecluster import (breakable_plane, kube_cluster, kube_namespace, kube_plane, kube_planes,  # noqa: F401
+                             plane_namespace, spare_plane)  # (fixtures, registered by being here)
 from kit.kubenode import kube_node  # noqa: F401 - a fixture, registered by being here
 from kit.postgres import postgres  # noqa: F401 - a fixture, registered by being here
 from kit.leaks import _task_census, no_leaked_tasks, pytest_configure  # noqa: F401 - the leak check
@@ -26,7 +27,8 @@ from kit.leaks import _task_census, no_leaked_tasks, pytest_configure  # noqa: F
 # Tests that use one of these start a server (or a whole Tessera, a browser, a container runtime):
 # `pytest --fast` leaves them out. `make test` (and CI) runs everything.
 SERVERS = {"nats_server", "nats_url", "bus", "bus_service", "platform_bus", "secured_nats", "start_cluster",
-           "kube_cluster", "kube_namespace", "postgres", "etcd_endpoint", "apiserver", "kube", "otlp_collector"}
+           "kube_cluster", "kube_namespace", "kube_plane", "plane_namespace", "breakable_plane", "postgres",
+           "etcd_endpoint", "apiserver", "kube", "otlp_collector"}
 SLOW_DIRS = ("containers", "ui", "reliability", "faults", "e2e", "metrics", "compose", "isolation", "gpu", "vgpu",
              "cli", "enforcer", "controlplane", "kubernetes", "capacity", "properties")
 # Files elsewhere whose tests spawn processes of their own (the linters, the compiled core, nats-server).

@@ -4,9 +4,12 @@
 a grpc.aio client: find the registration socket in the registry directory, GetInfo, connect to the
 endpoint it names, NotifyRegistrationStatus, then NodePrepareResources / NodeUnprepareResources.
 `PluginNode` runs one enforcer in Kubernetes mode as a real process (its console script) against
-the test's nats-server and emulated API server, and writes what placement would have written before
-the kubelet asks: the claim's record, its ledger entry (through the real Ledger API) and the
-ResourceClaim with its ``status.allocation``.
+the test's nats-server and the real control plane (``plane``: the enforcer acts as its DaemonSet's
+pod on the node, `node_bound_identity`) or the API-server emulator (``apiserver``, for the faults
+only it can inject), and writes what placement would have written before the kubelet asks: the
+claim's record, its ledger entry (through the real Ledger API) and the ResourceClaim's
+``status.allocation`` — on the real plane the claim itself is the resourceclaim controller's, made
+for a gated pod from the translator's template (`gpupods`).
 """
 
 from __future__ import annotations
@@ -47,8 +50,10 @@ ROOT = Path(__file__).resolve().parents[2]
 # The API-server emulator of tests/kubernetes (a directory of modules, not a package).
 sys.path.insert(0, str(ROOT / "tests" / "kubernetes"))
 from apiserver import ApiServer  # noqa: E402
+from gpupods import GpuPods  # noqa: E402
 from kubetessera import write_kubeconfig  # noqa: E402
 from kit import eventually  # noqa: E402
+from kit.kubecluster import KubeControlPlane, node_bound_identity  # noqa: E402
 PROFILES = ROOT / "tests" / "profiles"
 NODE = "gpu-0"
 FAST = {"TESSERA_USAGE_SECONDS": "0.2", "TESSERA_RECLAIM_SECONDS": "2", "TESSERA_LOST_RECLAIM_SECONDS": "60"}
@@ -138,23 +143,30 @@ class Kubelet:
 @dataclass
 class PluginNode:
     nats_url: str
-    apiserver: ApiServer
     workdir: Path
+    apiserver: ApiServer | None = None
+    plane: KubeControlPlane | None = None
+    namespace: str = "team-a"
     # Unix socket paths are limited to 107 bytes: the kubelet's directories get a short root.
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kp-", dir="/tmp")))
     process: ServiceProcess | None = None
     bus: Bus | None = None
 
     def __post_init__(self) -> None:
-        self.kube_url = self.apiserver.url
-        self.kube = KubeApi.for_url(self.kube_url)
+        if self.plane is not None:
+            kubeconfig = node_bound_identity(self.plane, "enforcer.yaml", NODE)
+            self.kube = KubeApi.for_kubeconfig(self.plane.admin_kubeconfig)  # what placement and users do
+            self.pods = GpuPods(self.plane)
+        else:
+            kubeconfig = write_kubeconfig(self.workdir / "kubeconfig", self.apiserver.url)
+            self.kube = KubeApi.for_url(self.apiserver.url)
+        self.kubeconfig = kubeconfig
         self.registry_dir = self.root / "plugins_registry"
         self.plugin_dir = self.root / "plugins" / DRIVER
         self.cdi_dir = self.root / "cdi"
         self.boot_file = self.root / "boot_id"
         self.boot_file.write_text(str(uuid.uuid4()) + "\n")
         self.state_dir = self.workdir / "state"
-        kubeconfig = write_kubeconfig(self.workdir / "kubeconfig", self.kube_url)
         self.cluster = LocalCluster(workdir=self.workdir, profile=PROFILES / "tiny.yaml", nats_url=self.nats_url)
         self.env = dict(FAST, TESSERA_NODE=NODE, TESSERA_KUBERNETES="true", KUBECONFIG=str(kubeconfig),
                         TESSERA_STATE_DIR=str(self.state_dir), TESSERA_CDI_DIR=str(self.cdi_dir),
@@ -200,17 +212,23 @@ class PluginNode:
         if self.bus is not None:
             await self.bus.close()
         await self.kube.close()
+        if self.plane is not None:
+            await self.pods.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
     # --- what the control side writes before the kubelet asks -----------------------------------
 
-    async def allocate(self, name: str, *, node: str = NODE, devices=((0, 8000, 50),), namespace: str = "team-a",
+    async def allocate(self, name: str, *, node: str = NODE, devices=((0, 8000, 50),), namespace: str | None = None,
                        driver: str = DRIVER, ledger: bool = True, in_api: bool = True,
                        ledger_devices=None) -> dict:
         """A ResourceClaim allocated by placement: the API object (the API server assigns its uid),
         the claim's record and its ledger entry, then ``status.allocation``. Returns the kubelet's
         name for it (namespace, name, uid)."""
-        if in_api:
+        namespace = namespace or self.namespace
+        if in_api and self.plane is not None:  # the controller's claim for the pod ``name``
+            _, obj = await self.pods.create(namespace, name, ClaimSpec(gpus=len(devices)))
+            name, uid = obj["metadata"]["name"], obj["metadata"]["uid"]
+        elif in_api:
             if await self.kube.get(object_path("v1", "namespaces", namespace)) is None:
                 await self.kube.create(object_path("v1", "namespaces"),
                                        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})

@@ -1,8 +1,11 @@
 """The enforcer as the kubelet's DRA plugin: registration, prepare and unprepare over the real gRPC
-sockets, per-claim errors for claims this node must not prepare, idempotence."""
+sockets, per-claim errors for claims this node must not prepare, idempotence. The enforcer reads the
+claims from the real kube-apiserver as its DaemonSet's pod on the node; a read answered 503 once
+(a fault the real server cannot be made to give on one path) is the emulator's."""
 
 from __future__ import annotations
 
+import asyncio
 
 import pytest
 
@@ -11,11 +14,10 @@ from tessera.shared.kubeclaims import DRIVER, claim_id
 from kubeletkit import ApiServer, NODE, Kubelet, PluginNode
 from kit import eventually
 
+ENFORCER = "system:serviceaccount:tessera-system:tessera-enforcer"
 
-@pytest.fixture
-async def node(nats_server, tmp_path):
-    apiserver = await ApiServer().start()
-    plugin = PluginNode(nats_url=nats_server.url, apiserver=apiserver, workdir=tmp_path)
+
+async def _running(plugin: PluginNode):
     kubelet = None
     try:
         await plugin.start()
@@ -26,6 +28,23 @@ async def node(nats_server, tmp_path):
         if kubelet is not None:
             await kubelet.close()
         await plugin.close()
+
+
+@pytest.fixture
+async def node(nats_server, tmp_path, kube_plane, plane_namespace):
+    plugin = await asyncio.to_thread(PluginNode, nats_url=nats_server.url, workdir=tmp_path, plane=kube_plane,
+                                     namespace=plane_namespace)
+    async for running in _running(plugin):
+        yield running
+
+
+@pytest.fixture
+async def emulated_node(nats_server, tmp_path):
+    apiserver = await ApiServer().start()
+    try:
+        async for running in _running(PluginNode(nats_url=nats_server.url, workdir=tmp_path, apiserver=apiserver)):
+            yield running
+    finally:
         await apiserver.stop()
 
 
@@ -110,21 +129,26 @@ async def test_a_claim_the_kubelet_names_without_a_namespace_or_name_is_refused_
     reported as the API server's trouble); a '/' would read another path."""
     await node.kubelet.register()
     good = await node.allocate("good")
-    seen = len(node.apiserver.requests)
-    bad = [{"namespace": "team-a", "name": "", "uid": "3f1e9a9e-0c1a-4d2b-9a51-0d6f1c1e7a01"},
+    seen = len(node.plane.audit())
+    ns = node.namespace
+    bad = [{"namespace": ns, "name": "", "uid": "3f1e9a9e-0c1a-4d2b-9a51-0d6f1c1e7a01"},
            {"namespace": "", "name": "x", "uid": "3f1e9a9e-0c1a-4d2b-9a51-0d6f1c1e7a02"},
-           {"namespace": "team-a", "name": "x/status", "uid": "3f1e9a9e-0c1a-4d2b-9a51-0d6f1c1e7a03"}]
+           {"namespace": ns, "name": "x/status", "uid": "3f1e9a9e-0c1a-4d2b-9a51-0d6f1c1e7a03"}]
     replies = await node.kubelet.prepare(good, *bad)
     assert replies[good["uid"]].error == ""
     for ref, field in zip(bad, ("name", "namespace", "name")):
         error = replies[ref["uid"]].error
         assert f"claim {field} {ref[field]!r}" in error and "kubelet" in error, error
         assert not replies[ref["uid"]].devices
-    asked = [path for _, path, _ in node.apiserver.requests[seen:]]
-    assert not [path for path in asked if not path.endswith(f"/resourceclaims/{good['name']}")], asked
+    # the enforcer's reads of claims (the API server's audit log): the good claim's, nothing else
+    asked = [(e["verb"], e["requestURI"]) for e in node.plane.audit()[seen:]
+             if e["user"]["username"] == ENFORCER and (e.get("objectRef") or {}).get("resource") == "resourceclaims"]
+    assert asked and not [(verb, uri) for verb, uri in asked
+                          if verb != "get" or not uri.endswith(f"/resourceclaims/{good['name']}")], asked
 
 
-async def test_an_api_server_that_cannot_answer_fails_the_claim_until_it_can(node):
+async def test_an_api_server_that_cannot_answer_fails_the_claim_until_it_can(emulated_node):
+    node = emulated_node
     await node.kubelet.register()
     claim = await node.allocate("flaky")
     node.apiserver.fail("GET", rf"/resourceclaims/{claim['name']}$", status=503, times=1)

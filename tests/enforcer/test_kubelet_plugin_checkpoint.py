@@ -12,13 +12,13 @@ import pytest
 from tessera.enforcer.kubelet.checkpoint import Checkpoint, CheckpointClaim
 from tessera.shared.kubeclaims import claim_id
 
-from kubeletkit import ApiServer, Kubelet, PluginNode
+from kubeletkit import Kubelet, PluginNode
 
 
 @pytest.fixture
-async def node(nats_server, tmp_path):
-    apiserver = await ApiServer().start()
-    plugin = PluginNode(nats_url=nats_server.url, apiserver=apiserver, workdir=tmp_path)
+async def node(nats_server, tmp_path, kube_plane, plane_namespace):
+    plugin = await asyncio.to_thread(PluginNode, nats_url=nats_server.url, workdir=tmp_path, plane=kube_plane,
+                                     namespace=plane_namespace)
     kubelets: list[Kubelet] = []
 
     async def kubelet() -> Kubelet:
@@ -36,7 +36,6 @@ async def node(nats_server, tmp_path):
         for k in kubelets:
             await k.close()
         await plugin.close()
-        await apiserver.stop()
 
 
 def ids(reply) -> list[str]:
@@ -54,7 +53,7 @@ async def test_a_plugin_killed_between_prepare_and_unprepare_still_unprepares_an
 
     await node.start()
     kubelet = await node.connect()
-    assert "1 claim(s) prepared in this boot (team-a/train)" in node.log()
+    assert f"1 claim(s) prepared in this boot ({node.namespace}/{claim['name']})" in node.log()
     # the restarted plugin knows the claim: the same answer, from its checkpoint
     assert ids((await kubelet.prepare(claim))[claim["uid"]]) == before
     assert (await kubelet.unprepare(claim))[claim["uid"]].error == ""
@@ -163,7 +162,7 @@ async def test_a_checkpoint_that_cannot_be_written_fails_only_the_claim_being_pr
 
 
 @pytest.fixture
-async def in_process(nats_server, tmp_path):
+async def in_process(nats_server, tmp_path, kube_plane, plane_namespace):
     """``make()`` -> a DraPlugin in this process on a node's directories, for what a process test
     cannot arrange (a failing rename, two plugins at once); the node's enforcer process made the
     streams and buckets and is stopped."""
@@ -174,8 +173,8 @@ async def in_process(nats_server, tmp_path):
     from tessera.enforcer.settings import EnforcerSettings
     from tessera.shared.kubeapi import KubeApi
 
-    apiserver = await ApiServer().start()
-    node = PluginNode(nats_url=nats_server.url, apiserver=apiserver, workdir=tmp_path)
+    node = await asyncio.to_thread(PluginNode, nats_url=nats_server.url, workdir=tmp_path, plane=kube_plane,
+                                   namespace=plane_namespace)
     settings = EnforcerSettings.from_env({k: v for k, v in node.env.items() if k.startswith("TESSERA_")})
     readers = []
 
@@ -186,7 +185,7 @@ async def in_process(nats_server, tmp_path):
         pass
 
     def make() -> DraPlugin:
-        readers.append(ClaimReader(KubeApi.for_url(apiserver.url)))
+        readers.append(ClaimReader(KubeApi.for_kubeconfig(node.kubeconfig)))
         return DraPlugin(settings, Preparation(settings, ClaimDirs(settings.state_dir)), node.ledger, node.claims,
                          readers[-1], inventory=no_devices, announce=announce)
 
@@ -200,7 +199,6 @@ async def in_process(nats_server, tmp_path):
         for reader in readers:
             await reader.close()
         await node.close()
-        await apiserver.stop()
 
 
 async def test_a_corrupt_checkpoint_that_cannot_be_moved_aside_fails_each_new_prepare_saying_so(in_process):

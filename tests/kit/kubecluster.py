@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import json
 import os
 import shutil
 import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -38,6 +40,16 @@ ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "tools" / "kube" / "build.sh"
 CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 SERVICE_CIDR = "10.96.0.0/16"
+# The audit log keeps what the tests and the services asked (`KubeControlPlane.audit`), not the
+# control plane's own chatter (leases, the controllers' and the scheduler's watches, the nodes).
+AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"], "rules": [
+    {"level": "None", "users": ["system:kube-controller-manager", "system:kube-scheduler", "system:apiserver",
+                                "system:kube-proxy"]},
+    {"level": "None", "userGroups": ["system:nodes", "system:serviceaccounts:kube-system"]},
+    {"level": "None", "nonResourceURLs": ["/readyz*", "/healthz*", "/livez*", "/version", "/openapi/*", "/api",
+                                          "/apis", "/apis/*"]},
+    {"level": "Metadata"},
+]}
 
 
 def kube_version(minor: str = "v1.36") -> str:
@@ -140,7 +152,10 @@ class KubeControlPlane:
     # raised for a benchmark (tests/kubernetes/benchfleet.py)
     component_flags: dict[str, tuple[str, ...]] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    argv: dict[str, list[str]] = field(default_factory=dict)
     port: int = 0
+    _stopping: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def url(self) -> str:
@@ -173,32 +188,11 @@ class KubeControlPlane:
         (self.workdir / "pki" / "sa.key").write_bytes(_pem_key(sa_key))
         (self.workdir / "pki" / "sa.pub").write_bytes(sa_key.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+        self.etcd_url = f"http://127.0.0.1:{etcd_port}"
+        self._serving, self._kubelet_client = serving, kubelet_client
+        (self.workdir / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
         self.port = free_port()
-        self._spawn("kube-apiserver", [
-            str(bindir / "kube-apiserver"),
-            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
-            f"--tls-cert-file={serving[0]}", f"--tls-private-key-file={serving[1]}",
-            f"--client-ca-file={pki.ca_file}",
-            f"--kubelet-client-certificate={kubelet_client[0]}", f"--kubelet-client-key={kubelet_client[1]}",
-            f"--kubelet-certificate-authority={pki.ca_file}",
-            # a test node's name resolves nowhere: the API server reaches its kubelet (logs, exec) by IP
-            "--kubelet-preferred-address-types=InternalIP,Hostname",
-            "--service-account-issuer=https://kubernetes.default.svc",
-            f"--service-account-key-file={self.workdir / 'pki' / 'sa.pub'}",
-            f"--service-account-signing-key-file={self.workdir / 'pki' / 'sa.key'}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            # no reconciler for the kubernetes Service's endpoints: 1.37 refuses a loopback
-            # --advertise-address with one ("may not be in the loopback range"), and nothing here
-            # reaches the API server through that Service (no kube-proxy runs)
-            "--endpoint-reconciler-type=none",
-            "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
-            "--allow-privileged=true", "--profiling=false", "--v=0",
-            # webhooks and aggregated APIs reached through their Service's endpoints, not its
-            # ClusterIP: no kube-proxy runs here, so a ClusterIP leads nowhere (test_real_gpu_pod.py)
-            "--enable-aggregator-routing=true",
-            *self.extra_apiserver_flags,
-        ])
+        self._spawn("kube-apiserver", self._apiserver_argv(self.port, self.workdir / "audit.log"))
         self.admin_kubeconfig = self.cert_kubeconfig("admin", "tessera-test-admin", ("system:masters",))
         self._wait_ready(90)
         if not self.controllers:
@@ -221,7 +215,105 @@ class KubeControlPlane:
             "--secure-port=0", "--leader-elect=false", "--v=0",
             *self.component_flags.get("kube-scheduler", ()),
         ])
+        # the controller manager exits when the API server goes away while it starts its
+        # controllers ('Error building controllers'): restarted, as the kubelet restarts static pods
+        self._supervisor = threading.Thread(target=self._supervise, name=f"supervise-{self.port}", daemon=True)
+        self._supervisor.start()
         return self
+
+    def _apiserver_argv(self, port: int, audit_log: Path) -> list[str]:
+        pki = self.pki
+        return [
+            str(self.bindir / "kube-apiserver"),
+            f"--etcd-servers={self.etcd_url}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={port}",
+            f"--tls-cert-file={self._serving[0]}", f"--tls-private-key-file={self._serving[1]}",
+            f"--client-ca-file={pki.ca_file}",
+            f"--kubelet-client-certificate={self._kubelet_client[0]}",
+            f"--kubelet-client-key={self._kubelet_client[1]}",
+            f"--kubelet-certificate-authority={pki.ca_file}",
+            # a test node's name resolves nowhere: the API server reaches its kubelet (logs, exec) by IP
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-account-key-file={self.workdir / 'pki' / 'sa.pub'}",
+            f"--service-account-signing-key-file={self.workdir / 'pki' / 'sa.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            # no reconciler for the kubernetes Service's endpoints: 1.37 refuses a loopback
+            # --advertise-address with one ("may not be in the loopback range"), and nothing here
+            # reaches the API server through that Service (no kube-proxy runs)
+            "--endpoint-reconciler-type=none",
+            "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+            "--allow-privileged=true", "--profiling=false", "--v=0",
+            # webhooks and aggregated APIs reached through their Service's endpoints, not its
+            # ClusterIP: no kube-proxy runs here, so a ClusterIP leads nowhere (test_real_gpu_pod.py)
+            "--enable-aggregator-routing=true",
+            # what the tests' own identities asked, for tests that count requests (`audit`)
+            f"--audit-policy-file={self.workdir / 'audit-policy.yaml'}", f"--audit-log-path={audit_log}",
+            "--audit-log-format=json", "--audit-log-mode=blocking",
+            *self.extra_apiserver_flags,
+        ]
+
+    # --- faults a test produces on its own control plane -----------------------------------------
+
+    def stop_apiserver(self) -> None:
+        """The API server goes away (open watches are cut, connections refused); etcd keeps the state."""
+        terminate(self.procs.pop("kube-apiserver"))
+
+    def start_apiserver(self) -> None:
+        """The API server back on the same address, with the same state (its watch cache new); a
+        controller manager or scheduler that exited while it was away (they may, when it goes away
+        as they start) started again, as the kubelet restarts a control plane's static pods."""
+        self._spawn("kube-apiserver", self._apiserver_argv(self.port, self.workdir / "audit.log"), append=True)
+        self._wait_ready(90)
+        self.revive()
+
+    def _supervise(self) -> None:
+        while not self._stopping.wait(0.5):
+            self.revive()
+
+    def revive(self) -> list[str]:
+        """The controller manager and the scheduler started again if they exited (as the kubelet
+        restarts static pods); the names of those that had."""
+        with self._lock:
+            if self._stopping.is_set():
+                return []
+            revived = [name for name in ("kube-controller-manager", "kube-scheduler")
+                       if name in self.procs and self.procs[name].poll() is not None]
+            for name in revived:
+                self._spawn(name, self.argv[name], append=True)
+        return revived
+
+    def add_apiserver(self) -> Path:
+        """A second API server on the same etcd (as in an HA control plane), started once; a
+        cluster-admin kubeconfig for it (to change the cluster while the first one is down)."""
+        kubeconfig = self.workdir / "admin-2.kubeconfig"
+        if "kube-apiserver-2" in self.procs:
+            return kubeconfig
+        port = free_port()
+        self._spawn("kube-apiserver-2", self._apiserver_argv(port, self.workdir / "audit-2.log"))
+        config = yaml.safe_load(self.admin_kubeconfig.read_text())
+        config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{port}"
+        kubeconfig.write_text(yaml.safe_dump(config))
+        self._wait_ready(90, port, "kube-apiserver-2")
+        return kubeconfig
+
+    def compact_etcd(self) -> int:
+        """etcd forgets every revision before its current one (what kube-apiserver's own periodic
+        compaction does); the revision compacted to."""
+        etcdctl = [str(Path(sys.executable).parent / "etcdctl"), f"--endpoints={self.etcd_url}"]
+        status = json.loads(subprocess.run([*etcdctl, "endpoint", "status", "-w", "json"], check=True,
+                                           capture_output=True, text=True, timeout=30).stdout)
+        revision = int(status[0]["Status"]["header"]["revision"])
+        subprocess.run([*etcdctl, "compaction", str(revision)], check=True, capture_output=True, timeout=30)
+        return revision
+
+    def audit(self) -> list[dict]:
+        """The requests of the tests' and services' identities so far, as the API server's audit log
+        records them (one event per request, at ResponseComplete; system components are left out)."""
+        path = self.workdir / "audit.log"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
     def cert_kubeconfig(self, name: str, cn: str, orgs: tuple[str, ...] = ()) -> Path:
         crt, key = self.pki.issue(name, cn, orgs)
@@ -253,34 +345,39 @@ class KubeControlPlane:
                                    f"{self.log('kube-controller-manager')[-3000:]}")
             time.sleep(0.2)
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
-        log = open(self.workdir / f"{name}.log", "wb")
+    def _spawn(self, name: str, argv: list[str], append: bool = False) -> None:
+        self.argv[name] = argv
+        log = open(self.workdir / f"{name}.log", "ab" if append else "wb")
         self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
 
     def log(self, name: str) -> str:
         return (self.workdir / f"{name}.log").read_text(errors="replace")
 
-    def _wait_ready(self, timeout: float) -> None:
+    def _wait_ready(self, timeout: float, port: int | None = None, name: str = "kube-apiserver") -> None:
         ctx = ssl.create_default_context(cafile=str(self.pki.ca_file))
         crt, key = self.pki.dir / "admin.crt", self.pki.dir / "admin.key"
         ctx.load_cert_chain(str(crt), str(key))
         deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline:
-            proc = self.procs["kube-apiserver"]
+            proc = self.procs[name]
             if proc.poll() is not None:
-                raise RuntimeError(f"kube-apiserver exited {proc.returncode}:\n{self.log('kube-apiserver')[-4000:]}")
+                raise RuntimeError(f"{name} exited {proc.returncode}:\n{self.log(name)[-4000:]}")
             try:
-                with urllib.request.urlopen(f"{self.url}/readyz", context=ctx, timeout=5) as answer:
+                with urllib.request.urlopen(f"https://127.0.0.1:{port or self.port}/readyz", context=ctx,
+                                            timeout=5) as answer:
                     if answer.status == 200:
                         return
             except Exception as exc:  # noqa: BLE001 - not ready yet: keep the last reason for the error
                 last = str(exc)
             time.sleep(0.25)
-        raise RuntimeError(f"kube-apiserver not ready in {timeout:.0f} s ({last}):\n{self.log('kube-apiserver')[-4000:]}")
+        raise RuntimeError(f"{name} not ready in {timeout:.0f} s ({last}):\n{self.log(name)[-4000:]}")
 
     def stop(self) -> None:
+        self._stopping.set()
+        with self._lock:
+            pass  # (a restart under way is done)
         for name in reversed(list(self.procs)):
             terminate(self.procs[name])
         self.procs.clear()
@@ -338,6 +435,34 @@ def service_identity(plane: KubeControlPlane, manifest: str) -> Path:
     return plane.token_kubeconfig(meta["name"], token)
 
 
+def namespace_identity(plane: KubeControlPlane, namespace: str, name: str, rules: list[dict],
+                       cluster_rules: list[dict] = ()) -> Path:
+    """A kubeconfig acting as a service account ``name`` of ``namespace`` that may do only ``rules``
+    (a Role's) there, and ``cluster_rules`` (a ClusterRole's: what the server authorizes cluster-wide
+    only, such as resourceclaims/binding): a client's calls in a test that is about the client, not
+    a service, authorized as narrowly as a service's."""
+    subject = [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]
+    docs = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": namespace}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": name, "namespace": namespace}, "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": name, "namespace": namespace}, "subjects": subject,
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}},
+    ]
+    if cluster_rules:
+        cluster_name = f"{namespace}-{name}"
+        docs += [
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+             "metadata": {"name": cluster_name}, "rules": list(cluster_rules)},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+             "metadata": {"name": cluster_name}, "subjects": subject,
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_name}},
+        ]
+    apply(plane, docs)
+    return plane.token_kubeconfig(f"{name}-{namespace}", plane.service_account_token(namespace, name))
+
+
 def node_bound_identity(plane: KubeControlPlane, manifest: str, node: str) -> Path:
     """A kubeconfig acting as deploy/k8s/``manifest``'s service account from a pod bound to ``node``,
     as a DaemonSet's pod there would: its token names the pod and the node (the
@@ -371,11 +496,55 @@ def _start_or_fail(**kw) -> KubeControlPlane:
 VERSIONS = tuple(v.strip() for v in os.environ.get("TESSERA_KUBE_VERSIONS", "v1.36,v1.37").split(",") if v.strip())
 
 
+def _deployed(plane: KubeControlPlane) -> KubeControlPlane:
+    """A cluster Tessera is deployed on, from a session's first test to its last: its namespace,
+    device class and admission policies (which refuse hand-made claims of its class)."""
+    apply(plane, manifests("namespace.yaml") + manifests("deviceclass.yaml") + manifests("admission-policies.yaml"))
+    return plane
+
+
+# The version Tessera supports: tests that are not about a version's differences run on it alone.
+SUPPORTED = "v1.36"
+
+
+@pytest.fixture(scope="session")
+def kube_planes():
+    """The session's control planes, one per version, started when first asked for, with Tessera's
+    cluster-wide objects of deploy/k8s in place (tests made in any order see the same cluster)."""
+    planes: dict[str, KubeControlPlane] = {}
+
+    def plane(minor: str) -> KubeControlPlane:
+        if minor not in planes:
+            planes[minor] = _deployed(_start_or_fail(minor=minor))
+        return planes[minor]
+    try:
+        yield plane
+    finally:
+        for started in planes.values():
+            remove(started)
+
+
 @pytest.fixture(scope="session", params=VERSIONS)
-def kube_cluster(request):
+def kube_cluster(request, kube_planes):
     """One real control plane per pinned version for the session (every test that uses it runs on
     each; tests take a namespace each: ``kube_namespace``)."""
-    plane = _start_or_fail(minor=request.param)
+    return kube_planes(request.param)
+
+
+@pytest.fixture(scope="session")
+def kube_plane(kube_planes):
+    """The session's control plane of the supported version (the same one as ``kube_cluster``'s of
+    that version), for tests that are not about version differences; ``plane_namespace`` with it."""
+    return kube_planes(SUPPORTED)
+
+
+@pytest.fixture(scope="session")
+def spare_plane():
+    """A second control plane of the supported version for the session, for the tests that make its
+    API server go away (`stop_apiserver`, `start_apiserver`), write through a second API server
+    (`add_apiserver`) or compact its etcd: faults no test may cause on the plane the others share.
+    Tests take it through ``breakable_plane``."""
+    plane = _deployed(_start_or_fail(minor=SUPPORTED))
     try:
         yield plane
     finally:
@@ -383,11 +552,33 @@ def kube_cluster(request):
 
 
 @pytest.fixture
-def kube_namespace(kube_cluster) -> str:
+def breakable_plane(spare_plane):
+    """``spare_plane`` for one test, whole (a controller manager or scheduler that exited while an
+    earlier test had its API server down started again); its API server serving again when the
+    test ends."""
+    spare_plane.revive()
+    try:
+        yield spare_plane
+    finally:
+        if "kube-apiserver" not in spare_plane.procs:
+            spare_plane.start_apiserver()
+
+
+def _namespace(plane: KubeControlPlane):
     name = f"t-{uuid.uuid4().hex[:10]}"
-    kube_cluster.kubectl("create", "namespace", name)
-    kube_cluster.wait_for_service_account(name, "default")  # a pod is refused until it exists
+    plane.kubectl("create", "namespace", name)
+    plane.wait_for_service_account(name, "default")  # a pod is refused until it exists
     try:
         yield name
     finally:
-        kube_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+        plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def kube_namespace(kube_cluster) -> str:
+    yield from _namespace(kube_cluster)
+
+
+@pytest.fixture
+def plane_namespace(kube_plane) -> str:
+    yield from _namespace(kube_plane)

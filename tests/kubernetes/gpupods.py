@@ -47,14 +47,14 @@ class GpuPods:
 
     async def create(self, namespace: str, name: str, spec: ClaimSpec, *, gates: tuple[str, ...] = (),
                      tolerate_all: bool = False, pod_spec: dict | None = None,
-                     requests: dict | None = None) -> tuple[dict, dict]:
+                     requests: dict | None = None, timeout: float = 30) -> tuple[dict, dict]:
         """(pod, claim): the pod as the webhook leaves it and its claim once the controller made it
         (``tolerate_all``: a pod that tolerates every taint, for nodes that no kubelet keeps Ready;
         ``pod_spec``: more of the pod's spec, a nodeSelector or tolerations; ``requests``: its
-        container's CPU and memory requests)."""
+        container's CPU and memory requests; ``timeout``: how long the claim may take to come)."""
         pod = await self.submit(namespace, name, spec, gates=gates, tolerate_all=tolerate_all,
                                 pod_spec=pod_spec, requests=requests)
-        claim = await eventually(lambda: self.claim_of(pod), timeout=30, what=f"the claim of pod {name}")
+        claim = await eventually(lambda: self.claim_of(pod), timeout=timeout, what=f"the claim of pod {name}")
         return pod, claim
 
     async def submit(self, namespace: str, name: str, spec: ClaimSpec, *, gates: tuple[str, ...] = (),

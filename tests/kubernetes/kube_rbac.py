@@ -42,3 +42,27 @@ def check(requests: list[tuple[str, str, dict]], cluster_role: dict,
     rules = granted(cluster_role)
     assert used <= rules, f"called without a grant: {sorted(used - rules)}"
     assert rules <= used | applied | elsewhere, f"granted but never called: {sorted(rules - used - applied - elsewhere)}"
+
+
+def audited_rules(events: list[dict], username: str) -> list[tuple[str, str, str]]:
+    """(apiGroup, resource[/subresource], verb) of each request of ``username`` in an API server's
+    audit log (`KubeControlPlane.audit`), the refusals of a warming-up server (401/403) left out."""
+    out = []
+    for e in events:
+        ref = e.get("objectRef") or {}
+        if e["user"]["username"] != username or not ref.get("resource") or e["responseStatus"]["code"] in (401, 403):
+            continue
+        resource = f"{ref['resource']}/{ref['subresource']}" if ref.get("subresource") else ref["resource"]
+        out.append((ref.get("apiGroup", ""), resource, e["verb"]))
+    return out
+
+
+def check_audited(events: list[dict], username: str, cluster_role: dict,
+                  elsewhere: frozenset[tuple[str, str, str]] = frozenset()) -> None:
+    """`check` on what the real API server recorded of ``username``: every grant of ``cluster_role``
+    used (the server itself refused anything not granted)."""
+    used = set(audited_rules(events, username))
+    applied = {(g, r, "create") for g, r, v in used if v == "patch"}
+    rules = granted(cluster_role)
+    assert used <= rules, f"called without a grant: {sorted(used - rules)}"
+    assert rules <= used | applied | elsewhere, f"granted but never called: {sorted(rules - used - applied - elsewhere)}"

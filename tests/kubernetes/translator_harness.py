@@ -116,9 +116,10 @@ class KubeTranslator:
 
 @contextlib.asynccontextmanager
 async def kube_translator(nats_url: str, apiserver, secrets: Path, *, reconcile_seconds: float = 60.0):
-    """The translator as deploy/k8s runs it, on the emulator; every claim event it publishes is
-    recorded from a core NATS subscription (which sees each publish, even one the stream drops as a
-    duplicate)."""
+    """The translator as deploy/k8s runs it, on the emulator (``apiserver``) or on a real API server
+    (``apiserver`` a kubeconfig: the translator's identity, `service_identity`); every claim event it
+    publishes is recorded from a core NATS subscription (which sees each publish, even one the
+    stream drops as a duplicate)."""
     authority = Authority()
     cert, key, _ = authority.serving()
     project_secret(secrets, {"tls.crt": cert, "tls.key": key, "ca.crt": authority.pem})
@@ -134,7 +135,8 @@ async def kube_translator(nats_url: str, apiserver, secrets: Path, *, reconcile_
 
     await nc.subscribe(f"{subjects.CLAIMS}.>", cb=record)
     try:
-        async with running_translator(nats_url, settings, KubeApi.for_url(apiserver.url)) as service:
+        kube = KubeApi.for_kubeconfig(str(apiserver)) if isinstance(apiserver, Path) else KubeApi.for_url(apiserver.url)
+        async with running_translator(nats_url, settings, kube) as service:
             yield KubeTranslator(service, port, authority, published)
     finally:
         await nc.close()

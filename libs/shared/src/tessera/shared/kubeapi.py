@@ -240,7 +240,7 @@ class KubeApi:
 
     async def watch(self, path: str, resource_version: str | None = None, *, label_selector: str | None = None,
                     field_selector: str | None = None, timeout_seconds: int = 300,
-                    max_backoff: float = 5.0,
+                    max_backoff: float = 5.0, warmup: float = 30.0,
                     listed: Callable[[], None] | None = None) -> AsyncGenerator[tuple[str, dict], None]:
         """(event type, object) for the collection at ``path``, forever, as an informer sees it.
 
@@ -248,23 +248,29 @@ class KubeApi:
         answers 410 Gone, or the connection drops and cannot resume, it lists again and reports the
         difference to what it had seen (ADDED / MODIFIED / DELETED), so nothing is missed and
         nothing repeated. Reconnection backs off exponentially up to ``max_backoff`` seconds.
-        Errors that retrying cannot fix (404, 403, a bad selector) are raised. ``listed`` is called
-        each time the events of a list have all been yielded (the consumer holds the whole
-        collection then: a readiness gate may open).
+        Errors that retrying cannot fix (404, 403, a bad selector) are raised — except a 401 or 403
+        once the watch has been served: a restarted API server answers so for a moment, while its
+        authenticators' and RBAC's caches fill (it serves before it is ready), so those are
+        retried for ``warmup`` seconds before they are believed. ``listed`` is called each time
+        the events of a list have all been yielded (the consumer holds the whole collection then:
+        a readiness gate may open).
         """
         seen: dict[tuple[str, str], dict] = {}  # (namespace, name) -> last object delivered
         rv = resource_version
         backoff = 0.0
+        served = False  # the server has answered this watch (so a refusal now may be its warm-up)
+        refused_since: float | None = None
         while True:
             try:
                 if rv is None:
                     items, rv = await self.list(path, label_selector, field_selector)
+                    served, refused_since = True, None
                     for event in _resync(seen, items):
                         yield event
                     if listed is not None:
                         listed()
                 async for kind, obj in self._watch_once(path, rv, label_selector, field_selector, timeout_seconds):
-                    backoff = 0.0
+                    backoff, served, refused_since = 0.0, True, None
                     rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
                     if kind == "BOOKMARK":
                         continue
@@ -276,6 +282,13 @@ class KubeApi:
                     yield kind, obj
             except Expired:
                 rv = None  # re-list at once: the events in between are gone
+            except Rejected as exc:
+                now = asyncio.get_running_loop().time()
+                refused_since = now if refused_since is None else refused_since
+                if not served or exc.status not in (401, 403) or now - refused_since > warmup:
+                    raise
+                backoff = min(max_backoff, max(0.05, backoff * 2))
+                await asyncio.sleep(backoff * (0.5 + random.random() / 2))
             except Unavailable:
                 backoff = min(max_backoff, max(0.05, backoff * 2))
                 await asyncio.sleep(backoff * (0.5 + random.random() / 2))

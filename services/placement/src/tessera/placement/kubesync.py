@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
+from tessera.shared.kubeapi import Rejected
 from tessera.shared.events import DeviceShare
 from tessera.shared.featuregates import FeatureGateOff, require_consumable_capacity
 from tessera.shared.kubeclaims import DRIVER, KubeClaimRef
@@ -167,7 +168,7 @@ class ClaimStatusSync:
         Whatever cannot succeed ends as a PermanentError saying why."""
         loop = asyncio.get_running_loop()
         started = loop.time()
-        delay, conflicts = 0.05, 0
+        delay, conflicts, away = 0.05, 0, False
         while True:
             try:
                 return await step()
@@ -175,7 +176,15 @@ class ClaimStatusSync:
                 conflicts += 1
                 if conflicts >= CONFLICT_RETRIES:
                     raise PermanentError(f"{exc}; still conflicting after {conflicts} attempts") from exc
+            except Rejected as exc:
+                # a 401/403 from an API server that was just unreachable: a restarted kube-apiserver
+                # serves before it is ready and refuses everyone until its RBAC caches are filled
+                if not away or exc.status not in (401, 403) or loop.time() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.max_backoff)
             except TemporaryError as exc:
+                away = True
                 if loop.time() + delay > deadline:
                     raise PermanentError(f"{exc}; gave up after {loop.time() - started:.0f}s of retries") from exc
                 await asyncio.sleep(delay)
