@@ -43,10 +43,13 @@ async def test_a_taken_port_is_named_and_the_tenant_moves(planes: Planes, tmp_pa
     await planes.create("mover")
     assert (await planes.call("sleep", "mover")).ok
     port = planes.host._read("mover").apiserver_port  # type: ignore[union-attr]
+    # The slept server's own connections linger in TIME_WAIT on that port: a squatter that listens
+    # there still keeps any other server from binding it.
     squatter = socket.socket()
-    squatter.bind(("127.0.0.1", port))
-    squatter.listen()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
+        await eventually(lambda: _bound(squatter, port), timeout=30, what=f"port {port} to be free")
+        squatter.listen()
         await planes.host.wake("mover")
         await planes.manager.reconciler.reconcile("mover")
         assert "PortInUse" in await planes.reasons("mover")
@@ -81,3 +84,11 @@ def planes_spec(planes: Planes):
     from tessera.controlplane.spec import parse_spec
 
     return parse_spec({"datastore": {"driver": planes.driver}})
+
+
+def _bound(sock: socket.socket, port: int) -> bool:
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        return False
+    return True

@@ -402,7 +402,7 @@ async def test_periodic_reconcile_keeps_reporting_nothing_new(kube_plane, cluste
                        if r == ("resource.k8s.io", "resourceclaims", "list"))
         before = lists()
         await eventually(lambda: lists() >= before + 3, timeout=30)
-        assert len(translator.events("requested", cid)) == 1 and translator.events("release") == []
+        assert len(translator.events("requested", cid)) == 1 and translator.events("release", tenant=cluster.tenant) == []
 
 
 async def test_events_lost_on_the_way_to_the_stream_are_sent_again(cluster):

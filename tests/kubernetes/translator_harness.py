@@ -102,9 +102,12 @@ class KubeTranslator:
     async def add_tenant(self, name: str) -> None:
         await self.service.tenants.put(name, encode(TenantRecord(tenant=name)))
 
-    def events(self, kind: str, claim: str | None = None) -> list:
+    def events(self, kind: str, claim: str | None = None, *, tenant: str | None = None) -> list:
+        """The events of ``kind`` published so far, of one claim or one tenant if named (the control
+        plane is the session's: an earlier test's namespace, deleted, releases its own claims)."""
         return [e for _, e in self.published
-                if e.__struct_config__.tag == kind and (claim is None or e.claim == claim)]
+                if e.__struct_config__.tag == kind and (claim is None or e.claim == claim)
+                and (tenant is None or e.tenant == tenant)]
 
     async def wait_for(self, kind: str, claim: str, count: int = 1) -> list:
         def found() -> list | None:
