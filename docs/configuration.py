@@ -59,7 +59,8 @@ Tessera services first" and create nothing.
 | stream TESSERA_INVENTORY (inventory, heartbeats) | `TESSERA_HEARTBEAT_RETENTION` | 64 messages per node, `TESSERA_STREAM_MAX_BYTES` | oldest dropped |
 | stream TESSERA_USAGE | `TESSERA_USAGE_RETENTION` | 64 messages per node, `TESSERA_STREAM_MAX_BYTES` | oldest dropped |
 | stream TESSERA_DLQ | 30 days | `TESSERA_STREAM_MAX_BYTES` | oldest letters dropped |
-| buckets `inventory`, `ledger`, `claims`, `tenants` | none | 5 revisions per key, `TESSERA_BUCKET_MAX_BYTES` | write refused |
+| bucket `ledger` | none | `TESSERA_LEDGER_HISTORY` revisions per key (5), `TESSERA_BUCKET_MAX_BYTES` | write refused |
+| buckets `inventory`, `claims`, `tenants` | none | 5 revisions per key, `TESSERA_BUCKET_MAX_BYTES` | write refused |
 | buckets `controlplanes`, `controlplane-secrets` | none | 5 revisions per key, 64 MiB | write refused |
 
 Sizing for thousands of nodes: heartbeats and usage reports are superseded every few seconds, so

@@ -54,7 +54,9 @@ class ClusterFaults(FaultCluster):
 
     def service_env(self, name: str, instance: str, http_port: int, node: str | None = None) -> dict[str, str]:
         env = LocalCluster.service_env(self, name, instance, http_port, node)
-        env.update(TESSERA_ACK_WAIT=str(ACK_WAIT_SECONDS), TESSERA_MAX_DELIVER="5", TESSERA_STREAM_STORAGE="file")
+        env.update(TESSERA_ACK_WAIT=str(ACK_WAIT_SECONDS), TESSERA_MAX_DELIVER="5", TESSERA_STREAM_STORAGE="file",
+                   # the auditor reads every ledger revision: room for it to fall behind a leader election
+                   TESSERA_LEDGER_HISTORY="64")
         return env
 
 

@@ -53,7 +53,9 @@ class FaultCluster(LocalCluster):
     def service_env(self, name: str, instance: str, http_port: int, node: str | None = None) -> dict[str, str]:
         env = super().service_env(name, instance, http_port, node)
         env.update(TESSERA_ACK_WAIT=str(ACK_WAIT_SECONDS), TESSERA_MAX_DELIVER="5",
-                   TESSERA_STREAM_STORAGE="file")
+                   TESSERA_STREAM_STORAGE="file",
+                   # the auditor reads every ledger revision: room for it to fall behind a leader election
+                   TESSERA_LEDGER_HISTORY="64")
         if name == "placement":
             if self.proxy is None:
                 self.proxy = FaultProxy(self.nats.port).start()

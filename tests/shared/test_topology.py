@@ -71,6 +71,28 @@ async def test_an_existing_bucket_and_stream_are_brought_to_the_declared_limits(
         await nc.close()
 
 
+async def test_the_ledger_keeps_the_history_it_is_given_and_an_update_brings_it_there(nats_url):
+    """TESSERA_LEDGER_HISTORY: an existing ledger bucket of 5 revisions per key is brought to 64 at
+    the next start, the other buckets stay at 5, and a value past what NATS keeps is refused."""
+    first = await Bus.connect(BusSettings(url=nats_url), "placement")
+    try:
+        await first.ensure_topology()
+        assert (await first.stream_info(f"KV_{subjects.KV_LEDGER}")).config.max_msgs_per_subject == 5
+    finally:
+        await first.close()
+    settings = BusSettings.from_env({"TESSERA_NATS_URL": nats_url, "TESSERA_LEDGER_HISTORY": "64"})
+    bus = await Bus.connect(settings, "placement")
+    try:
+        done = await bus.ensure_topology()
+        assert done[subjects.KV_LEDGER] == "updated"
+        assert (await bus.stream_info(f"KV_{subjects.KV_LEDGER}")).config.max_msgs_per_subject == 64
+        assert (await bus.stream_info(f"KV_{subjects.KV_CLAIMS}")).config.max_msgs_per_subject == 5
+    finally:
+        await bus.close()
+    with pytest.raises(ConfigError, match="TESSERA_LEDGER_HISTORY"):
+        BusSettings.from_env({"TESSERA_LEDGER_HISTORY": "65"})
+
+
 async def test_more_replicas_than_servers_stops_the_service_naming_the_setting(nats_url):
     bus = await Bus.connect(BusSettings(url=nats_url, replicas=3), "placement")
     try:

@@ -358,6 +358,7 @@ class TopologySettings:
     usage_retention: float = 3600.0
     event_retention: float = 7 * 24 * 3600.0
     dlq_retention: float = 30 * 24 * 3600.0
+    ledger_history: int = 5
 
 
 @dataclass(frozen=True)
@@ -408,6 +409,11 @@ class BusSettings(FromEnv):
         "TESSERA_BUCKET_MAX_BYTES",
         "the most bytes each platform KV bucket keeps; when full a write is refused (current state is never "
         "dropped)", 1024 * MIB, minimum=MIB, shown="`1073741824` (1 GiB)")
+    ledger_history: int = setting(
+        "TESSERA_LEDGER_HISTORY",
+        "past revisions of each key the `ledger` bucket keeps (every allocation and release writes one): what an "
+        "auditor that reads every revision may fall behind by, say through a NATS leader election, without "
+        "missing one. The other buckets keep 5", 5, minimum=1, maximum=64)
     heartbeat_retention: float = setting(
         "TESSERA_HEARTBEAT_RETENTION",
         "seconds the inventory stream (inventory events and heartbeats) keeps a message; at most 64 per node are "
@@ -442,6 +448,7 @@ class BusSettings(FromEnv):
             replicas=self.replicas, file_storage=self.file_storage, duplicate_window=self.duplicate_window,
             stream_max_bytes=self.stream_max_bytes, bucket_max_bytes=self.bucket_max_bytes,
             heartbeat_retention=self.heartbeat_retention, usage_retention=self.usage_retention,
+            ledger_history=self.ledger_history,
         )
 
 

@@ -110,7 +110,7 @@ def declare(settings: TopologySettings) -> Topology:
     ]
     buckets = [
         BucketSpec(subjects.KV_INVENTORY, 5, s.bucket_max_bytes),
-        BucketSpec(subjects.KV_LEDGER, 5, s.bucket_max_bytes),
+        BucketSpec(subjects.KV_LEDGER, s.ledger_history, s.bucket_max_bytes),
         # Released claims are pruned after TESSERA_CLAIM_RETENTION (tessera.shared.claimpruning).
         BucketSpec(subjects.KV_CLAIMS, 5, s.bucket_max_bytes),
         BucketSpec(subjects.KV_TENANTS, 5, s.bucket_max_bytes),
