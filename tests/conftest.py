@@ -17,7 +17,7 @@ from kit.bus import bus, bus_service, bus_settings  # noqa: F401 - fixtures, reg
 from kit.clusters import PROFILES, start_cluster  # noqa: F401 - a fixture, registered by being here
 from kit.kubecluster import (breakable_plane, kube_cluster, kube_namespace, kube_plane, kube_planes,  # noqa: F401
                              plane_namespace, spare_plane)  # (fixtures, registered by being here)
-from kit.kubenode import kube_node  # noqa: F401 - a fixture, registered by being here
+from kit.kubenode import kube_node, kube_session_node  # noqa: F401 - fixtures, registered by being here
 from kit.postgres import postgres  # noqa: F401 - a fixture, registered by being here
 from kit.leaks import _task_census, no_leaked_tasks, pytest_configure  # noqa: F401 - the leak check
 

@@ -40,6 +40,7 @@ import pytest
 import yaml
 
 from kit.kubecluster import ROOT, KubeControlPlane, ensure_binaries, terminate
+from tessera.shared.kubeclaims import DRIVER
 from tessera.shared.natsserver import free_port
 
 BUILD_CONTAINERD = ROOT / "tools" / "kube" / "build-containerd.sh"
@@ -532,7 +533,7 @@ def remove(node: KubeNode) -> None:
 
 
 @pytest.fixture(scope="session")
-def kube_node(kube_cluster):
+def kube_session_node(kube_cluster):
     """One real node (containerd + kubelet) joined to the session's control plane."""
     try:
         node = start_node(kube_cluster)
@@ -543,3 +544,14 @@ def kube_node(kube_cluster):
         yield node
     finally:
         remove(node)
+
+
+@pytest.fixture
+def kube_node(kube_session_node, kube_cluster):
+    """The session's node as a test should find it: no ResourceSlice of Tessera's driver that an
+    earlier test's capacity publisher wrote (the kubelet wipes a slice only 30 s after its plugin
+    went, and meanwhile the next test read two GPUs where its own fleet has one, or kube-scheduler
+    allocated a claim there itself). Nothing writes them between tests: each starts its own services."""
+    kube_cluster.kubectl("delete", "resourceslices", "--ignore-not-found",
+                         f"--field-selector=spec.nodeName={kube_session_node.name},spec.driver={DRIVER}")
+    return kube_session_node

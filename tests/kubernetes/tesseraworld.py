@@ -21,7 +21,7 @@ from tessera.shared.bus import Bus
 from tessera.shared.claimstore import ClaimStore
 from tessera.shared.events import GpuDevice, NodeInventory, TenantRecord, encode
 from tessera.shared.kubeapi import KubeApi, object_path
-from tessera.shared.kubeclaims import RESOURCE_API_VERSION, TENANT_LABEL
+from tessera.shared.kubeclaims import DRIVER, RESOURCE_API_VERSION, TENANT_LABEL
 from tessera.shared.runner import serve
 from tessera.shared.settings import BusSettings, ServiceSettings
 
@@ -161,6 +161,12 @@ async def world(kube_cluster, kube_namespace, nats_url):
     # control plane is the session's, their deletion takes a while) belong to no tenant here, and
     # so take none of this test's GPUs.
     kube_cluster.kubectl("label", "namespace", kube_namespace, f"{TENANT_LABEL}={kube_namespace}")
+    # Nor may an earlier test's ResourceSlices stay: the session's real node keeps its slice until
+    # its kubelet wipes it, 30 s after that test's plugin stopped, and meanwhile kube-scheduler could
+    # allocate a claim there itself when it takes this test's allocation back. Here no capacity
+    # publisher runs (the test plays it), so nothing writes them again.
+    kube_cluster.kubectl("delete", "resourceslices", f"--field-selector=spec.driver={DRIVER}", "--wait=false",
+                         check=False)
     pods = GpuPods(kube_cluster)
     bus = await Bus.connect(BusSettings(url=nats_url), "test")
     await bus.ensure_topology()

@@ -252,7 +252,8 @@ async def test_an_unreachable_api_server_is_waited_for_then_the_allocation_is_gi
     assert await eventually(lambda: _lacks(world.gates(pod), SCHEDULING_GATE), timeout=30)
 
     # Down past the retry budget: the allocation is released, ledger and quota are as before.
-    pod2, claim2 = await world.gated_pod("given-back", spec)
+    # (the controllers' informers back off after the first outage too: see the third pod below)
+    pod2, claim2 = await world.gated_pod("given-back", spec, timeout=90)
     await asyncio.to_thread(plane.stop_apiserver)
     cid2 = await request_claim(client, "alpha", claim2, pod2, spec)
     released = await client.wait_for(cid2, {"released"}, timeout=60)
