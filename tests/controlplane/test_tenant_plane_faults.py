@@ -70,8 +70,20 @@ async def test_a_changed_datastore_password_is_repaired(planes: Planes, tmp_path
     kubeconfig = await planes.kubeconfig("victim", tmp_path)
     conn = await psycopg.AsyncConnection.connect(planes.postgres_admin, autocommit=True)
     async with conn:
-        await conn.execute(sql.SQL("ALTER ROLE {} PASSWORD 'not-the-one'").format(
-            sql.Identifier(pg_store.role_name("victim"))))
+        # The manager sets the role's password itself at each pass over the tenant; two ALTER ROLEs
+        # of one role at the same moment make PostgreSQL refuse the second ("tuple concurrently
+        # updated", seen in CI): the change is made once the manager's is done.
+        async def altered() -> bool:
+            try:
+                await conn.execute(sql.SQL("ALTER ROLE {} PASSWORD 'not-the-one'").format(
+                    sql.Identifier(pg_store.role_name("victim"))))
+            except psycopg.errors.InternalError_ as exc:
+                if "concurrently updated" not in str(exc):
+                    raise
+                return False
+            return True
+
+        await eventually(altered, timeout=30, what="the password changed behind the manager's back")
     os.kill(planes.host.pids("victim")["datastore-shim"], signal.SIGKILL)  # its next login is refused
 
     await eventually(lambda: planes.host.pids("victim").get("datastore-shim"), timeout=60)
