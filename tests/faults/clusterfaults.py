@@ -37,7 +37,7 @@ from tessera.shared import api, subjects  # noqa: E402
 
 import scenarios  # noqa: E402
 from auditor import Accepted, Auditor, Findings  # noqa: E402
-from loadgen import ACK_WAIT_SECONDS, FaultCluster, Load, connect, profile_path  # noqa: E402
+from loadgen import FAULT_SERVICE_ENV, FaultCluster, Load, connect, profile_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 _encoder = msgspec.json.Encoder()
@@ -54,9 +54,7 @@ class ClusterFaults(FaultCluster):
 
     def service_env(self, name: str, instance: str, http_port: int, node: str | None = None) -> dict[str, str]:
         env = LocalCluster.service_env(self, name, instance, http_port, node)
-        env.update(TESSERA_ACK_WAIT=str(ACK_WAIT_SECONDS), TESSERA_MAX_DELIVER="5", TESSERA_STREAM_STORAGE="file",
-                   # the auditor reads every ledger revision: room for it to fall behind a leader election
-                   TESSERA_LEDGER_HISTORY="64")
+        env.update(FAULT_SERVICE_ENV)
         return env
 
 

@@ -39,6 +39,10 @@ from auditor import Accepted
 from proxy import FaultProxy
 
 ACK_WAIT_SECONDS = 4.0
+# What every service of a fault run is started with: quick redelivery, state on disk, and room in
+# the ledger's history for the auditor (it reads every revision) to fall behind a leader election.
+FAULT_SERVICE_ENV = {"TESSERA_ACK_WAIT": str(ACK_WAIT_SECONDS), "TESSERA_MAX_DELIVER": "5",
+                     "TESSERA_STREAM_STORAGE": "file", "TESSERA_LEDGER_HISTORY": "64"}
 TENANTS = {"alpha": GpuQuota(gpus=6), "beta": GpuQuota(gpus=3)}
 _encoder = msgspec.json.Encoder()
 
@@ -52,10 +56,7 @@ class FaultCluster(LocalCluster):
 
     def service_env(self, name: str, instance: str, http_port: int, node: str | None = None) -> dict[str, str]:
         env = super().service_env(name, instance, http_port, node)
-        env.update(TESSERA_ACK_WAIT=str(ACK_WAIT_SECONDS), TESSERA_MAX_DELIVER="5",
-                   TESSERA_STREAM_STORAGE="file",
-                   # the auditor reads every ledger revision: room for it to fall behind a leader election
-                   TESSERA_LEDGER_HISTORY="64")
+        env.update(FAULT_SERVICE_ENV)
         if name == "placement":
             if self.proxy is None:
                 self.proxy = FaultProxy(self.nats.port).start()

@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from tessera.shared.kubeclaims import DRIVER
 from tessera.shared.natsserver import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -423,6 +424,15 @@ def manifests(name: str, kinds: tuple[str, ...] | None = None) -> list[dict]:
 def apply(plane: KubeControlPlane, docs: list[dict]) -> None:
     """``kubectl apply`` of ``docs`` as the cluster admin (setting a test up, never a service's call)."""
     plane.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs))
+
+
+def delete_driver_slices(plane: KubeControlPlane, node: str | None = None) -> None:
+    """Delete the ResourceSlices of Tessera's driver (of ``node``, or every node's) that an earlier
+    test's capacity publisher left: the kubelet wipes a node's slice only 30 s after its plugin went,
+    and meanwhile a test reads GPUs that are not its fleet's, or kube-scheduler allocates there itself.
+    Nothing writes them again between tests: each test starts its own services."""
+    selector = f"spec.driver={DRIVER}" + (f",spec.nodeName={node}" if node else "")
+    plane.kubectl("delete", "resourceslices", "--ignore-not-found", f"--field-selector={selector}")
 
 
 def service_identity(plane: KubeControlPlane, manifest: str) -> Path:

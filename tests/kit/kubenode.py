@@ -39,8 +39,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kit.kubecluster import ROOT, KubeControlPlane, ensure_binaries, terminate
-from tessera.shared.kubeclaims import DRIVER
+from kit.kubecluster import ROOT, KubeControlPlane, delete_driver_slices, ensure_binaries, terminate
 from tessera.shared.natsserver import free_port
 
 BUILD_CONTAINERD = ROOT / "tools" / "kube" / "build-containerd.sh"
@@ -548,10 +547,6 @@ def kube_session_node(kube_cluster):
 
 @pytest.fixture
 def kube_node(kube_session_node, kube_cluster):
-    """The session's node as a test should find it: no ResourceSlice of Tessera's driver that an
-    earlier test's capacity publisher wrote (the kubelet wipes a slice only 30 s after its plugin
-    went, and meanwhile the next test read two GPUs where its own fleet has one, or kube-scheduler
-    allocated a claim there itself). Nothing writes them between tests: each starts its own services."""
-    kube_cluster.kubectl("delete", "resourceslices", "--ignore-not-found",
-                         f"--field-selector=spec.nodeName={kube_session_node.name},spec.driver={DRIVER}")
+    """The session's node as a test should find it: no slice an earlier test left on it."""
+    delete_driver_slices(kube_cluster, kube_session_node.name)
     return kube_session_node

@@ -21,7 +21,7 @@ from tessera.shared.bus import Bus
 from tessera.shared.claimstore import ClaimStore
 from tessera.shared.events import GpuDevice, NodeInventory, TenantRecord, encode
 from tessera.shared.kubeapi import KubeApi, object_path
-from tessera.shared.kubeclaims import DRIVER, RESOURCE_API_VERSION, TENANT_LABEL
+from tessera.shared.kubeclaims import RESOURCE_API_VERSION, TENANT_LABEL
 from tessera.shared.runner import serve
 from tessera.shared.settings import BusSettings, ServiceSettings
 
@@ -31,7 +31,7 @@ from tessera.translator.service import TranslatorService, TranslatorSettings
 
 from gpupods import GpuPods
 from kit import eventually
-from kit.kubecluster import service_identity
+from kit.kubecluster import delete_driver_slices, service_identity
 
 MODEL = "NVIDIA H100 80GB HBM3"
 ZONE = "tessera.test/zone"
@@ -161,12 +161,9 @@ async def world(kube_cluster, kube_namespace, nats_url):
     # control plane is the session's, their deletion takes a while) belong to no tenant here, and
     # so take none of this test's GPUs.
     kube_cluster.kubectl("label", "namespace", kube_namespace, f"{TENANT_LABEL}={kube_namespace}")
-    # Nor may an earlier test's ResourceSlices stay: the session's real node keeps its slice until
-    # its kubelet wipes it, 30 s after that test's plugin stopped, and meanwhile kube-scheduler could
-    # allocate a claim there itself when it takes this test's allocation back. Here no capacity
-    # publisher runs (the test plays it), so nothing writes them again.
-    kube_cluster.kubectl("delete", "resourceslices", f"--field-selector=spec.driver={DRIVER}", "--wait=false",
-                         check=False)
+    # Nor may an earlier test's slices (the session's real node's): kube-scheduler, taking this
+    # test's allocation back, would allocate the claim there itself.
+    delete_driver_slices(kube_cluster)
     pods = GpuPods(kube_cluster)
     bus = await Bus.connect(BusSettings(url=nats_url), "test")
     await bus.ensure_topology()

@@ -21,12 +21,12 @@ import yaml
 
 from tessera.shared import subjects
 from tessera.shared.claimstore import ClaimStore
-from tessera.shared.events import ClaimRecord, ClaimReleaseRequested, ClaimRequested, ClaimSpec, GpuQuota
+from tessera.shared.events import ClaimRecord, ClaimRequested, ClaimSpec, GpuQuota
 from tessera.shared.kubeclaims import DRIVER
-from tessera.shared.lifecycle import release_route
 
 from tessera.cli.client import Client
 from tessera.enforcer.cdi import spec_path
+from tessera.translator.service import TranslatorService
 
 from kit import eventually
 from kit.kubecluster import apply, manifests, node_bound_identity, service_identity
@@ -54,16 +54,14 @@ async def _request(client: Client, claim: str) -> None:
 
 
 async def _release(client: Client, claim: str) -> None:
-    """What the translator does for a release: mark the record, send the release where it is routed
-    (no translator runs here: the test acts as it, as for the request)."""
-    store = ClaimStore(await client.bus.kv(subjects.KV_CLAIMS))
-    record = await store.mark_release_requested(claim, "test finished")
+    """What the translator does for a release (no translator runs here: the test acts as it, as for
+    the request): mark the record, then send the translator's own release message for it."""
+    record = await ClaimStore(await client.bus.kv(subjects.KV_CLAIMS)).mark_release_requested(claim, "test finished")
     assert record is not None, f"no record of {claim}"
-    route = release_route(record.state, record.node)
-    assert route is not None, f"{claim} is over already ({record.state})"
-    await client.bus.publish(route.subject(TENANT, claim),
-                             ClaimReleaseRequested(claim=claim, tenant=TENANT, reason="test finished"),
-                             msg_id=route.msg_id(claim))
+    message = TranslatorService._release_message(record, record.reason)
+    assert message is not None, f"{claim} is over already ({record.state})"
+    subject, event, msg_id = message
+    await client.bus.publish(subject, event, msg_id=msg_id)
 
 
 async def test_a_failing_gpu_is_tainted_not_allocated_and_untainted_when_it_recovers(
