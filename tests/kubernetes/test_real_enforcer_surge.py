@@ -7,7 +7,9 @@ kubelet and containerd): the old enforcer pod runs and serves a GPU pod; the new
 uid, so its own registration socket ``gpu.tessera.dev-<uid>-reg.sock`` and DRA socket
 ``dra-<uid>.sock``) starts beside it, sharing the node's host paths (the kubelet's plugin directory
 with the checkpoint and its lock, the state directory with the claim directories, the CDI
-directory); once it is ready the old pod is stopped (SIGTERM, as the kubelet stops a container).
+directory); once it is ready (as deployed: only once the kubelet has registered it,
+TESSERA_KUBELET_READY_WHEN_REGISTERED) the old pod is stopped (SIGTERM, as the kubelet stops a
+container).
 
 The kubelet (1.33+, pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go) keeps every registered
 endpoint of a driver, refuses a second registration of the same endpoint, and for each call picks
@@ -46,6 +48,7 @@ TENANT = "surge"
 MEMORY_MIB, CORES = 1024, 30
 KUBELET_WIPE_DELAY = 30.0  # seconds without a usable plugin before the kubelet deletes the driver's slices
 OLD, NEW = str(uuid.uuid4()), str(uuid.uuid4())  # the two enforcer pods' uids
+AS_DEPLOYED = {"TESSERA_KUBELET_READY_WHEN_REGISTERED": "true"}  # deploy/k8s/enforcer.yaml's
 
 
 class SliceWatch:
@@ -92,7 +95,8 @@ async def test_a_surge_update_hands_the_node_to_the_new_enforcer_without_losing_
         kube_cluster, kube_node, kube_namespace, nats_url, tmp_path):
     on = TesseraOnNode(kube_cluster, kube_node, kube_namespace, nats_url, tmp_path)
     node = kube_node.name
-    async with on.running(TENANT, GpuQuota(gpus=2), enforcer_env={"TESSERA_POD_UID": OLD}, slices=True):
+    async with on.running(TENANT, GpuQuota(gpus=2), enforcer_env={"TESSERA_POD_UID": OLD, **AS_DEPLOYED},
+                          slices=True):
         old = on.cluster.find(f"enforcer-{node}")
         old_log = old.log_path
         assert registration_sockets(on) == {registration_socket(OLD)}
@@ -113,10 +117,10 @@ async def test_a_surge_update_hands_the_node_to_the_new_enforcer_without_losing_
             # the DaemonSet's new pod: another uid, the same host paths (the old one's state directory)
             new = on.cluster.spawn("enforcer", instance=f"enforcer-{node}-{NEW[:8]}", env={
                 "TESSERA_NODE": node, **on.dirs.env(), "KUBECONFIG": str(on.identities["enforcer"]),
-                "TESSERA_POD_UID": NEW, "TESSERA_STATE_DIR": str(on.cluster.state_dir(node))})
+                "TESSERA_POD_UID": NEW, "TESSERA_STATE_DIR": str(on.cluster.state_dir(node)), **AS_DEPLOYED})
+            # Ready, which is when the DaemonSet stops the old pod, only once the kubelet has the new one
             await asyncio.to_thread(on.cluster.wait_ready, 60)
-            await eventually(lambda: log_has(new.log_path, f"the kubelet registered DRA plugin {DRIVER}"), timeout=60,
-                             what="the kubelet registering the new instance beside the old one")
+            assert log_has(new.log_path, f"the kubelet registered DRA plugin {DRIVER}"), new.log_path.read_text()[-3000:]
             assert registration_sockets(on) == {registration_socket(OLD), registration_socket(NEW)}
             assert old.alive(), old.log_path.read_text()[-3000:]
 

@@ -189,6 +189,11 @@ class EnforcerSettings(FromEnv):
         "TESSERA_POD_UID", "the enforcer pod's uid, put in the plugin's socket names (`gpu.tessera.dev-<uid>-reg.sock`, "
         "`dra-<uid>.sock`) so that a rolling update can start the new pod before the old one stops; empty: the "
         "fixed names", "", parse=_pod_uid, group="kubernetes")
+    ready_when_registered: bool = setting(
+        "TESSERA_KUBELET_READY_WHEN_REGISTERED", "`true`: ready (`/readyz`) only once the kubelet has registered the "
+        "plugin, so that a rolling update stops the old instance only when the kubelet has the new one (deploy/k8s "
+        "sets it); `false`: ready once the plugin's sockets listen (where no kubelet runs, or a test plays it)",
+        False, group="kubernetes")
     # The kernel's id of this boot: a checkpoint written in another boot describes nothing that exists.
     boot_id_file: Path = setting(
         "TESSERA_BOOT_ID_FILE", "where the node's boot id is read; a checkpoint from another boot is dropped with "
