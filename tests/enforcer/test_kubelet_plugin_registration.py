@@ -68,3 +68,30 @@ async def test_the_plugin_says_what_the_kubelet_made_of_it_and_that_it_stopped()
         for task in (serving, reporting):
             task.cancel()
         await asyncio.gather(serving, reporting, return_exceptions=True)
+
+
+async def test_the_registration_opens_readiness_only_once_the_kubelet_has_registered_the_plugin():
+    # A rolling update stops the old instance once the new pod is Ready: ready only when the kubelet
+    # has the new one, not when its sockets merely listen, nor when the kubelet refused it.
+    root = Path(tempfile.mkdtemp(prefix="reg-", dir="/tmp"))
+    registry, plugin_dir = root / "plugins_registry", root / "plugins" / DRIVER
+    opened: list[bool] = []
+
+    async def publish(status: KubeletPluginStatus) -> None:
+        pass
+
+    registration = PluginRegistration("gpu-0", "pod-1", publish, on_registered=lambda: opened.append(True))
+    listening = asyncio.Event()
+    serving = asyncio.create_task(serve(None, registry, plugin_dir, listening.set, registration=registration))  # type: ignore[arg-type]
+    try:
+        await asyncio.wait_for(listening.wait(), 30)
+        socket = registry / socket_names()[0]
+        await notify(socket, False, "no such version")
+        assert opened == []
+        await notify(socket, True)
+        assert opened == [True]
+        await notify(socket, True)  # said again: opened once
+        assert opened == [True]
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)

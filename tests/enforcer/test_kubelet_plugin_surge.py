@@ -61,3 +61,29 @@ def test_without_a_uid_the_names_are_the_fixed_ones():
 def test_a_pod_uid_that_is_not_one_is_refused(bad):
     with pytest.raises(SettingsError, match="TESSERA_POD_UID.*metadata.uid"):
         EnforcerSettings.from_env({"TESSERA_POD_UID": bad, "TESSERA_NODE": "gpu-0", "TESSERA_NATS_URL": "nats://127.0.0.1:4222"})
+
+
+def kubernetes_settings(**env: str) -> EnforcerSettings:
+    return EnforcerSettings.from_env({"TESSERA_KUBERNETES": "true", "TESSERA_NODE": "gpu-0",
+                                      "TESSERA_NATS_URL": "nats://127.0.0.1:4222", **env})
+
+
+def test_the_deployed_directories_fit_a_sockets_path_with_a_pod_uid():
+    # /var/lib/kubelet/plugins_registry/gpu.tessera.dev-<uid>-reg.sock: 95 bytes of the 107
+    settings = kubernetes_settings(TESSERA_POD_UID=OLD)
+    assert settings.kubelet_registry_dir == Path("/var/lib/kubelet/plugins_registry")
+
+
+def test_kubelet_directories_too_deep_for_sockets_with_the_pod_uid_are_refused_by_name():
+    # microk8s's kubelet root: with a pod uid its sockets' paths are 120 and 111 bytes, which neither
+    # end of a unix socket can use (gRPC said only "Failed to bind to address")
+    deep = "/var/snap/microk8s/common/var/lib/kubelet"
+    env = {"TESSERA_KUBELET_REGISTRY_DIR": f"{deep}/plugins_registry",
+           "TESSERA_KUBELET_PLUGIN_DIR": f"{deep}/plugins/{DRIVER}"}
+    with pytest.raises(SettingsError) as refused:
+        kubernetes_settings(TESSERA_POD_UID=OLD, **env)
+    text = str(refused.value)
+    assert f"TESSERA_KUBELET_REGISTRY_DIR={deep}/plugins_registry" in text and "13 bytes too long" in text, text
+    assert f"TESSERA_KUBELET_PLUGIN_DIR={deep}/plugins/{DRIVER}" in text and "4 bytes too long" in text, text
+    assert "TESSERA_POD_UID" in text, text  # what to do instead: the fixed names, without a surge
+    kubernetes_settings(**env)  # the fixed names fit (37 bytes shorter)

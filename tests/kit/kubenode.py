@@ -517,7 +517,9 @@ imports = []
 
 
 def start_node(plane: KubeControlPlane, **kw) -> KubeNode:
-    workdir = Path(tempfile.mkdtemp(prefix="tessera-node-"))
+    # short: the kubelet's plugin registry is under it, and a DRA plugin's registration socket with its pod
+    # uid (gpu.tessera.dev-<uid>-reg.sock, 61 bytes) must fit a unix socket's 107-byte path
+    workdir = Path(tempfile.mkdtemp(prefix="tn-"))
     node = KubeNode(plane, workdir, **kw)
     try:
         return node.start()

@@ -100,13 +100,15 @@ async def start_services(workdir: Path, nats_url: str, apiserver_url: str | None
                          services: tuple[str, ...] = ("controlplane", "capacity", "placement"),
                          placement_replicas: int = 1, env: dict[str, str] | None = None,
                          kubeconfigs: Mapping[str, Path] | None = None,
-                         kubelets: Mapping[str, KubeletDirs] | None = None, enforcers: bool = True) -> KubeCluster:
+                         kubelets: Mapping[str, KubeletDirs] | None = None, enforcers: bool = True,
+                         enforcer_env: Mapping[str, str] | None = None) -> KubeCluster:
     """``services`` (and an enforcer per node, its node's kubelet plugin) in Kubernetes mode; ready
     when this returns. ``kubeconfigs`` (service name -> kubeconfig, ``enforcer`` included): each
     service acts as its own identity, instead of all as the emulator's one user of
     ``apiserver_url``; ``kubelets``: the directories of a node's real kubelet and runtime
     (a profile path that is absolute is used as it is); ``enforcers=False``: none (simulated nodes
-    that no kubelet serves, as in tests/kubernetes/benchfleet.py)."""
+    that no kubelet serves, as in tests/kubernetes/benchfleet.py); ``enforcer_env``: more of each
+    enforcer's environment (its pod's uid, ``TESSERA_POD_UID``, as the DaemonSet gives it)."""
     workdir.mkdir(parents=True, exist_ok=True)
     # Nodes without a real kubelet have no plugin registered: their slices are written regardless.
     extra = {"TESSERA_KUBERNETES": "true", "TESSERA_HEARTBEAT_SECONDS": "1",
@@ -124,7 +126,7 @@ async def start_services(workdir: Path, nats_url: str, apiserver_url: str | None
     for node_name in cluster.nodes() if enforcers else ():
         cluster.spawn("enforcer", instance=f"enforcer-{node_name}",
                       env={"TESSERA_NODE": node_name, **cluster.kubelet(node_name).env(),
-                           **identity.get("enforcer", {})})
+                           **identity.get("enforcer", {}), **(enforcer_env or {})})
     try:
         await asyncio.to_thread(cluster.wait_ready, 90)
     except BaseException:

@@ -26,7 +26,7 @@ from tessera.shared.natsserver import free_port
 
 import probeimage
 from kit import eventually
-from kit.kubecluster import apply, manifests, service_identity
+from kit.kubecluster import apply, manifests, node_bound_identity, service_identity
 from kubetessera import (GPU, IDENTITIES, SERVICES, KubeletDirs, create_tenant, ledgers, log_has, quota_in_use,
                          start_services, webhook_configuration, webhook_endpoints)
 from webhook_tls import SERVING_NAMES, Authority
@@ -66,21 +66,28 @@ class TesseraOnNode:
         return json.loads((await self.kubectl("get", "-n", self.namespace, *what, "-o", "json")).stdout)
 
     @contextlib.asynccontextmanager
-    async def running(self, tenant: str, quota: GpuQuota):
+    async def running(self, tenant: str, quota: GpuQuota, enforcer_env: dict[str, str] | None = None,
+                      slices: bool = False):
         """Start Tessera with a tenant of ``quota`` owning the namespace; yields self (with
-        ``image``, ``client``, ``dirs``, ``cluster`` and ``enforcer_log`` set)."""
+        ``image``, ``client``, ``dirs``, ``cluster``, ``identities`` and ``enforcer_log`` set);
+        ``enforcer_env``: more of the enforcer's environment; ``slices``: the capacity publisher
+        acts as its DaemonSet pod on the node (``node_bound_identity``), so that the
+        tessera-node-slices policy lets it write the node's ResourceSlice."""
         plane, node = self.kube_cluster, self.kube_node
         ca = Authority()
         cert, key = ca.issue(self.workdir / "webhook-tls", list(SERVING_NAMES))
         apply(plane, manifests("namespace.yaml") + manifests("deviceclass.yaml") + manifests("admission-policies.yaml"))
-        identities = {name: service_identity(plane, manifest) for name, manifest in IDENTITIES.items()}
+        self.identities = identities = {name: service_identity(plane, manifest)
+                                        for name, manifest in IDENTITIES.items()}
+        if slices:
+            identities["capacity"] = node_bound_identity(plane, IDENTITIES["capacity"], node.name)
         self.image, archive = probeimage.build()
         node.ctr("images", "import", "--platform", "linux/amd64", str(archive))
         port = free_port()
         self.dirs = KubeletDirs(registry=node.plugins_registry, plugin=node.plugins_dir / DRIVER, cdi=node.cdi_dir)
         self.cluster = await start_services(
             self.workdir / "tessera", self.nats_url, None, profile=profile(self.workdir / "fleet.yaml", node.name),
-            services=SERVICES, kubeconfigs=identities, kubelets={node.name: self.dirs},
+            services=SERVICES, kubeconfigs=identities, kubelets={node.name: self.dirs}, enforcer_env=enforcer_env,
             env={"TESSERA_WEBHOOK_PORT": str(port), "TESSERA_WEBHOOK_HOST": node.ip,
                  "TESSERA_WEBHOOK_CERT": str(cert), "TESSERA_WEBHOOK_KEY": str(key)})
         self.client = None

@@ -141,7 +141,8 @@ def kill(slots, sig: int = signal.SIGKILL) -> list[int]:
         except ProcessLookupError:
             pass
         except PermissionError:
-            log.error("not allowed to signal pid %d of a leaked claim; run the enforcer as root", slot.pid)
+            log.error("not allowed to signal pid %d of a leaked claim: signalling another uid's process takes "
+                      "root with CAP_KILL (deploy/k8s/enforcer.yaml adds it)", slot.pid)
         finally:
             os.close(pidfd)
     return done

@@ -89,7 +89,9 @@ class EnforcerService:
                  "reconcile": self._reconcile_loop(), "watchdog": self._watchdog_loop()}
         if self.settings.kubernetes:
             instance = self.settings.pod_uid or f"{socket.gethostname()}-{os.getpid()}"
-            self.registration = PluginRegistration(self.node, instance, self._publish_plugin_status)
+            registered = self.ctx.gate("kubelet-registration") if self.settings.ready_when_registered else None
+            self.registration = PluginRegistration(self.node, instance, self._publish_plugin_status,
+                                                   on_registered=registered)
             tasks["kubelet-plugin"] = self._kubelet_plugin()
             tasks["kubelet-registration"] = self.registration.report()
         return tasks

@@ -13,9 +13,12 @@ import re
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 from tessera.shared.kubeclaims import DRIVER
 from tessera.shared.settings import FromEnv, node_name, setting
+
+from tessera.enforcer.kubelet.sockets import MAX_PATH_BYTES, socket_names, too_long
 
 
 def _in_tree(*parts: str) -> Path | None:
@@ -186,10 +189,29 @@ class EnforcerSettings(FromEnv):
         "TESSERA_POD_UID", "the enforcer pod's uid, put in the plugin's socket names (`gpu.tessera.dev-<uid>-reg.sock`, "
         "`dra-<uid>.sock`) so that a rolling update can start the new pod before the old one stops; empty: the "
         "fixed names", "", parse=_pod_uid, group="kubernetes")
+    ready_when_registered: bool = setting(
+        "TESSERA_KUBELET_READY_WHEN_REGISTERED", "`true`: ready (`/readyz`) only once the kubelet has registered the "
+        "plugin, so that a rolling update stops the old instance only when the kubelet has the new one (deploy/k8s "
+        "sets it); `false`: ready once the plugin's sockets listen (where no kubelet runs, or a test plays it)",
+        False, group="kubernetes")
     # The kernel's id of this boot: a checkpoint written in another boot describes nothing that exists.
     boot_id_file: Path = setting(
         "TESSERA_BOOT_ID_FILE", "where the node's boot id is read; a checkpoint from another boot is dropped with "
         "what it names", Path("/proc/sys/kernel/random/boot_id"), group="kubernetes")
+
+    def check(self) -> Iterable[str]:
+        if not self.kubernetes:
+            return
+        registration, dra = socket_names(self.pod_uid)
+        for variable, directory, name in (("TESSERA_KUBELET_REGISTRY_DIR", self.kubelet_registry_dir, registration),
+                                          ("TESSERA_KUBELET_PLUGIN_DIR", self.kubelet_plugin_dir, dra)):
+            over = too_long(directory / name)
+            if over:
+                # (the kubelet dials these paths as the plugin names them: a shorter mount would not do)
+                fix = ("leave TESSERA_POD_UID empty for the fixed, shorter socket names (and update the DaemonSet "
+                       "with maxSurge: 0, maxUnavailable: 1)") if self.pod_uid else "shorten the kubelet's --root-dir"
+                yield (f"{variable}={directory}: the socket {directory / name} is {over} bytes too long for a unix "
+                       f"socket's path ({MAX_PATH_BYTES} at most, for the kubelet as for the plugin); {fix}")
 
     @property
     def simulated(self) -> bool:

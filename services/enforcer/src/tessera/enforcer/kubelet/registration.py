@@ -8,7 +8,9 @@ it knows (`KubeletPluginStatus` on ``tessera.usage.<node>``): registered when th
 NotifyRegistrationStatus says so or the kubelet calls it (it calls only a registered plugin), not
 registered when the kubelet refused it, when its registration socket is gone, and when it stops. It
 says so at each change and, while registered, again every ``report_seconds``: a plugin that dies
-without a word falls silent, and the capacity publisher counts a silent plugin as gone.
+without a word falls silent, and the capacity publisher counts a silent plugin as gone. The first
+registration may also open the enforcer's readiness (``on_registered``): a rolling update stops the
+old instance once the new pod is Ready, which then means the kubelet already has the new one.
 """
 
 from __future__ import annotations
@@ -28,11 +30,14 @@ LAST_WORD_SECONDS = 2.0  # how long a stopping plugin tries to say it is going
 
 class PluginRegistration:
     def __init__(self, node: str, instance: str, publish: Callable[[KubeletPluginStatus], Awaitable[None]],
-                 report_seconds: float = REPORT_SECONDS) -> None:
+                 report_seconds: float = REPORT_SECONDS, on_registered: Callable[[], None] | None = None) -> None:
         self.node = node
         self.instance = instance
         self.publish = publish
         self.report_seconds = report_seconds
+        # called once, the first time the kubelet has it registered (the readiness gate of
+        # TESSERA_KUBELET_READY_WHEN_REGISTERED)
+        self.on_registered = on_registered
         self.registered = False
         self.reason = "the kubelet has not registered the plugin yet"
         self.socket: Path | None = None  # the registration socket, once it is there
@@ -48,6 +53,9 @@ class PluginRegistration:
         self.registered, self.reason = registered, reason
         if news:
             self._changed.set()
+        if registered and self.on_registered is not None:
+            self.on_registered()
+            self.on_registered = None
 
     def notified(self, registered: bool, error: str = "") -> None:
         """The kubelet's NotifyRegistrationStatus."""

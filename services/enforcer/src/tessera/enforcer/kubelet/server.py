@@ -11,9 +11,9 @@ kubelet says of the registration, and its calls, go to `registration.PluginRegis
 tells the capacity publisher (a node's ResourceSlices exist only while its plugin is registered).
 
 Rolling updates with a surge (the DaemonSet's maxSurge: 1): given its pod's uid, each instance's
-sockets carry it (``gpu.tessera.dev-<uid>-reg.sock``, ``dra-<uid>.sock``), the names the kubelet
-(1.33+) expects of two instances of one driver side by side; it may call either, and the plugin's
-node-wide lock and checkpoint (plugin.py) make that safe. Without a uid the names are the fixed ones.
+sockets carry it (``gpu.tessera.dev-<uid>-reg.sock``, ``dra-<uid>.sock``; sockets.py), the names the kubelet (1.33+)
+expects of two instances of one driver side by side; it may call either, and the plugin's node-wide
+lock and checkpoint (plugin.py) make that safe. Without a uid the names are the fixed ones.
 """
 
 from __future__ import annotations
@@ -39,19 +39,11 @@ from tessera.enforcer.kubelet.api import (
 from tessera.enforcer.kubelet.health import DeviceHealth
 from tessera.enforcer.kubelet.plugin import ClaimRef, DraPlugin
 from tessera.enforcer.kubelet.registration import PluginRegistration
+from tessera.enforcer.kubelet.sockets import socket_names
 
 log = logging.getLogger("tessera.enforcer.kubelet")
 
 PLUGIN_TYPE = "DRAPlugin"
-REGISTRATION_SOCKET = f"{DRIVER}-reg.sock"
-DRA_SOCKET = "dra.sock"
-
-
-def socket_names(pod_uid: str = "") -> tuple[str, str]:
-    """(registration socket, DRA socket) of the instance running in pod ``pod_uid`` ("" for none)."""
-    if not pod_uid:
-        return REGISTRATION_SOCKET, DRA_SOCKET
-    return f"{DRIVER}-{pod_uid}-reg.sock", f"dra-{pod_uid}.sock"
 
 # The gRPC services the kubelet may call, as it names them in supported_versions: the DRA service
 # in both versions, and the device-health stream (a 1.37 kubelet opens it only if it is named here;
