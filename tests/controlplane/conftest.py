@@ -22,7 +22,7 @@ from tessera.shared.settings import BusSettings
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kubernetes"))
 from kubefixtures import apiserver  # noqa: E402,F401 - the fixture, registered by being here
 from kit import open_bus  # noqa: E402
-from controlplane.planes import binaries, planes  # noqa: E402,F401 - fixtures, registered by being here
+from controlplane.planes import binaries, kube_mode, planes  # noqa: E402,F401 - fixtures, registered by being here
 
 
 @pytest.fixture
