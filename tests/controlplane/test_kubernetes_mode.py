@@ -102,7 +102,10 @@ async def test_the_pod_the_host_cluster_stores_serves_the_tenant(kube_mode: Plan
         pod = translate([deployment, *secrets], local.home(tenant), Ports(plane.apiserver_port, plane.shim_port))
         for process in pod.processes:
             assert cmdline(local.pids(tenant)[process.name])[1:] == process.argv, process.name
-        # the real ReplicaSet controller made the pods (admission passed them), which no kubelet runs
+        # the real ReplicaSet controller made the pods, which no kubelet runs, admitted under Pod
+        # Security "restricted", which the tenant's namespace enforces
+        labels = objects[("Namespace", manifests.namespace(tenant))]["metadata"]["labels"]
+        assert labels["pod-security.kubernetes.io/enforce"] == "restricted", labels
         pods, _ = await admin.list(object_path("v1", "pods", None, manifests.namespace(tenant)))
         assert len(pods) == deployment["spec"]["replicas"] and {p["status"]["phase"] for p in pods} == {"Pending"}
 
@@ -124,6 +127,11 @@ async def test_the_pod_the_host_cluster_stores_serves_the_tenant(kube_mode: Plan
             return done.returncode == 0
 
         await eventually(account, timeout=120, every=1, what="the controller manager")
+
+        # and the in-pod scheduler too: it holds its lease
+        lease = await planes.kubectl(kubeconfig, *forwarded, "get", "lease", "-n", "kube-system", "kube-scheduler",
+                                     "-o", "jsonpath={.spec.holderIdentity}")
+        assert lease.returncode == 0 and lease.stdout, lease.stderr
 
         # a resync applies the same objects again: the host stores nothing new
         versions = {key: o["metadata"]["resourceVersion"] for key, o in objects.items()}

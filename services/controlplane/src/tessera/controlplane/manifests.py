@@ -56,6 +56,11 @@ USER = 65532
 SECRET_MODE = 0o440
 DATASTORE_DIR = "/datastore"  # where kine finds the tenant's own NATS context (its credentials)
 
+# The control-plane pod meets Pod Security "restricted" (the security contexts below); the tenant's
+# namespace enforces it, so a pod that stops meeting it is refused by the host's admission rather
+# than run with more than it needs.
+POD_SECURITY = {"pod-security.kubernetes.io/enforce": "restricted"}
+
 _SECURITY = {
     "allowPrivilegeEscalation": False,
     "readOnlyRootFilesystem": True,
@@ -242,7 +247,7 @@ def render(record: TenantControlPlane, secrets: TenantSecrets, platform_namespac
     ingress_from += [{"ipBlock": {"cidr": cidr}} for cidr in spec.network.node_cidrs]
 
     return [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": lab}},
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {**lab, **POD_SECURITY}}},
         _secret(f"{t}-pki", ns, t, secrets.pki),
         _secret(f"{t}-datastore", ns, t, datastore_secret(ds)),
         _secret(f"{t}-admin-kubeconfig", ns, t, {"admin.conf": secrets.kubeconfig}),
