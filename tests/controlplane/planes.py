@@ -31,7 +31,7 @@ from kit import eventually, open_bus
 from kit.kubecluster import ROOT, Pki, apply, ensure_binaries, manifests, service_identity, terminate
 from tessera.controlplane import processes
 from tessera.controlplane.app import Manager
-from tessera.controlplane.credentials import DatastoreCredentials
+from tessera.controlplane.credentials import DatastoreCredentials, TenantSecrets
 from tessera.controlplane.datastores import etcd as etcd_store
 from tessera.controlplane.datastores import natskv, postgres as pg_store
 from tessera.controlplane.datastores.etcd import EtcdCa, EtcdClient, tls_context
@@ -199,10 +199,13 @@ class Planes:
         assert stored is not None and stored.value.datastore is not None
         return stored.value.datastore
 
-    async def pki(self, name: str) -> dict[str, str]:
+    async def secrets(self, name: str) -> TenantSecrets:
         stored = await self.manager.store.secrets.get(name)
         assert stored is not None
-        return stored.value.pki
+        return stored.value
+
+    async def pki(self, name: str) -> dict[str, str]:
+        return (await self.secrets(name)).pki
 
     async def kubeconfig(self, name: str, directory: Path) -> Path:
         """What `tessera tenant kubeconfig <name>` prints, as a file (through the manager's API)."""

@@ -19,13 +19,15 @@ import pytest
 from tessera.cli.client import Client
 from tessera.cli.cluster import LocalCluster
 from tessera.controlplane import crd, manifests
-from tessera.controlplane.app import Manager
+from tessera.controlplane.app import Manager, make_host
 from tessera.controlplane.kube import KubeHost
+from tessera.controlplane.localkubelet import LocalKubelet
 from tessera.controlplane.localpod import Ports, translate
 from tessera.controlplane.resources import FINALIZER
 from tessera.controlplane.settings import ControlPlaneSettings
 from tessera.shared import subjects
 from tessera.shared.api import SubmitRequest
+from tessera.shared.errors import ConfigError
 from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.kubeapi import KubeApi, NotFound, object_path
 from tessera.shared.ledger import Ledger
@@ -90,6 +92,10 @@ async def test_the_pod_the_host_cluster_stores_serves_the_tenant(kube_mode: Plan
         assert set(containers) == {"kube-apiserver", "kube-controller-manager", "kube-scheduler"} | shim
         for container in containers.values():
             assert set(container["resources"]) == {"requests", "limits"}, container["name"]
+        rendered = next(o for o in manifests.render(record, await planes.secrets(tenant), "tessera-system")
+                        if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        assert rendered["resources"]["limits"] == {"cpu": "1000m", "memory": "1024Mi"}  # what the manager sent,
+        assert containers["kube-apiserver"]["resources"]["limits"] == {"cpu": "1", "memory": "1Gi"}  # what is kept
         policy = objects[("NetworkPolicy", f"{tenant}-apiserver-ingress")]
         assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 6443}]
 
@@ -102,6 +108,8 @@ async def test_the_pod_the_host_cluster_stores_serves_the_tenant(kube_mode: Plan
         pod = translate([deployment, *secrets], local.home(tenant), Ports(plane.apiserver_port, plane.shim_port))
         for process in pod.processes:
             assert cmdline(local.pids(tenant)[process.name])[1:] == process.argv, process.name
+        apiserver = next(p for p in pod.processes if p.name == "kube-apiserver")
+        assert (apiserver.cpu_millis, apiserver.memory_bytes) == (1000, 1024**3)  # the canonical quantities read
         # the real ReplicaSet controller made the pods, which no kubelet runs, admitted under Pod
         # Security "restricted", which the tenant's namespace enforces
         labels = objects[("Namespace", manifests.namespace(tenant))]["metadata"]["labels"]
@@ -173,6 +181,25 @@ async def gpu_services(nats_url, tmp_path):
         yield cluster
     finally:
         await asyncio.to_thread(cluster.stop)
+
+
+def test_running_the_pods_without_a_kubelet_needs_a_directory_and_is_what_the_manager_builds(tmp_path):
+    from tessera.shared.secretkeys import write_key_file
+
+    write_key_file(tmp_path / "keys")
+    env = {"TESSERA_CP_HOST": "kubernetes", "TESSERA_CP_KUBE_PODS": "local", "TESSERA_CP_SECRET_KEY_FILE":
+           str(tmp_path / "keys")}
+    with pytest.raises(ConfigError, match="TESSERA_CP_KUBE_PODS=local needs TESSERA_CP_CONTROL_PLANES_DIR"):
+        ControlPlaneSettings.from_env(env)
+    with pytest.raises(ConfigError, match="TESSERA_CP_KUBE_PODS"):
+        ControlPlaneSettings.from_env({**env, "TESSERA_CP_KUBE_PODS": "containerd"})
+    settings = ControlPlaneSettings.from_env({**env, "TESSERA_CP_CONTROL_PLANES_DIR": str(tmp_path / "planes"),
+                                              "TESSERA_CP_KUBE_BIN_DIR": "/opt/kube", "TESSERA_CP_CGROUP_ROOT": ""})
+    host = make_host(settings)
+    assert isinstance(host, LocalKubelet) and isinstance(host.kube, KubeHost)
+    assert (host.planes.directory, host.planes.binary("kube-apiserver")) == (tmp_path / "planes",
+                                                                             Path("/opt/kube/kube-apiserver"))
+    assert isinstance(make_host(ControlPlaneSettings.from_env(env | {"TESSERA_CP_KUBE_PODS": "kubelet"})), KubeHost)
 
 
 @pytest.fixture
