@@ -9,6 +9,8 @@ tenant's CA. Then kubectl works as the tenant, and deleting the tenant removes i
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import ssl
 import uuid
 from pathlib import Path
@@ -140,6 +142,16 @@ async def test_the_pod_the_host_cluster_stores_serves_the_tenant(kube_mode: Plan
         lease = await planes.kubectl(kubeconfig, *forwarded, "get", "lease", "-n", "kube-system", "kube-scheduler",
                                      "-o", "jsonpath={.spec.holderIdentity}")
         assert lease.returncode == 0 and lease.stdout, lease.stderr
+
+        # the processes are watched as a kubelet watches containers: a killed API server is started
+        # again from the stored pod, and the tenant's objects are still there
+        pid = local.pids(tenant)["kube-apiserver"]
+        os.kill(pid, signal.SIGKILL)
+        await planes.wait_phase(tenant, "NotReady", "ProcessExited", timeout=60)
+        await planes.wait_phase(tenant, "Ready")
+        assert local.pids(tenant)["kube-apiserver"] != pid
+        kept = await planes.kubectl(kubeconfig, *forwarded, "get", "namespace", "scratch")
+        assert kept.returncode == 0, kept.stderr
 
         # a resync applies the same objects again: the host stores nothing new
         versions = {key: o["metadata"]["resourceVersion"] for key, o in objects.items()}
