@@ -1,10 +1,8 @@
 """Fixtures for the control-plane manager: a Bus on the test's own nats-server, a manager in-loop,
-and the strict API-server emulator of tests/kubernetes (``apiserver``) for its Kubernetes host."""
+and managers whose tenants' control planes really run (``planes``; ``kube_mode`` on the session's
+real Kubernetes control plane, tests/kit/kubecluster.py)."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import msgspec
 import pytest
@@ -19,10 +17,8 @@ from tessera.shared.bus import Bus
 from tessera.shared.natsserver import NatsServer
 from tessera.shared.settings import BusSettings
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kubernetes"))
-from kubefixtures import apiserver  # noqa: E402,F401 - the fixture, registered by being here
-from kit import open_bus  # noqa: E402
-from controlplane.planes import binaries, planes  # noqa: E402,F401 - fixtures, registered by being here
+from kit import open_bus
+from controlplane.planes import binaries, kube_mode, planes  # noqa: F401 - fixtures, registered by being here
 
 
 @pytest.fixture

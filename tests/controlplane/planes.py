@@ -28,13 +28,15 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from kit import eventually, open_bus
-from kit.kubecluster import ROOT, Pki, ensure_binaries, terminate
+from kit.kubecluster import ROOT, Pki, apply, ensure_binaries, manifests, service_identity, terminate
 from tessera.controlplane import processes
 from tessera.controlplane.app import Manager
-from tessera.controlplane.credentials import DatastoreCredentials
+from tessera.controlplane.credentials import DatastoreCredentials, TenantSecrets
 from tessera.controlplane.datastores import etcd as etcd_store
 from tessera.controlplane.datastores import natskv, postgres as pg_store
 from tessera.controlplane.datastores.etcd import EtcdCa, EtcdClient, tls_context
+from tessera.controlplane.kube import KubeHost
+from tessera.controlplane.localkubelet import LocalKubelet
 from tessera.controlplane.localplanes import LocalControlPlanes
 from tessera.controlplane.settings import ControlPlaneSettings
 from tessera.controlplane.spec import TenantControlPlane, parse_spec
@@ -42,6 +44,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from tessera.shared import api, subjects
 from tessera.shared.cancelling import cancel_and_wait
+from tessera.shared.kubeapi import KubeApi
 from tessera.shared.natsserver import free_port, wait_for_port
 from tessera.shared.settings import BusSettings
 
@@ -142,8 +145,12 @@ class Planes:
 
     @property
     def host(self) -> LocalControlPlanes:
-        assert isinstance(self.manager.host, LocalControlPlanes)
-        return self.manager.host
+        """Where the tenants' processes run (in Kubernetes mode, the part of the kubelet's the manager plays)."""
+        host = self.manager.host
+        if isinstance(host, LocalKubelet):
+            return host.planes
+        assert isinstance(host, LocalControlPlanes)
+        return host
 
     async def record(self, name: str) -> TenantControlPlane | None:
         stored = await self.manager.store.controlplanes.get(name)
@@ -192,10 +199,13 @@ class Planes:
         assert stored is not None and stored.value.datastore is not None
         return stored.value.datastore
 
-    async def pki(self, name: str) -> dict[str, str]:
+    async def secrets(self, name: str) -> TenantSecrets:
         stored = await self.manager.store.secrets.get(name)
         assert stored is not None
-        return stored.value.pki
+        return stored.value
+
+    async def pki(self, name: str) -> dict[str, str]:
+        return (await self.secrets(name)).pki
 
     async def kubeconfig(self, name: str, directory: Path) -> Path:
         """What `tessera tenant kubeconfig <name>` prints, as a file (through the manager's API)."""
@@ -219,8 +229,8 @@ class Planes:
         """Everything of ``name``'s that still exists, by kind (empty lists when nothing is left)."""
         home = self.host.home(name)
         left: dict[str, object] = {
-            "processes": _processes_marked(str(home)),
-            "ports": [p for p in ports if not _port_free(p)],
+            "processes": processes_marked(str(home)),
+            "ports": [p for p in ports if not port_free(p)],
             "files": [str(home)] if home.exists() else [],
         }
         if self.driver == "postgres":
@@ -250,7 +260,7 @@ class Planes:
         return left
 
 
-def _processes_marked(home: str) -> list[int]:
+def processes_marked(home: str) -> list[int]:
     mark = f"{processes.MARK}={home}:".encode()
     found = []
     for entry in Path("/proc").iterdir():
@@ -264,7 +274,7 @@ def _processes_marked(home: str) -> list[int]:
     return found
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -299,8 +309,27 @@ async def planes(request, binaries, secured_nats, postgres, tmp_path):
     """A manager running tenants' control planes locally on the datastore ``request.param`` (or
     ``(datastore, {setting: value})``)."""
     driver, extra = request.param if isinstance(request.param, tuple) else (request.param, {})
-    server, users, pid = secured_nats
+    async for made in _planes(driver, extra, secured_nats, binaries, postgres, tmp_path):
+        yield made
+
+
+@pytest.fixture
+async def kube_mode(request, binaries, secured_nats, postgres, kube_plane, tmp_path):
+    """A manager in Kubernetes mode on the session's real control plane (v1.36) on the datastore
+    ``request.param``, acting as deploy/k8s/controlplane/manager.yaml's ServiceAccount with that
+    file's RBAC, the TenantControlPlane CRD installed as the operator installs it; no kubelet runs
+    the tenants' pods, so the manager runs them from what the host stores (`LocalKubelet`)."""
+    await asyncio.to_thread(apply, kube_plane, manifests("crds/tenantcontrolplanes.yaml"))
+    identity = await asyncio.to_thread(service_identity, kube_plane, "controlplane/manager.yaml")
     kube_bin, kine_bin = binaries
+    host = LocalKubelet(KubeHost(KubeApi.for_kubeconfig(str(identity))),
+                        LocalControlPlanes(tmp_path / "planes", kube_bin, kine_bin, stop_on_close=True))
+    extra = {"host_mode": "kubernetes", "kube_pods": "local"}
+    async for made in _planes(request.param, extra, secured_nats, binaries, postgres, tmp_path, host=host):
+        yield made
+
+
+async def _planes(driver, extra, secured_nats, binaries, postgres, tmp_path, host=None):
     etcd = None
     etcd_proc: subprocess.Popen | None = None
     try:
@@ -313,14 +342,16 @@ async def planes(request, binaries, secured_nats, postgres, tmp_path):
                 await admin.enable_auth(ETCD_ROOT_PASSWORD)
             finally:
                 await admin.close()
-        async for made in _planes(driver, extra, server, users, pid, kube_bin, kine_bin, etcd, postgres, tmp_path):
+        async for made in _manager(driver, extra, secured_nats, binaries, etcd, postgres, tmp_path, host):
             yield made
     finally:
         if etcd_proc is not None:
             terminate(etcd_proc)
 
 
-async def _planes(driver, extra, server, users, pid, kube_bin, kine_bin, etcd, postgres, tmp_path):
+async def _manager(driver, extra, secured_nats, binaries, etcd, postgres, tmp_path, host):
+    server, users, pid = secured_nats
+    kube_bin, kine_bin = binaries
     settings = ControlPlaneSettings(**{
         "drivers": ("nats", driver) if driver != "nats" else ("nats",),
         "nats_auth_file": str(users), "nats_pid_file": str(pid), "host_mode": "local",
@@ -335,7 +366,7 @@ async def _planes(driver, extra, server, users, pid, kube_bin, kine_bin, etcd, p
     })
     url = f"nats://platform:platform-secret@127.0.0.1:{server.port}"
     async with open_bus(BusSettings(url=url, file_storage=False), "controlplane") as bus:
-        manager = await Manager.start(bus, settings)
+        manager = await Manager.start(bus, settings, host=host)
         tasks = [asyncio.create_task(coro, name=name) for name, coro in manager.root_tasks().items()]
         try:
             yield Planes(manager, bus, driver, tmp_path, kube_bin, etcd, postgres.admin_url)

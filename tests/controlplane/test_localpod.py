@@ -60,3 +60,19 @@ def test_etcd_over_tls_logs_in_with_the_tenants_client_certificate(tmp_path: Pat
 def test_quantities_read_as_kubernetes_reads_them():
     assert cpu_millis("250m") == 250 and cpu_millis("2") == 2000
     assert memory_bytes("256Mi") == 256 * 1024**2 and memory_bytes("1G") == 10**9
+
+
+def test_the_controllers_reach_their_own_api_server_on_the_tenants_port_whatever_the_kubeconfig_says(tmp_path: Path):
+    # Kubernetes mode: the admin kubeconfig names the Service (a name only cluster DNS resolves);
+    # in the pod the controller manager and the scheduler reach the API server over the pod's
+    # loopback, which a local run moves to the tenant's port.
+    rec = TenantControlPlane(name="alpha", uid="u", spec=parse_spec({"datastore": {"driver": "postgres"}}))
+    secrets = TenantSecrets(tenant="alpha", datastore=DatastoreCredentials(
+        driver="postgres", endpoint="postgresql://r:pw@127.0.0.1:5432/db", username="r", password="pw", scope="db"))
+    PkiAuthority().ensure(rec, secrets, manifests.endpoint(rec), "tenant-alpha")
+    assert "server: https://alpha-apiserver.tenant-alpha.svc:6443" in secrets.kubeconfig
+    pod = translate(manifests.render(rec, secrets, "tessera-system"), tmp_path, Ports(apiserver=7443, shim=7379))
+    for name in ("kube-controller-manager", "kube-scheduler"):
+        process = next(p for p in pod.processes if p.name == name)
+        assert "--master=https://127.0.0.1:7443" in process.argv, process.argv
+        assert not any(":6443" in w for w in process.argv), process.argv

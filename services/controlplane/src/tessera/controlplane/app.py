@@ -162,15 +162,25 @@ def make_host(settings: ControlPlaneSettings) -> HostCluster:
     if settings.host_mode == "render":
         return RenderedHost(settings.manifests_dir)
     if settings.host_mode == "local":
-        from tessera.controlplane.limits import Limits
-
-        kube_bin, kine_bin = default_bin_dirs()
-        return LocalControlPlanes(settings.control_planes_dir, settings.kube_bin_dir or kube_bin,
-                                  settings.kine_bin_dir or kine_bin, idle_seconds=settings.idle_seconds,
-                                  stop_on_close=settings.stop_planes_on_exit,
-                                  limits=Limits.find(settings.cgroup_root) if settings.cgroup_root else None)
+        return local_planes(settings)
     if settings.host_mode == "kubernetes":
         from tessera.controlplane.kube import KubeHost
 
+        if settings.kube_pods == "local":
+            from tessera.controlplane.localkubelet import LocalKubelet
+
+            return LocalKubelet(KubeHost(), local_planes(settings))
         return KubeHost()
     return NoHost()
+
+
+def local_planes(settings: ControlPlaneSettings) -> LocalControlPlanes:
+    """The tenants' control-plane pods as the manager's own processes (``local``, or Kubernetes
+    without a kubelet for them)."""
+    from tessera.controlplane.limits import Limits
+
+    kube_bin, kine_bin = default_bin_dirs()
+    return LocalControlPlanes(settings.control_planes_dir, settings.kube_bin_dir or kube_bin,
+                              settings.kine_bin_dir or kine_bin, idle_seconds=settings.idle_seconds,
+                              stop_on_close=settings.stop_planes_on_exit,
+                              limits=Limits.find(settings.cgroup_root) if settings.cgroup_root else None)

@@ -63,6 +63,13 @@ class KubeHost:
             await self.kube.apply(object_path(obj["apiVersion"], obj["kind"], meta["name"], ns),
                                   object_path(obj["apiVersion"], obj["kind"], None, ns), obj, FIELD_MANAGER)
 
+    async def read(self, api_version: str, kind: str, name: str, namespace: str) -> dict[str, Any]:
+        """One object as the host stores it (kind and apiVersion set)."""
+        obj = await self.kube.call("GET", object_path(api_version, kind, name, namespace))
+        obj.setdefault("kind", kind)
+        obj.setdefault("apiVersion", api_version)
+        return obj
+
     async def ready(self, tenant: str) -> tuple[bool, str]:
         ns = manifests.namespace(tenant)
         path = object_path("apps/v1", "Deployment", f"{tenant}-control-plane", ns)

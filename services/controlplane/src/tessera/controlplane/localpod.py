@@ -7,10 +7,11 @@ files under the tenant's directory with the mount path rewritten to it, each ima
 taken from the local binary directories (its repository's last name: ``kube-apiserver``, ``kine``).
 
 A pod has a network namespace of its own; local processes share the host's loopback. So what pods
-may take for granted is moved, and only that: the API server's secure port and the datastore
-shim's pod-local ``127.0.0.1:2379`` become ports of the tenant's own on loopback, the API server
-binds and advertises loopback, and the controller manager's and scheduler's health ports (the same
-number in every pod) are off.
+may take for granted is moved, and only that: the pod-local addresses (``127.0.0.1:<port>`` of a
+port the pod serves: the API server's secure port, which its controllers dial, and the datastore
+shim's ``127.0.0.1:2379``) become ports of the tenant's own on loopback, the API server binds and
+advertises loopback, and the controller manager's and scheduler's health ports (the same number in
+every pod) are off.
 """
 
 from __future__ import annotations
@@ -94,6 +95,20 @@ def _expand(text: str, env: dict[str, str]) -> str:
     return _VAR.sub(lambda m: env.get(m.group(1), m.group(0)), text)
 
 
+def _pod_local(pod: dict[str, Any], ports: Ports) -> dict[str, str]:
+    """Pod-local address -> the tenant's loopback address: only what a container of this pod serves
+    (an etcd outside the pod may sit on 127.0.0.1:2379 too, and stays where it is)."""
+    moved = {}
+    for container in pod["containers"]:
+        words = container.get("command", []) + container.get("args", [])
+        if f"--listen-address={SHIM_ADDRESS}" in words:
+            moved[SHIM_ADDRESS] = f"127.0.0.1:{ports.shim}"
+        if executable(container["image"]) == "kube-apiserver":
+            for port in container.get("ports", []):
+                moved[f"127.0.0.1:{port['containerPort']}"] = f"127.0.0.1:{ports.apiserver}"
+    return moved
+
+
 def translate(objects: list[dict[str, Any]], root: Path, ports: Ports) -> LocalPod:
     """The pod of ``objects`` as files under ``root`` and processes to start, on ``ports``."""
     secrets = _secrets(objects)
@@ -110,9 +125,7 @@ def translate(objects: list[dict[str, Any]], root: Path, ports: Ports) -> LocalP
         volumes[volume["name"]] = directory
         for key, value in secrets[name].items():
             files[directory / key] = value
-    # Only a pod that serves the shim address itself has it moved (an etcd outside may sit on 2379 too).
-    shim = any(f"--listen-address={SHIM_ADDRESS}" in c.get("args", []) + c.get("command", [])
-               for c in pod["containers"])
+    moved = _pod_local(pod, ports)
     processes = []
     for container in pod["containers"]:
         env: dict[str, str] = {}
@@ -130,7 +143,9 @@ def translate(objects: list[dict[str, Any]], root: Path, ports: Ports) -> LocalP
             word = _expand(word, env)
             for inside, outside in mounts.items():
                 word = word.replace(inside, outside)
-            argv.append(word.replace(SHIM_ADDRESS, f"127.0.0.1:{ports.shim}") if shim else word)
+            for inside, outside in moved.items():
+                word = re.sub(re.escape(inside) + r"(?![0-9])", outside, word)
+            argv.append(word)
         exe = executable(container["image"])
         limits = container.get("resources", {}).get("limits", {})
         process = LocalProcess(name=container["name"], executable=exe, argv=argv, env=env,

@@ -56,6 +56,11 @@ USER = 65532
 SECRET_MODE = 0o440
 DATASTORE_DIR = "/datastore"  # where kine finds the tenant's own NATS context (its credentials)
 
+# The control-plane pod meets Pod Security "restricted" (the security contexts below); the tenant's
+# namespace enforces it, so a pod that stops meeting it is refused by the host's admission rather
+# than run with more than it needs.
+POD_SECURITY = {"pod-security.kubernetes.io/enforce": "restricted"}
+
 _SECURITY = {
     "allowPrivilegeEscalation": False,
     "readOnlyRootFilesystem": True,
@@ -162,6 +167,11 @@ def render(record: TenantControlPlane, secrets: TenantSecrets, platform_namespac
     def probe(path: str) -> dict[str, Any]:
         return {"httpGet": {"path": path, "port": port, "scheme": "HTTPS"}, "periodSeconds": 10, "failureThreshold": 3}
 
+    # The controller manager and the scheduler reach the API server of their own pod over the pod's
+    # loopback (as kubeadm's static pods and Kamaji's do), not through the Service: no cluster DNS,
+    # Service routing or NetworkPolicy between them, and the kubeconfig's address (the Service's
+    # name, what the tenant's users are given) stays as it is. The serving certificate has 127.0.0.1.
+    in_pod = f"--master=https://127.0.0.1:{port}"
     pki_mount = [{"name": "pki", "mountPath": "/pki", "readOnly": True}]
     kubeconfig_mount = [{"name": "kubeconfig", "mountPath": "/kubeconfig", "readOnly": True}]
     datastore_mount = [{"name": "datastore", "mountPath": DATASTORE_DIR, "readOnly": True}]
@@ -183,6 +193,7 @@ def render(record: TenantControlPlane, secrets: TenantSecrets, platform_namespac
             "command": [
                 "kube-controller-manager",
                 "--kubeconfig=/kubeconfig/admin.conf",
+                in_pod,
                 "--leader-elect=true",
                 "--cluster-signing-cert-file=/pki/ca.crt",
                 "--cluster-signing-key-file=/pki/ca.key",
@@ -199,7 +210,7 @@ def render(record: TenantControlPlane, secrets: TenantSecrets, platform_namespac
         {
             "name": "kube-scheduler",
             "image": f"registry.k8s.io/kube-scheduler:{version}",
-            "command": ["kube-scheduler", "--kubeconfig=/kubeconfig/admin.conf", "--leader-elect=true"],
+            "command": ["kube-scheduler", "--kubeconfig=/kubeconfig/admin.conf", in_pod, "--leader-elect=true"],
             "resources": _resources(res["scheduler"]),
             "securityContext": _SECURITY,
             "volumeMounts": kubeconfig_mount,
@@ -236,7 +247,7 @@ def render(record: TenantControlPlane, secrets: TenantSecrets, platform_namespac
     ingress_from += [{"ipBlock": {"cidr": cidr}} for cidr in spec.network.node_cidrs]
 
     return [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": lab}},
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {**lab, **POD_SECURITY}}},
         _secret(f"{t}-pki", ns, t, secrets.pki),
         _secret(f"{t}-datastore", ns, t, datastore_secret(ds)),
         _secret(f"{t}-admin-kubeconfig", ns, t, {"admin.conf": secrets.kubeconfig}),

@@ -15,6 +15,7 @@ from tessera.shared.settings import FromEnv, setting
 DRIVERS = ("nats", "postgres", "etcd")
 HostMode = Literal["none", "render", "local", "kubernetes"]
 EtcdMode = Literal["shared", "dedicated"]
+KubePods = Literal["kubelet", "local"]
 
 
 def _namespace_name(raw: str) -> str:
@@ -33,8 +34,14 @@ class ControlPlaneSettings(FromEnv):
         "`render` (manifests written and schema-checked), `local` (the rendered pod run as the manager's own "
         "processes: kube-apiserver, controller manager, scheduler, kine), `kubernetes` (server-side applied, "
         "readiness watched)", "none")
+    kube_pods: KubePods = setting(
+        "TESSERA_CP_KUBE_PODS", "`kubernetes`: who runs the tenants' control-plane pods: `kubelet` (the host "
+        "cluster's nodes; Ready when the Deployment is) or `local` (no kubelet runs them: the manager starts each "
+        "pod's containers as its own processes from the pod spec and Secrets the host cluster stores, under "
+        "TESSERA_CP_CONTROL_PLANES_DIR; Ready when the tenant's API server answers `/readyz`)", "kubelet")
     control_planes_dir: str = setting(
-        "TESSERA_CP_CONTROL_PLANES_DIR", "`local` (required with it): where each tenant's control plane keeps "
+        "TESSERA_CP_CONTROL_PLANES_DIR", "`local`, and `kubernetes` with TESSERA_CP_KUBE_PODS=local (required with "
+        "them): where each tenant's control plane keeps "
         "its files, logs and pids (`<dir>/<tenant>/`)", "")
     kube_bin_dir: str = setting(
         "TESSERA_CP_KUBE_BIN_DIR", "`local`: the directory of kube-apiserver, kube-controller-manager and "
@@ -139,6 +146,9 @@ class ControlPlaneSettings(FromEnv):
     def check(self) -> Iterable[str]:
         if self.host_mode == "local" and not self.control_planes_dir:
             yield "TESSERA_CP_HOST=local needs TESSERA_CP_CONTROL_PLANES_DIR (where the control planes keep their files)"
+        if self.host_mode == "kubernetes" and self.kube_pods == "local" and not self.control_planes_dir:
+            yield ("TESSERA_CP_KUBE_PODS=local needs TESSERA_CP_CONTROL_PLANES_DIR (where the tenants' pods run as "
+                   "processes)")
         if bool(self.etcd_ca_file) != bool(self.etcd_ca_key_file):
             yield "TESSERA_CP_ETCD_CA_FILE and TESSERA_CP_ETCD_CA_KEY_FILE go together: set both, or neither"
         if self.host_mode == "render" and not self.manifests_dir:
