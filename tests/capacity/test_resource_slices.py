@@ -22,7 +22,7 @@ from tessera.shared.events import GpuDevice, NodeInventory
 from tessera.shared.kubeapi import KubeApi, object_path
 
 from kit import eventually
-from kit.kubecluster import node_bound_identity
+from kit.kubecluster import kubelet_deletes_slices, node_bound_identity
 
 K8S = "1.34"  # resource.k8s.io/v1 with consumable capacity (KEP-5075)
 
@@ -92,16 +92,6 @@ class NodeSlices:
         """The capacity pod's writes of this node's slice, from the API server's audit log."""
         return [e for e in self.plane.audit() if e["user"]["username"] == CAPACITY and e["verb"] in WRITES
                 and (e.get("objectRef") or {}).get("name") == self.slice]
-
-    async def kubelet_starts(self) -> None:
-        """What the kubelet does on start: delete every ResourceSlice of its node (a collection
-        delete, as the node)."""
-        api = KubeApi.for_kubeconfig(self.plane.cert_kubeconfig(f"node-{self.name}", f"system:node:{self.name}",
-                                                                ("system:nodes",)))
-        try:
-            await api.call("DELETE", object_path(*RS), query=[("fieldSelector", f"spec.nodeName={self.name}")])
-        finally:
-            await api.close()
 
     async def close(self) -> None:
         await self.admin.close()
@@ -245,7 +235,7 @@ async def test_a_wiped_or_edited_slice_is_restored_at_the_same_generation(own_no
     try:
         assert await writer.publish(node(own_node.name)) == 1
         assert await writer.publish(sick) == 2
-        await own_node.kubelet_starts()  # the kubelet starting: every slice of its node goes
+        await kubelet_deletes_slices(own_node.plane, own_node.name)  # the kubelet starting: its node's slices go
         assert await own_node.stored() is None
         assert await writer.publish(sick) == 2  # same devices: same pool generation
         doc = await own_node.stored()
