@@ -1,8 +1,8 @@
 """Fixtures of the container tests: Podman (runtime.py), the base image, the CUDA probe, a cluster.
 
-The schema validator (tests/cdi), the local-cluster kit (tests/enforcer/runkit.py) and the strict
-API-server emulator with its fixtures (tests/kubernetes/kubefixtures.py) live with the tests they
-were written for; this directory uses them rather than a second copy.
+The schema validator (tests/cdi) and the local-cluster kit (tests/enforcer/runkit.py) live with the
+tests they were written for; this directory uses them rather than a second copy. The real control
+plane's fixtures are the shared ones of tests/conftest.py.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).parent
-sys.path[:0] = [str(HERE.parent / "cdi"), str(HERE.parent / "enforcer"), str(HERE.parent / "kubernetes")]
+sys.path[:0] = [str(HERE.parent / "cdi"), str(HERE.parent / "enforcer")]
 
-from kubefixtures import apiserver  # noqa: E402,F401 - the fixture, registered by being here
 from runkit import cluster  # noqa: E402,F401 - the fixture, registered by being here
 from runtime import Podman, required_tools  # noqa: E402
 

@@ -3,7 +3,9 @@ NodePrepareResources, given to Podman, makes a container whose CUDA allocations 
 limit; after NodeUnprepareResources the id no longer resolves.
 
 The enforcer runs as its own process in Kubernetes mode (tests/enforcer/kubeletkit.py: a real
-nats-server, the strict API-server emulator, the kubelet's calls over the real unix sockets).
+nats-server, the kubelet's calls over the real unix sockets) and reads the claim from the session's
+real kube-apiserver as its DaemonSet's pod on the node; the claim is the resourceclaim controller's,
+allocated as placement would.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from kubeletkit import ApiServer, Kubelet, PluginNode
+from kubeletkit import Kubelet, PluginNode
 from runtime import Podman
 
 PROBE = "/usr/local/bin/cuda_probe"
@@ -19,9 +21,9 @@ OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
 
 
 async def test_the_plugins_cdi_id_runs_a_container_limited_to_the_claim(
-        nats_server, tmp_path, tools, base_image, cuda_probe):
-    apiserver = await ApiServer().start()
-    node = PluginNode(nats_url=nats_server.url, apiserver=apiserver, workdir=tmp_path)
+        nats_server, tmp_path, kube_plane, plane_namespace, tools, base_image, cuda_probe):
+    node = await asyncio.to_thread(PluginNode, nats_url=nats_server.url, workdir=tmp_path, plane=kube_plane,
+                                   namespace=plane_namespace)
     kubelet = Kubelet(node.registry_dir)
     try:
         await node.start()
@@ -45,4 +47,3 @@ async def test_the_plugins_cdi_id_runs_a_container_limited_to_the_claim(
     finally:
         await kubelet.close()
         await node.close()
-        await apiserver.stop()

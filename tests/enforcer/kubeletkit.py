@@ -51,7 +51,6 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "kubernetes"))
 from apiserver import ApiServer  # noqa: E402
 from gpupods import GpuPods  # noqa: E402
-from kubetessera import write_kubeconfig  # noqa: E402
 from kit import eventually  # noqa: E402
 from kit.kubecluster import KubeControlPlane, node_bound_identity  # noqa: E402
 PROFILES = ROOT / "tests" / "profiles"
@@ -68,6 +67,16 @@ def _cdischema():
 
 
 cdischema = _cdischema()
+
+
+def write_kubeconfig(path: Path, server: str) -> Path:
+    """A kubeconfig for the emulator (plain HTTP; it checks no credentials)."""
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: emulator\n"
+        f"clusters:\n- name: emulator\n  cluster: {{server: '{server}'}}\n"
+        "users:\n- name: emulator\n  user: {token: test}\n"
+        "contexts:\n- name: emulator\n  context: {cluster: emulator, user: emulator}\n")
+    return path
 
 
 def resource_claim(name: str, namespace: str, count: int) -> dict:

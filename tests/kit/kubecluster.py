@@ -35,6 +35,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tessera.shared.kubeclaims import DRIVER
+from tessera.shared.kubeapi import KubeApi
 from tessera.shared.natsserver import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -490,6 +491,17 @@ def node_bound_identity(plane: KubeControlPlane, manifest: str, node: str) -> Pa
     token = plane.kubectl("create", "token", "-n", namespace, name, "--bound-object-kind=Pod",
                           f"--bound-object-name={pod}", "--duration=10h").stdout.strip()
     return plane.token_kubeconfig(f"{name}-{node}", token)
+
+
+async def kubelet_deletes_slices(plane: KubeControlPlane, node: str) -> None:
+    """What the kubelet does when it starts: delete every ResourceSlice of its node, in one
+    collection delete, as the node (system:node:<name>, which the Node authorizer lets do that)."""
+    api = KubeApi.for_kubeconfig(plane.cert_kubeconfig(f"node-{node}", f"system:node:{node}", ("system:nodes",)))
+    try:
+        await api.call("DELETE", "/apis/resource.k8s.io/v1/resourceslices",
+                       query=[("fieldSelector", f"spec.nodeName={node}")])
+    finally:
+        await api.close()
 
 
 def _start_or_fail(**kw) -> KubeControlPlane:

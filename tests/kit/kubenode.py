@@ -187,6 +187,17 @@ class KubeNode:
     def image(self, name: str) -> str:
         return self.images[name][0]
 
+    def prepared_claims(self) -> dict[str, dict]:
+        """The claims the kubelet's DRA manager holds prepared (ResourceClaim uid -> its
+        ClaimInfoState: ``DriverState[driver].Devices``, each device as the plugin described it to
+        the kubelet: PoolName, DeviceName, ShareID, RequestNames, CDIDeviceIDs), from its checkpoint
+        ``<root-dir>/dra_manager_state`` (a JSON ``Data`` string under a checksum)."""
+        path = self.kubelet_root / "dra_manager_state"
+        if not path.exists():
+            return {}
+        data = json.loads(json.loads(path.read_text())["Data"])
+        return {c["ClaimUID"]: c for c in data.get("ClaimInfoStateList") or []}
+
     # --- start ---------------------------------------------------------------------------------
 
     def start(self, ready_timeout: float = 120) -> "KubeNode":

@@ -314,7 +314,7 @@ async def measure(nodes: int, pods: int, *, minor: str = "v1.36", order: tuple[s
         await (await bus.kv(subjects.KV_TENANTS)).put(TENANT, encode(TenantRecord(tenant=TENANT)))
         identities = {name: await asyncio.to_thread(service_identity, plane, f"{name}.yaml")
                       for name in ("translator", "placement")}
-        cluster = await start_services(workdir / "tessera", nats.url, None, profile=workdir / "fleet.yaml",
+        cluster = await start_services(workdir / "tessera", nats.url, profile=workdir / "fleet.yaml",
                                        services=("translator", "placement"), kubeconfigs=identities,
                                        enforcers=False, env={"TESSERA_LOG_LEVEL": "WARNING", **(service_env or {})})
         setup = time.perf_counter() - begin

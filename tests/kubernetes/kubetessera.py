@@ -1,10 +1,9 @@
-"""The real Tessera services as processes, in Kubernetes mode, against the API-server emulator (or
-a real control plane: ``kubeconfigs`` gives each service its own identity, ``kubelets`` a real
-node's directories).
+"""The real Tessera services as processes, in Kubernetes mode, on a real control plane
+(tests/kit/kubecluster.py): ``kubeconfigs`` gives each service its own identity, ``kubelets`` a real
+node's directories.
 
-They reach the emulator as they would reach a cluster, through a kubeconfig (``KUBECONFIG``), and a
-real nats-server; the emulator runs in the test's event loop, so a test awaits while they work.
-Each service is its console script (`tessera.cli.cluster.LocalCluster.spawn`), one enforcer per
+They reach the API server as they would in a cluster, through a kubeconfig (``KUBECONFIG``), and a
+real nats-server. Each service is its console script (`tessera.cli.cluster.LocalCluster.spawn`), one enforcer per
 node of the profile (simulated hardware: it releases what it is told to, as on any node). In
 Kubernetes mode each enforcer is also its node's kubelet plugin: every node gets kubelet directories
 of its own (plugin registry, plugin directory, CDI directory) under one short root in /tmp (unix
@@ -39,21 +38,10 @@ import probeimage
 from kit import eventually
 from kit.kubecluster import KubeControlPlane, apply, manifests, service_identity
 from kit.kubenode import KubeNode
-from kubeparts import add_node
 from webhook_server import CertificateAuthority
 
 PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 WEBHOOK = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "webhook.yaml"
-SERVICE = ("tessera-system", "tessera-translator-webhook", 443)  # the webhook's clientConfig.service
-
-
-def write_kubeconfig(path: Path, server: str) -> Path:
-    path.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: emulator\n"
-        f"clusters:\n- name: emulator\n  cluster: {{server: '{server}'}}\n"
-        "users:\n- name: emulator\n  user: {token: test}\n"
-        "contexts:\n- name: emulator\n  context: {cluster: emulator, user: emulator}\n")
-    return path
 
 
 @dataclass(frozen=True)
@@ -95,28 +83,23 @@ class KubeCluster(LocalCluster):
             shutil.rmtree(self.kubelet_root, ignore_errors=True)
 
 
-async def start_services(workdir: Path, nats_url: str, apiserver_url: str | None, *,
+async def start_services(workdir: Path, nats_url: str, *, kubeconfigs: Mapping[str, Path],
                          profile: str | Path = "tiny.yaml",
                          services: tuple[str, ...] = ("controlplane", "capacity", "placement"),
                          placement_replicas: int = 1, env: dict[str, str] | None = None,
-                         kubeconfigs: Mapping[str, Path] | None = None,
                          kubelets: Mapping[str, KubeletDirs] | None = None, enforcers: bool = True,
                          enforcer_env: Mapping[str, str] | None = None) -> KubeCluster:
     """``services`` (and an enforcer per node, its node's kubelet plugin) in Kubernetes mode; ready
     when this returns. ``kubeconfigs`` (service name -> kubeconfig, ``enforcer`` included): each
-    service acts as its own identity, instead of all as the emulator's one user of
-    ``apiserver_url``; ``kubelets``: the directories of a node's real kubelet and runtime
-    (a profile path that is absolute is used as it is); ``enforcers=False``: none (simulated nodes
-    that no kubelet serves, as in tests/kubernetes/benchfleet.py); ``enforcer_env``: more of each
-    enforcer's environment (its pod's uid, ``TESSERA_POD_UID``, as the DaemonSet gives it)."""
+    service acts as its own identity; ``kubelets``: the directories of a node's real kubelet and
+    runtime (a profile path that is absolute is used as it is); ``enforcers=False``: none (simulated
+    nodes that no kubelet serves, as in tests/kubernetes/benchfleet.py); ``enforcer_env``: more of
+    each enforcer's environment (its pod's uid, ``TESSERA_POD_UID``, as the DaemonSet gives it)."""
     workdir.mkdir(parents=True, exist_ok=True)
     # Nodes without a real kubelet have no plugin registered: their slices are written regardless.
     extra = {"TESSERA_KUBERNETES": "true", "TESSERA_HEARTBEAT_SECONDS": "1",
              "TESSERA_SLICES_NEED_PLUGIN": "true" if kubelets else "false", **(env or {})}
-    if kubeconfigs is None:
-        assert apiserver_url, "the emulator's URL, or a kubeconfig per service"
-        extra["KUBECONFIG"] = str(write_kubeconfig(workdir / "kubeconfig", apiserver_url))
-    identity = {name: {"KUBECONFIG": str(path)} for name, path in (kubeconfigs or {}).items()}
+    identity = {name: {"KUBECONFIG": str(path)} for name, path in kubeconfigs.items()}
     cluster = KubeCluster(workdir=workdir, profile=PROFILES / profile, nats_url=nats_url, extra_env=extra,
                           kubelets=dict(kubelets or {}))
     for name in services:
@@ -203,7 +186,7 @@ async def tessera_on_node(plane: KubeControlPlane, kube_node: KubeNode, nats_url
     dirs = KubeletDirs(registry=kube_node.plugins_registry, plugin=kube_node.plugins_dir / DRIVER,
                        cdi=kube_node.cdi_dir)
     cluster = await start_services(
-        workdir, nats_url, None, profile=profile, services=SERVICES, kubeconfigs=identities,
+        workdir, nats_url, profile=profile, services=SERVICES, kubeconfigs=identities,
         kubelets={kube_node.name: dirs},
         env={"TESSERA_WEBHOOK_PORT": str(port), "TESSERA_WEBHOOK_HOST": kube_node.ip,
              "TESSERA_WEBHOOK_CERT": str(cert), "TESSERA_WEBHOOK_KEY": str(key)})
@@ -232,33 +215,6 @@ def webhook_configuration(ca: CertificateAuthority) -> dict:
     for hook in config["webhooks"]:
         hook["clientConfig"]["caBundle"] = ca.bundle
     return config
-
-
-@contextlib.asynccontextmanager
-async def whole_tessera(apiserver, nats_url: str, workdir: Path):
-    """All of Tessera in Kubernetes mode on nodes gpu-0 and gpu-1 (tiny.yaml), its webhook installed
-    as deploy/k8s configures it and reached over TLS verified against the caBundle; yields the
-    services (`KubeCluster`) and a client on the bus."""
-    ca = CertificateAuthority()
-    cert, key = ca.issue(workdir / "webhook-tls", [f"{SERVICE[1]}.{SERVICE[0]}.svc"])
-    port = free_port()
-    for name in ("gpu-0", "gpu-1"):
-        await add_node(apiserver, name)
-    cluster = await start_services(
-        workdir / "tessera", nats_url, apiserver.url,
-        services=("controlplane", "capacity", "translator", "placement"),
-        env={"TESSERA_WEBHOOK_PORT": str(port), "TESSERA_WEBHOOK_HOST": "127.0.0.1",
-             "TESSERA_WEBHOOK_CERT": str(cert), "TESSERA_WEBHOOK_KEY": str(key)})
-    client = None
-    try:
-        apiserver.route_service(*SERVICE, f"https://127.0.0.1:{port}")
-        await apiserver.create(webhook_configuration(ca))
-        client = await Client.connect(nats_url)
-        yield cluster, client
-    finally:
-        if client is not None:
-            await client.close()
-        await asyncio.to_thread(cluster.stop)
 
 
 async def create_tenant(client: Client, name: str, quota: GpuQuota) -> None:

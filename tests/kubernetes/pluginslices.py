@@ -71,7 +71,7 @@ async def capacity_and_plugin(plane: KubeControlPlane, nats_url: str, workdir: P
     profile.write_text(yaml.safe_dump({"nodes": [{"name": node, "gpus": [GPU]}]}))
     identities = {"capacity": node_bound_identity(plane, "capacity.yaml", node),
                   "enforcer": service_identity(plane, "enforcer.yaml")}
-    cluster = await start_services(workdir / "tessera", nats_url, None, profile=profile, services=("capacity",),
+    cluster = await start_services(workdir / "tessera", nats_url, profile=profile, services=("capacity",),
                                    kubeconfigs=identities, kubelets={node: dirs})
     client = await Client.connect(nats_url)
     setup = PluginSlices(plane, node, dirs, cluster, identities)

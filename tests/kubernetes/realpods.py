@@ -86,7 +86,7 @@ class TesseraOnNode:
         port = free_port()
         self.dirs = KubeletDirs(registry=node.plugins_registry, plugin=node.plugins_dir / DRIVER, cdi=node.cdi_dir)
         self.cluster = await start_services(
-            self.workdir / "tessera", self.nats_url, None, profile=profile(self.workdir / "fleet.yaml", node.name),
+            self.workdir / "tessera", self.nats_url, profile=profile(self.workdir / "fleet.yaml", node.name),
             services=SERVICES, kubeconfigs=identities, kubelets={node.name: self.dirs}, enforcer_env=enforcer_env,
             env={"TESSERA_WEBHOOK_PORT": str(port), "TESSERA_WEBHOOK_HOST": node.ip,
                  "TESSERA_WEBHOOK_CERT": str(cert), "TESSERA_WEBHOOK_KEY": str(key)})

@@ -27,7 +27,7 @@ from tessera.shared import profile
 from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.kubeapi import KubeApi, object_path
 from kit import eventually
-from kit.kubecluster import node_bound_identity
+from kit.kubecluster import kubelet_deletes_slices, node_bound_identity
 
 ROOT = Path(__file__).resolve().parents[2]
 CAPACITY = "system:serviceaccount:tessera-system:tessera-capacity"
@@ -66,15 +66,7 @@ class Publishers:
                                patch)
 
     async def kubelet_starts(self, node: int) -> None:
-        """What the kubelet does on start: delete every ResourceSlice of its node (a collection
-        delete, as the node)."""
-        name = self.names[node]
-        api = KubeApi.for_kubeconfig(self.plane.cert_kubeconfig(f"node-{name}", f"system:node:{name}", ("system:nodes",)))
-        try:
-            await api.call("DELETE", "/apis/resource.k8s.io/v1/resourceslices",
-                           query=[("fieldSelector", f"spec.nodeName={name}")])
-        finally:
-            await api.close()
+        await kubelet_deletes_slices(self.plane, self.names[node])
 
     async def close(self) -> None:
         for svc in self.services:

@@ -69,7 +69,7 @@ class World:
         return self
 
     async def start(self, **kwargs) -> Client:
-        cluster = await start_services(self.workdir / f"tessera{len(self.clusters)}", self.nats_url, None,
+        cluster = await start_services(self.workdir / f"tessera{len(self.clusters)}", self.nats_url,
                                        profile=self.profile, kubeconfigs=self.identities, **kwargs)
         self.started.append(cluster)
         self.clusters.append(cluster)

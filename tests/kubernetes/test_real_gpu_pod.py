@@ -35,8 +35,10 @@ import json
 import time
 
 from tessera.shared.events import GpuQuota
-from tessera.shared.kubeclaims import DRIVER, claim_id
+from tessera.shared import quantity
+from tessera.shared.kubeclaims import DRIVER, SCHEDULING_GATE, claim_id
 from tessera.enforcer.cdi import spec_path
+from tessera.placement.claimstatus import allocation, same_allocation
 
 from gpupods import hami_pod
 from kit import eventually
@@ -44,6 +46,7 @@ from kubetessera import ledgers, quota_in_use
 from realpods import OUT_OF_MEMORY, TesseraOnNode, checkpoint, log_has
 
 MEMORY_MIB, CORES = 1024, 30
+DELETE_PROTECTION = "resource.kubernetes.io/delete-protection"  # (kube-scheduler's, and placement's)
 TENANT = "alpha"
 
 
@@ -55,7 +58,15 @@ async def test_a_gpu_pod_runs_on_the_real_node_enforced_and_given_back(
         client, dirs, enforcer_log = on.client, on.dirs, on.enforcer_log
         pod = hami_pod("train", kube_namespace, on.image, MEMORY_MIB, CORES)
         created = time.monotonic()
-        await kubectl("create", "-f", "-", stdin=json.dumps(pod))
+        admitted = json.loads((await kubectl("create", "-f", "-", "-o", "json", stdin=json.dumps(pod))).stdout)
+        # as the API server stored it: the webhook's template in the pod's namespace, and Tessera's
+        # gate, so kube-scheduler leaves the pod be until placement has allocated its claim
+        assert [g["name"] for g in admitted["spec"]["schedulingGates"]] == [SCHEDULING_GATE], admitted["spec"]
+        assert not admitted["spec"].get("nodeName")
+        assert [(c["status"], c.get("reason")) for c in admitted["status"]["conditions"]
+                if c["type"] == "PodScheduled"] == [("False", "SchedulingGated")], admitted["status"]
+        [entry] = admitted["spec"]["resourceClaims"]
+        assert await on.get("resourceclaimtemplate", entry["resourceClaimTemplateName"])
         got = await on.ready("train")
         running_after = time.monotonic() - created
         assert got["spec"]["nodeName"] == kube_node.name
@@ -71,11 +82,26 @@ async def test_a_gpu_pod_runs_on_the_real_node_enforced_and_given_back(
         [result] = claim["status"]["allocation"]["devices"]["results"]
         assert result["driver"] == DRIVER and result["pool"] == kube_node.name, result
         assert [r["uid"] for r in claim["status"]["reservedFor"]] == [got["metadata"]["uid"]]
+        assert DELETE_PROTECTION in claim["metadata"]["finalizers"]  # it outlives its pod until unused
+        # the claim's record, and the allocation placement wrote is what its ledger holds (the
+        # server stores quantities canonically, 1024Mi as 1Gi: compared by value)
+        record = await client.wait_for(cid, {"allocated", "prepared", "running"}, timeout=30)
+        assert (record.kube.pod, record.tenant, record.node) == ("train", TENANT, kube_node.name), record
+        held = (await ledgers(client))[record.node].entries[cid]
+        assert same_allocation(claim["status"]["allocation"], allocation(cid, record.node, held.shares))
+        assert quantity.parse(result["consumedCapacity"]["memory"]) == MEMORY_MIB << 20, result
+        assert set((await quota_in_use(client, TENANT)).claims) == {cid}
         # the kubelet asked the enforcer (NodePrepareResources) and handed its CDI id to containerd
         assert list(kube_node.cdi_dir.iterdir()), "no CDI spec for the prepared claim"
         ref = f"{kube_namespace}/{claim['metadata']['name']}"
         assert log_has(enforcer_log, f"prepared ResourceClaim {ref} ({cid}) for the kubelet"), enforcer_log.read_text()
         assert claim["metadata"]["uid"] in checkpoint(dirs)
+        # what the kubelet took from the plugin's answer (its DRA checkpoint): the allocation's
+        # request, pool, device and share, and the CDI id it handed to containerd
+        [device] = kube_node.prepared_claims()[claim["metadata"]["uid"]]["DriverState"][DRIVER]["Devices"]
+        assert (device["RequestNames"], device["PoolName"], device["DeviceName"], device["ShareID"]) == (
+            [result["request"]], result["pool"], result["device"], result["shareID"]), device
+        assert device["CDIDeviceIDs"] == [f"{DRIVER}/gpu={cid}"], device
 
         # the container's probe: the claim's memory and not a byte more, read through kubectl logs
         reply = await on.probed("train", "main")
@@ -102,6 +128,9 @@ async def test_a_gpu_pod_runs_on_the_real_node_enforced_and_given_back(
         assert log_has(enforcer_log, f"unprepared ResourceClaim {ref} ({cid})"), enforcer_log.read_text()
         assert not spec_path(kube_node.cdi_dir, cid).exists(), "the CDI spec outlived the pod"
         assert claim["metadata"]["uid"] not in checkpoint(dirs)
+        assert claim["metadata"]["uid"] not in kube_node.prepared_claims()
+        # no CDI spec left that defines the claim's device: its id resolves nowhere
+        assert not [p.name for p in kube_node.cdi_dir.iterdir() if cid in p.read_text()]
 
         assert await eventually(lambda: on.given_back(TENANT), timeout=30), (
             await ledgers(client), await quota_in_use(client, TENANT))

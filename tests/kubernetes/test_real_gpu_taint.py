@@ -106,7 +106,7 @@ async def test_a_failing_gpu_is_tainted_not_allocated_and_untainted_when_it_reco
     identities["capacity"] = node_bound_identity(kube_cluster, "capacity.yaml", node)
     dirs = KubeletDirs(registry=kube_node.plugins_registry, plugin=kube_node.plugins_dir / DRIVER,
                        cdi=kube_node.cdi_dir)
-    cluster = await start_services(tmp_path / "tessera", nats_url, None, profile=fleet,
+    cluster = await start_services(tmp_path / "tessera", nats_url, profile=fleet,
                                    services=("controlplane", "capacity", "placement"), kubeconfigs=identities,
                                    kubelets={node: dirs})
     client = await Client.connect(nats_url)
