@@ -14,6 +14,11 @@ this request), ``Unavailable`` (5xx, 429, no answer: retry later). They remain
 ``ApiException``s with ``status`` and ``body``, so callers written against kubernetes_asyncio's
 exception keep working.
 
+Bodies leave compact and key-sorted (``encode``), the way Go's encoder writes them: the API server
+keeps a RawExtension (a ResourceClaim's opaque device parameters) as the bytes it was sent and
+re-encodes it compactly on a merge patch, so parameters sent with spaces made every ``kubectl
+label`` of the claim look like a change to its immutable spec.
+
 Imported only in Kubernetes mode: kubernetes_asyncio costs start-up time and memory.
 """
 
@@ -27,6 +32,7 @@ from typing import Any, Literal, Mapping
 
 import aiohttp
 from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client import rest
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
@@ -44,6 +50,25 @@ def object_path(api_version: str, plural: str, name: str | None = None, namespac
     base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
     ns = f"/namespaces/{namespace}" if namespace else ""
     return f"{base}{ns}/{plural}" + (f"/{name}" if name else "")
+
+
+def encode(body: Any) -> str:
+    """A request body as the API server's own encoder would write it: no spaces, keys sorted."""
+    return json.dumps(body, separators=(",", ":"), sort_keys=True)
+
+
+class _RestJson:
+    """What kubernetes_asyncio's REST client calls ``json``: it encodes every body with a bare
+    ``json.dumps`` (", " and ": ") and offers no other hook, so its module is given this one."""
+
+    loads = staticmethod(json.loads)
+
+    @staticmethod
+    def dumps(body: Any, **_: Any) -> str:
+        return encode(body)
+
+
+rest.json = _RestJson  # type: ignore[assignment]
 
 
 # ---- errors ------------------------------------------------------------------------------------
