@@ -31,7 +31,7 @@ from tessera.shared.quantity import whole_mib
 from tessera.placement.claimstatus import node_selector, share_id
 
 from kit import eventually
-from tesseraworld import NOT_READY, World
+from tesseraworld import NOT_READY, ZONE, World
 
 
 async def _as_scheduler(world: World, claim: dict, node: str, memory: str, cores: str) -> str:
@@ -92,20 +92,51 @@ async def test_an_allocation_another_allocator_wrote_that_fits_is_adopted_and_th
         assert "another allocator on node" in reasons["AllocationAdopted"]
 
 
+async def test_an_allocation_on_a_node_the_scheduler_would_not_bind_the_pod_to_is_refused(world, nats_url):
+    # Its devices are free, but kube-scheduler's filters refuse the pod there: a cordon, a taint it
+    # does not tolerate, its nodeSelector, too little CPU. Adopted, the gate lifted, the pod could
+    # be bound nowhere (the allocation pins it there): each is refused, placed where it can run.
+    bad = {"cordoned": ("NodeUnschedulable", await world.node("cordoned", unschedulable=True)),
+           "tainted": ("TaintToleration", await world.node("tainted", taints=(
+               {"key": "example.com/maintenance", "value": "true", "effect": "NoSchedule"},))),
+           "elsewhere": ("NodeAffinity", await world.node("elsewhere", zone="b")),
+           "small": ("NodeResourcesFit", await world.node("small", cpu="1"))}
+    good = await world.node("good")
+    claims = {}
+    for pod, (_, node) in bad.items():
+        _, claim = await world.pods.create(world.ns, pod, ClaimSpec(memory_mib=10240, cores=20),
+                                           pod_spec={"nodeSelector": {ZONE: "a"}, "tolerations": NOT_READY},
+                                           requests={"cpu": "2"})
+        claims[pod] = claim
+        await _as_scheduler(world, claim, node, "10Gi", "20")
+    async with world.tessera(nats_url):
+        for pod, (filter_, node) in bad.items():
+            assert await eventually(lambda p=pod: world.bound_to(p), timeout=90, what=f"pod {pod} bound") == good
+            [result] = _results(await world.allocation(claims[pod]))
+            cid = claim_id(claims[pod]["metadata"]["uid"])
+            assert (result["pool"], result["shareID"]) == (good, share_id(cid, good, 0))  # Tessera's own
+            reasons = await eventually(lambda p=pod: _has(world, p, "AllocationRefused"), timeout=30)
+            assert f"kube-scheduler's {filter_} filter refuses the pod on node {node}" in reasons["AllocationRefused"]
+            assert "AllocationAdopted" not in reasons
+        entries = await _entries(world)
+        assert all(not entries.get(node) for _, node in bad.values())
+        assert len(entries[good]) == len(bad)
+
+
 async def test_an_allocation_that_does_not_fit_is_refused_and_tessera_allocates_the_claim(world, nats_url):
     one = await world.node("one")
     async with world.tessera(nats_url):
         await world.pods.create(world.ns, "first", ClaimSpec(memory_mib=60000, cores=50),
                                 pod_spec={"tolerations": NOT_READY})
         assert await eventually(lambda: world.bound_to("first"), timeout=90, what="the first pod bound") == one
-        # a pod no node fits yet (its zone has none), whose claim someone else allocates on the
-        # GPU the first pod holds most of: 60000 + 30720 MiB > 81559 MiB
-        _, claim = await world.pods.create(world.ns, "second", ClaimSpec(memory_mib=10240, cores=20),
-                                           pod_spec={"tolerations": NOT_READY, "nodeSelector": {"tessera.test/zone": "b"}})
+        # a pod no node fits yet (the one GPU has too little memory left), whose claim someone else
+        # allocates on the GPU the first pod holds most of: 60000 + 30720 MiB > 81559 MiB
+        _, claim = await world.pods.create(world.ns, "second", ClaimSpec(memory_mib=30000, cores=20),
+                                           pod_spec={"tolerations": NOT_READY})
         cid = claim_id(claim["metadata"]["uid"])
         await eventually(lambda: _unschedulable(world, cid), timeout=60, what="the second claim waiting")
         await _as_scheduler(world, claim, one, "30Gi", "40")
-        two = await world.node("two", zone="b")  # Tessera places the claim now, and finds that allocation
+        two = await world.node("two")  # Tessera places the claim now, and finds that allocation
         assert await eventually(lambda: world.bound_to("second"), timeout=90, what="the second pod bound") == two
         [result] = _results(await world.allocation(claim))
         assert (result["pool"], result["shareID"]) == (two, share_id(cid, two, 0))  # Tessera's own

@@ -68,7 +68,7 @@ class _RestJson:
         return encode(body)
 
 
-rest.json = _RestJson  # type: ignore[assignment]
+rest.json = _RestJson  # type: ignore[attr-defined]
 
 
 # ---- errors ------------------------------------------------------------------------------------

@@ -8,8 +8,11 @@ it again; another DRA allocator; a person. The ledger would then hold one thing 
 another: the node's enforcer refuses to prepare an allocation its ledger does not hold (the pod never
 starts), or the ledger hands the same share to a second claim. Placement makes the two agree:
 
-- the allocation fits — its devices are GPUs of a node in the fleet, its shares fit in that node's
-  ledger beside everything but this claim's own entry, the tenant's quota allows it — and it is
+- the allocation fits — its devices are GPUs of a node in the fleet, kube-scheduler's filters let
+  the claim's pod run there (a cordon, taints, its nodeSelector and affinity, the node's room: the
+  check placement's own decisions make, `clusternodes`; a pod bound there already is past them),
+  its shares fit in that node's ledger beside everything but this claim's own entry, the tenant's
+  quota allows it — and it is
   adopted: the claim's ledger entry becomes the allocation's (the record touched first, so that no
   reconciler writes the old entry back meanwhile; the new entry written by compare-and-set; the old
   one, on another node, removed; the quota charged for what it holds now), the record says
@@ -82,6 +85,9 @@ class Adoptions:
             entry = LedgerEntry(claim=claim, tenant=record.tenant, shares=shares, cpu_millis=record.spec.cpu_millis,
                                 host_memory_mib=record.spec.host_memory_mib,
                                 pod_uid=record.kube.pod_uid if record.kube is not None else "")
+            why = self._refused_node(record, node)
+            if why is not None:
+                return why
             ledger, at = await svc.ledger.read_node(node)
             why = await self._over_quota(record, entry)
             if why is not None:
@@ -121,6 +127,22 @@ class Adoptions:
                         ", ".join(f"gpu-{s.index}" for s in shares))
             return Adopted(node, shares, now=True)
         raise ConflictError(f"{claim}: its record or ledger kept moving while its allocation was adopted")
+
+    def _refused_node(self, record: ClaimRecord, node: str) -> str | None:
+        """Why the claim's pod may not run on ``node`` as kube-scheduler's filters judge it, or None
+        (no cluster table, a claim without a pod, or a pod bound there already)."""
+        cluster, pod = self.svc.cluster, record.spec.pod
+        if cluster is None or pod is None:
+            return None
+        uid = record.kube.pod_uid if record.kube is not None else ""
+        use = cluster.pods.get(uid)
+        if use is not None and use.node == node:
+            return None
+        why = cluster.refusal(pod, node, self.svc.view.pod_nodes, own_pod=uid)
+        if why is None:
+            return None
+        return (f"kube-scheduler's {why.filter} filter refuses the pod on node {node} "
+                f"({', '.join(why.reasons)})")
 
     async def _over_quota(self, record: ClaimRecord, entry: LedgerEntry) -> str | None:
         quota = self.svc.quotas.get(record.tenant)

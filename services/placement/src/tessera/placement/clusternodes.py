@@ -32,7 +32,7 @@ from tessera.shared.podconstraints import PODS, PodConstraints, amount, is_sched
 
 from tessera.placement.explain import Rejection
 from tessera.placement.nodefilters import (FILTERS, NodeState, Refusal, Taint, Usage, describe, label_refusal,
-                                           resources_refusal)
+                                           refusal, resources_refusal)
 
 _key = msgspec.json.Encoder()
 
@@ -268,6 +268,17 @@ class ClusterNodes:
             return labels.get(name) or resources_refusal(pod, node, self.usage(name, inflight))
 
         return Exclusions(frozenset(out), why)
+
+    def refusal(self, pod: PodConstraints, node: str, pod_nodes: Mapping[str, str] | None = None, *,
+                own_pod: str = "") -> Refusal | None:
+        """Why kube-scheduler's filters refuse ``pod`` on the one node ``node`` (what `exclusions`
+        rules out, judged afresh, none of its answers kept), or None: for an allocation placement
+        did not choose (`tessera.placement.adoption`)."""
+        state = self.nodes.get(node)
+        if state is None:
+            return MISSING
+        used = self.usage(node, self.inflight(pod_nodes or {}, own_pod))
+        return refusal(pod, state, used, comparison_operators=self.comparison_operators)
 
     def _scope_of(self, candidates: Collection[str], roster: object) -> tuple[tuple, frozenset[str]]:
         """The candidates with a Node object, as (cache token, [(name, state)]), and those without.
