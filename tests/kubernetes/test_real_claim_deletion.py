@@ -52,6 +52,9 @@ class Sink:
     async def flush(self) -> None:
         pass
 
+    async def tenant_exists(self, tenant: str) -> bool:
+        return True
+
     async def request_kube(self, claim, tenant, spec, ref) -> bool:
         self.requested.append(claim)
         return True

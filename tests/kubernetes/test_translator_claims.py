@@ -131,12 +131,15 @@ class Cluster:
         gates = [g for g in (await self.pod(pod))["spec"]["schedulingGates"] if g["name"] != SCHEDULING_GATE]
         await self.admin.patch(object_path("v1", "pods", pod, self.ns), {"spec": {"schedulingGates": gates}})
 
-    async def claim_outside_a_tenant(self, translator, name: str, gpumem: str = "1000") -> tuple[str, dict, dict]:
-        """A namespace that loses its tenant label between a GPU pod's admission and its creation:
-        the resourceclaim controller makes a claim of Tessera's class there. (namespace, pod, claim)"""
+    async def claim_outside_a_tenant(self, translator, name: str, gpumem: str = "1000",
+                                     relabel: str | None = None) -> tuple[str, dict, dict]:
+        """A namespace that loses its tenant label between a GPU pod's admission and its creation
+        (``relabel``: is labelled with that tenant instead): the resourceclaim controller makes a
+        claim of Tessera's class there. (namespace, pod, claim)"""
         ns = self.namespace({TENANT_LABEL: self.tenant})
         admitted = await translator.admit(gpu_pod(name, ns, gpumem), ns)
-        await asyncio.to_thread(self.plane.kubectl, "label", "namespace", ns, f"{TENANT_LABEL}-")
+        label = f"{TENANT_LABEL}={relabel}" if relabel else f"{TENANT_LABEL}-"
+        await asyncio.to_thread(self.plane.kubectl, "label", "namespace", ns, label, "--overwrite")
 
         async def unlabelled() -> bool:  # the translator's view of the namespace has caught up
             return not (await translator.review(gpu_pod(f"{name}-probe", ns, gpumem), ns))["allowed"]
@@ -353,6 +356,28 @@ async def test_claim_in_a_namespace_without_tenant_gets_an_event_not_a_claim(clu
     async with cluster.translator("tls2"):
         await eventually(lambda: _count(cluster.events_about(scratch, name), 2), timeout=30)
     assert len(await cluster.events_about(scratch, name)) == 1
+
+
+async def test_claim_in_a_namespace_of_an_unknown_tenant_gets_an_event_naming_it_not_a_claim(cluster):
+    # The namespace names a tenant Tessera does not know (relabelled after the pod's admission, or
+    # the tenant deleted): nothing is requested, and the pod is told which tenant and what to do.
+    ghost = f"ghost-{uuid.uuid4().hex[:8]}"
+    async with cluster.translator("tls", reconcile_seconds=0.3) as translator:
+        await translator.add_tenant(cluster.tenant)
+        scratch, _, claim = await cluster.claim_outside_a_tenant(translator, "p", relabel=ghost)
+        cid = claim_id(claim["metadata"]["uid"])
+        (event,) = await eventually(lambda: cluster.events_about(scratch, "p"), timeout=30, what="the pod told")
+        assert event["type"] == "Warning" and event["reason"] == "UnknownTenant"
+        assert event["involvedObject"]["kind"] == "Pod"
+        assert f"names the tenant {ghost!r}" in event["message"]
+        assert f"'tessera tenant create {ghost}'" in event["message"]
+        await asyncio.sleep(1.0)  # (three reconcile passes: none requests it)
+        assert translator.events("requested", cid) == []
+        assert (await translator.service.claims.get(cid))[0] is None
+        # the tenant created: the next reconcile requests the claim
+        await translator.add_tenant(ghost)
+        (requested,) = await translator.wait_for("requested", cid)
+        assert requested.tenant == ghost
 
 
 async def test_claim_whose_spec_cannot_be_recovered_gets_an_event(breakable_plane, nats_url, tmp_path):

@@ -55,6 +55,12 @@ def tenant_problem(namespace: str, tenant: str | None) -> str | None:
     return None
 
 
+def unknown_tenant(namespace: str, tenant: str) -> str:
+    """What to say of ``namespace`` naming ``tenant`` (a tenant name) that Tessera does not have."""
+    return (f'namespace "{namespace}" names the tenant {tenant!r} ({TENANT_LABEL}), which does not exist in '
+            f"Tessera: create it with 'tessera tenant create {tenant}', or correct the Namespace's {TENANT_LABEL}")
+
+
 def claim_ref(claim: Mapping) -> KubeClaimRef:
     """The ResourceClaim's identity, with the pod that owns it (the resourceclaim controller's owner)."""
     metadata = claim.get("metadata") or {}

@@ -3,8 +3,9 @@
 In Kubernetes mode a GPU pod's claim is a ResourceClaim that Kubernetes' resourceclaim controller
 makes from the webhook's template. This loop follows the ResourceClaims of the Tessera device class
 in every namespace: a new one is published as ``requested`` (claim id from its uid, tenant from its
-namespace, spec from its opaque config with what kube-scheduler's filters will read of its pod, the
-ResourceClaim and pod it stands for); one deleted, or being deleted with no pod using it, is
+namespace — one naming no tenant, or one Tessera does not have, gets an Event saying how to fix it
+and is asked again at every pass —, spec from its opaque config with what kube-scheduler's filters
+will read of its pod, the ResourceClaim and pod it stands for); one deleted, or being deleted with no pod using it, is
 released. Kubernetes' resourceclaim controller removes the allocation itself when the last pod using
 the claim is done (its reservation and allocation go in one status write, before the claim is
 deleted): that is the ordinary end of a GPU pod, released quietly. One whose allocation someone else
@@ -55,6 +56,9 @@ class ClaimSink(Protocol):
 
     async def request_kube(self, claim: str, tenant: str, spec: ClaimSpec, ref: KubeClaimRef) -> bool:
         """Record and publish ``requested``; False if the claim was recorded already (nothing sent)."""
+
+    async def tenant_exists(self, tenant: str) -> bool:
+        """Whether Tessera has the tenant (in its ``tenants`` bucket)."""
 
     async def release_kube(self, claim: str, reason: str) -> bool:
         """Publish the release of a live Kubernetes claim; False if there was nothing to release."""
@@ -214,12 +218,15 @@ class ClaimWatcher:
         if problem is not None:
             await self.report(claim, "NoTenant", problem)
             return
+        assert tenant is not None  # (tenant_problem finds none only in a tenant that is named)
+        if not await self.sink.tenant_exists(tenant):  # asked again at every pass: created, it is requested
+            await self.report(claim, "UnknownTenant", claimflow.unknown_tenant(ref.namespace, tenant))
+            return
         try:
             spec = claimflow.recover_spec(claim)
         except claimflow.Unrecoverable as exc:
             await self.report(claim, "InvalidClaim", f"Tessera cannot allocate this claim: {exc}")
             return
-        assert tenant is not None
         if ref.pod:  # what kube-scheduler's filters will read of the pod: placement honours it
             pod = claimflow.pod_constraints(await self.cluster.pod(ref.namespace, ref.pod), ref)
             spec = msgspec.structs.replace(spec, pod=pod)

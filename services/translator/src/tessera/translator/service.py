@@ -40,7 +40,7 @@ from tessera.shared.events import (
     encode,
     now,
 )
-from tessera.shared.kubeclaims import TENANT_LABEL, KubeClaimRef
+from tessera.shared.kubeclaims import KubeClaimRef
 from tessera.shared.podconstraints import PodConstraints
 from tessera.shared.lifecycle import release_route
 from tessera.shared.runner import ServiceContext
@@ -156,10 +156,8 @@ class TranslatorService:
                 tenant = claimflow.namespace_tenant(await cluster.namespace(namespace))
                 problem = claimflow.tenant_problem(namespace, tenant)
                 # (tenant_problem finds none only in a tenant that is named)
-                if problem is None and tenant is not None and not await self._tenant_exists(tenant):
-                    problem = (f'namespace "{namespace}" names the tenant {tenant!r} ({TENANT_LABEL}), which does '
-                               f"not exist in Tessera: create it with 'tessera tenant create {tenant}', or correct "
-                               f"the Namespace's {TENANT_LABEL}")
+                if problem is None and tenant is not None and not await self.tenant_exists(tenant):
+                    problem = claimflow.unknown_tenant(namespace, tenant)
                 return problem
 
         ssl_context = certificate.context if certificate is not None else None
@@ -175,7 +173,7 @@ class TranslatorService:
         finally:
             await runner.cleanup()
 
-    async def _tenant_exists(self, tenant: str) -> bool:
+    async def tenant_exists(self, tenant: str) -> bool:
         """Whether the tenant is in the ``tenants`` bucket; NATS errors propagate (not a 'no')."""
         try:
             await self.tenants.get(tenant)
@@ -326,7 +324,7 @@ class TranslatorService:
         except ValueError as exc:
             return rejected, api.error(str(exc), field="tenant" if "tenant" in str(exc) else "claim")
         try:
-            exists = await self._tenant_exists(event.tenant)
+            exists = await self.tenant_exists(event.tenant)
         except Exception as exc:  # the tenants bucket unreadable: say so, not "no such tenant"
             return "unavailable", api.error(f"cannot read the tenants bucket ({exc!r}); retry", code="unavailable")
         if not exists:
