@@ -10,6 +10,12 @@ Two defects the emulator hid, each shown here against the real server (tests/kit
   a placement restarted (or a redelivered job) must recognise its own allocation by value and leave
   the running pod's GPU alone, where comparing text gave it back.
 
+Found here too: ``kubectl label`` / ``kubectl annotate`` (a JSON merge patch of the metadata) of such
+a claim was refused, ``spec: Invalid value: ...: field is immutable``. The claim's opaque device
+parameters are a RawExtension, kept as the bytes the client sent; kubernetes_asyncio sent them with
+json.dumps' spaces, a merge patch re-encodes them compactly, and the spec no longer compared equal to
+itself. Every body leaves ``tessera.shared.kubeapi`` compact now (as Go's encoder writes it).
+
 The claim is the resourceclaim controller's, made for a gated pod from the translator's template
 (`gpupods`); placement's own `ClaimStatusSync` and `KubeWriter` do the writing, with the token of
 its service account.
@@ -18,6 +24,7 @@ its service account.
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -118,3 +125,17 @@ async def test_a_status_write_without_the_binding_permission_is_refused_by_the_s
         placement.sync.submit(job_for(claim))
         await eventually(lambda: placement.given_back, timeout=30, what="the allocation given back")
     assert "resourceclaims/binding" in placement.given_back[0]
+
+
+async def test_kubectl_labels_and_annotates_a_tessera_claim(kube_cluster, kube_namespace, pods):
+    # kubectl as the admin, as a person would (the template only the translator may change:
+    # deploy/k8s's tessera-claim-templates policy)
+    _, claim = await pods.create(kube_namespace, "train", ClaimSpec(memory_mib=10240, cores=20))
+    name = claim["metadata"]["name"]
+    labelled = kube_cluster.kubectl("label", "-n", kube_namespace, "resourceclaim", name, "team=vision", check=False)
+    assert labelled.returncode == 0, labelled.stderr
+    annotated = kube_cluster.kubectl("annotate", "-n", kube_namespace, "resourceclaim", name, "owner=ada", check=False)
+    assert annotated.returncode == 0, annotated.stderr
+    stored = json.loads(kube_cluster.kubectl("get", "-n", kube_namespace, "resourceclaim", name, "-o", "json").stdout)
+    assert stored["metadata"]["labels"]["team"] == "vision" and stored["metadata"]["annotations"]["owner"] == "ada"
+    assert stored["spec"] == claim["spec"]  # the translator's parameters, unchanged
