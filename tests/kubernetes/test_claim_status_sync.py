@@ -112,6 +112,33 @@ async def test_a_claim_already_showing_this_allocation_is_done_without_a_write(k
     assert status_writes(kube_plane, claim) == [] and given_back == []
 
 
+def pod_requests(plane, pod: dict) -> list[tuple[str, str]]:
+    """Placement's requests on the pod, (verb, subresource), as the API server's audit log has them."""
+    return [(e["verb"], e["objectRef"].get("subresource", "")) for e in plane.audit()
+            if e["user"]["username"] == "system:serviceaccount:tessera-system:tessera-placement"
+            and e.get("objectRef", {}).get("resource") == "pods" and e["objectRef"].get("name") == pod["metadata"]["name"]
+            and e["objectRef"].get("namespace") == pod["metadata"]["namespace"]]
+
+
+async def test_an_allocation_costs_the_pod_one_read_and_two_writes(kube_plane, cluster, sync):
+    # The gate lifted (the pod read, then patched) and the condition set from the pod that patch
+    # answered: no second read, and no condition patch lost to kube-scheduler's own status writes.
+    pods, _, ns = cluster
+    worker, given_back = sync
+    pod, claim = await made_claim(pods, ns)
+    worker.submit(job(pod, claim))
+
+    def condition_set() -> list | None:
+        asked = pod_requests(kube_plane, pod)
+        return asked if ("patch", "status") in asked else None
+    asked = await eventually(condition_set, timeout=30, what="placement's condition written")
+    assert asked == [("get", ""), ("patch", ""), ("patch", "status")]
+    current = await pods.admin.get(object_path("v1", "pods", "train", ns))
+    conditions = {c["type"]: c for c in current["status"]["conditions"]}
+    assert conditions["gpu.tessera.dev/Placed"]["status"] == "True" and "PodScheduled" in conditions
+    assert given_back == []
+
+
 async def test_a_claim_allocated_by_someone_else_gets_nothing_and_ours_is_given_back(cluster, sync):
     pods, _, ns = cluster
     worker, given_back = sync

@@ -22,6 +22,7 @@ answers must not hold a worker forever.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from datetime import datetime, timezone
 from typing import Callable
@@ -35,6 +36,8 @@ from tessera.placement.podreport import condition_patch, event, pod_claims
 
 log = logging.getLogger("tessera.placement.kube")
 
+
+PATCHED_KEPT = 4096  # pods whose last patch is kept for their condition (`KubeWriter._patched`)
 
 # The finalizer of claims allocated by kube-scheduler (resourceapi.Finalizer): the resourceclaim
 # controller removes it once the claim is deallocated and unused.
@@ -54,6 +57,9 @@ class KubeWriter:
         self.api = api or KubeApi()
         self.timeout = timeout
         self.instance = instance or "tessera-placement"
+        # pod uid -> the pod as our last patch of it answered, for the condition written right
+        # after (`set_condition`), which then needs no read of its own
+        self._patched: dict[str, dict] = {}
 
     async def _bounded(self, what: str, call):
         """``call`` (a coroutine of the seam) within the time limit; the seam classifies its errors,
@@ -146,7 +152,19 @@ class KubeWriter:
         patch = [{"op": "test", "path": "/metadata/resourceVersion", "value": pod["metadata"]["resourceVersion"]},
                  {"op": "replace", "path": "/spec/schedulingGates", "value": rest} if rest
                  else {"op": "remove", "path": "/spec/schedulingGates"}]
-        return await self._patch_pod(ref, patch, status=False, what="lift the scheduling gate of")
+        what = "lift the scheduling gate of"
+        try:
+            lifted = await self._bounded(f"{what} pod {ref.namespace}/{ref.pod}",
+                                         self.api.patch(self._pod_path(ref), patch, "json"))
+        except NotFound:
+            return False
+        except Invalid as exc:  # the "test" operation failed: the pod moved since it was read
+            raise ConflictError(f"{what} pod {ref.namespace}/{ref.pod}: {exc}") from exc
+        if ref.pod_uid:
+            if len(self._patched) >= PATCHED_KEPT:  # (a condition never written after its lift)
+                self._patched.clear()
+            self._patched[ref.pod_uid] = lifted
+        return True
 
     async def _unallocated(self, ref: KubeClaimRef, pod: dict) -> list[str]:
         """The pod's Tessera claims (other than ``ref``'s, whose allocation was just written) that
@@ -166,25 +184,19 @@ class KubeWriter:
         return waiting
 
     async def set_condition(self, ref: KubeClaimRef, placed: bool, reason: str, message: str) -> None:
-        """Set Tessera's pod condition (see `tessera.placement.podreport`), keeping every other one."""
-        pod = await self.read_pod(ref)
+        """Set Tessera's pod condition (see `tessera.placement.podreport`), keeping every other one;
+        the pod as the gate's lift answered it, if that came just before, else as read now."""
+        pod = self._patched.pop(ref.pod_uid, None) if ref.pod_uid else None
         if pod is None:
-            return
+            pod = await self.read_pod(ref)
+            if pod is None:
+                return
         patch = condition_patch(pod, placed, reason, message, _now())
-        if patch:
-            await self._patch_pod(ref, patch, status=True, what="set the placement condition of")
-
-    async def _patch_pod(self, ref: KubeClaimRef, patch: list, *, status: bool, what: str) -> bool:
-        """Apply a JSON patch that tests the pod's resourceVersion: False if the pod is gone."""
-        path = self._pod_path(ref)
-        call = self.api.patch_status(path, patch, "json") if status else self.api.patch(path, patch, "json")
-        try:
-            await self._bounded(f"{what} pod {ref.namespace}/{ref.pod}", call)
-        except NotFound:
-            return False
-        except Invalid as exc:  # the "test" operation failed: the pod moved since it was read
-            raise ConflictError(f"{what} pod {ref.namespace}/{ref.pod}: {exc}") from exc
-        return True
+        if patch is None:
+            return
+        with contextlib.suppress(NotFound):  # the pod is gone: nothing to tell
+            await self._bounded(f"set the placement condition of pod {ref.namespace}/{ref.pod}",
+                                self.api.patch_status(self._pod_path(ref), patch, "strategic"))
 
     # --- Events ----------------------------------------------------------------------------
 
