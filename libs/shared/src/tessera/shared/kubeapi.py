@@ -220,14 +220,18 @@ class KubeApi:
         return await self.patch(f"{path}/status", body, kind)
 
     async def delete(self, path: str, preconditions: dict | None = None,
-                     propagation: Literal["Background", "Foreground", "Orphan"] = "Background") -> dict:
-        """DELETE, optionally only if ``uid``/``resourceVersion`` still match (else ``Conflict``).
+                     propagation: Literal["Background", "Foreground", "Orphan"] = "Background",
+                     grace_seconds: int | None = None) -> dict:
+        """DELETE, optionally only if ``uid``/``resourceVersion`` still match (else ``Conflict``);
+        ``grace_seconds``: the pod's grace period instead of its own (0: gone now, as a kubelet ends it).
 
         The answer is the object: gone, or still there with a deletionTimestamp while finalizers run.
         """
         options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation}
         if preconditions:
             options["preconditions"] = preconditions
+        if grace_seconds is not None:
+            options["gracePeriodSeconds"] = grace_seconds
         return await self.call("DELETE", path, options)
 
     async def apply(self, path: str, collection: str, obj: dict, field_manager: str) -> dict:
