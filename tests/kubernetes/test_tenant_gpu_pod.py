@@ -8,12 +8,15 @@ deploy/k8s/controlplane/tenant-pods.yaml in the tenant's host namespace. `kubect
 <tenant's> apply` of a pod written for HAMi: the tenant's policy sends it to the virtual node, the
 syncer mirrors it, the host's webhook, claim, placement, kubelet plugin and CDI run it on the
 node's GPU, its container stops at exactly its memory, the tenant's API server shows it Running
-with its pod IP, and deleting it there frees the GPU in the ledger.
+with its pod IP, and deleting it there frees the GPU in the ledger. Two tenants, each with its own
+API server and host namespace, share one physical GPU, each held to its own memory, neither's
+host identity able to read the other's namespace.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 
@@ -22,10 +25,13 @@ import pytest
 from tessera.controlplane.tenantpods import hostpod
 from tessera.controlplane.tenantpods.virtualnode import node_name
 from tessera.shared.events import GpuQuota
+from tessera.shared.hami_names import GPU_POLICY
+from tessera.shared.kubeapi import KubeApi, Rejected
+from tessera.shared.kubeclaims import TENANT_LABEL
 
 from gpupods import hami_pod
 from kit import eventually
-from kubetessera import ledgers
+from kubetessera import create_tenant, ledgers
 from realpods import OUT_OF_MEMORY, TesseraOnNode
 from tenantpodsync import host_identity, syncing
 
@@ -91,3 +97,82 @@ async def test_a_tenants_gpu_pod_runs_on_the_shared_fleet_and_is_given_back(
             assert left.returncode != 0, left.stdout
             print(f"tenant pod applied -> Running in the tenant's API server in {running_after:.1f} s; "
                   f"probe {reply}; deleted -> ledger empty in {released_after:.1f} s")
+
+
+async def _tenant_plane(planes, name: str, directory) -> tuple:
+    """A tenant's control plane, Ready, with its default service account: (kubeconfig, get-as-JSON)."""
+    await planes.create(name)
+    conf = await planes.kubeconfig(name, directory)
+
+    async def tenant_json(*args: str) -> dict | None:
+        done = await planes.kubectl(conf, *args, "-o", "json")
+        return json.loads(done.stdout) if done.returncode == 0 else None
+
+    await eventually(lambda: tenant_json("get", "serviceaccount", "default"), timeout=120,
+                     what=f"{name}'s default service account")
+    return conf, tenant_json
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("planes", ["etcd"], indirect=True)
+async def test_two_tenants_pods_share_one_gpu_each_held_to_its_own_memory(
+        planes, kube_cluster, kube_node, kube_namespace, nats_url, tmp_path):
+    memory = {"alpha": 1024, "beta": 2048}
+    (tmp_path / "confs").mkdir()
+    tenants = {name: await _tenant_plane(planes, name, tmp_path / "confs") for name in memory}
+    beta_namespace = f"{kube_namespace}-beta"
+    await asyncio.to_thread(kube_cluster.kubectl, "create", "namespace", beta_namespace)
+    try:
+        await asyncio.to_thread(kube_cluster.wait_for_service_account, beta_namespace, "default")
+        await asyncio.to_thread(kube_cluster.kubectl, "label", "namespace", beta_namespace,
+                                f"{TENANT_LABEL}=beta")
+        host_namespaces = {"alpha": kube_namespace, "beta": beta_namespace}
+        on = TesseraOnNode(kube_cluster, kube_node, kube_namespace, nats_url, tmp_path)
+        async with on.running("alpha", QUOTA), contextlib.AsyncExitStack() as stack:
+            await create_tenant(on.client, "beta", QUOTA)
+            identities = {}
+            for name, namespace in host_namespaces.items():
+                identities[name] = await asyncio.to_thread(host_identity, kube_cluster, namespace)
+                await stack.enter_async_context(syncing(tenants[name][0], identities[name], name, namespace, QUOTA))
+            for name, mib in memory.items():
+                pod = hami_pod("train", "default", on.image, mib, CORES)
+                pod["metadata"]["annotations"] = {GPU_POLICY: "binpack"}  # onto the GPU already in use
+                applied = await planes.kubectl(tenants[name][0], "apply", "-f", "-", stdin=json.dumps(pod))
+                assert applied.returncode == 0, applied.stderr
+            hosted = hostpod.host_name("default", "train")
+            devices = {}
+            for name, mib in memory.items():
+                async def running(tenant_json=tenants[name][1]):
+                    got = await tenant_json("get", "pod", "train")
+                    return got if got["status"].get("phase") == "Running" else None
+                await eventually(running, timeout=180, what=f"{name}'s pod Running in its API server")
+                host = json.loads((await on.kubectl("get", "-n", host_namespaces[name], "pod", hosted,
+                                                    "-o", "json")).stdout)
+                [status] = host["status"]["resourceClaimStatuses"]
+                claim = json.loads((await on.kubectl("get", "-n", host_namespaces[name], "resourceclaim",
+                                                     status["resourceClaimName"], "-o", "json")).stdout)
+                [result] = claim["status"]["allocation"]["devices"]["results"]
+                devices[name] = (result["pool"], result["device"])
+                probe = TesseraOnNode(kube_cluster, kube_node, host_namespaces[name], nats_url, tmp_path)
+                reply = await probe.probed(hosted, "main")
+                assert (reply["allocated_mib"], reply["stopped_by"]) == (mib, OUT_OF_MEMORY), (name, reply)
+            assert devices["alpha"] == devices["beta"], devices  # one physical GPU, two tenants
+            assert devices["alpha"][0] == kube_node.name
+
+            # alpha's host identity cannot read beta's host namespace (nor the other way round)
+            for name, other in (("alpha", "beta"), ("beta", "alpha")):
+                api = KubeApi.for_kubeconfig(str(identities[name]))
+                try:
+                    with pytest.raises(Rejected):
+                        await api.list(f"/api/v1/namespaces/{host_namespaces[other]}/pods")
+                finally:
+                    await api.close()
+
+            for name in memory:
+                gone = await planes.kubectl(tenants[name][0], "delete", "pod", "train", "--timeout=120s")
+                assert gone.returncode == 0, gone.stderr
+            assert await eventually(lambda: on.given_back("alpha"), timeout=60, what="alpha's share given back")
+            assert await eventually(lambda: on.given_back("beta"), timeout=60, what="beta's share given back")
+    finally:
+        await asyncio.to_thread(kube_cluster.kubectl, "delete", "namespace", beta_namespace, "--wait=false",
+                                check=False)
