@@ -40,19 +40,26 @@ MEMORY_MIB, CORES = 1024, 30
 QUOTA = GpuQuota(gpus=2, memory_mib=8192, cores=200)
 
 
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("planes", ["etcd"], indirect=True)
-async def test_a_tenants_gpu_pod_runs_on_the_shared_fleet_and_is_given_back(
-        planes, kube_cluster, kube_node, kube_namespace, nats_url, tmp_path):
-    await planes.create(TENANT)
-    conf = await planes.kubeconfig(TENANT, tmp_path)
+async def _tenant_plane(planes, name: str, directory) -> tuple:
+    """A tenant's control plane, Ready, with its default service account (its controller manager
+    makes it; a pod is refused until it exists): (kubeconfig, kubectl as the tenant, as JSON)."""
+    await planes.create(name)
+    conf = await planes.kubeconfig(name, directory)
 
     async def tenant_json(*args: str) -> dict | None:
         done = await planes.kubectl(conf, *args, "-o", "json")
         return json.loads(done.stdout) if done.returncode == 0 else None
 
     await eventually(lambda: tenant_json("get", "serviceaccount", "default"), timeout=120,
-                     what="the tenant's default service account (its controller manager makes it)")
+                     what=f"{name}'s default service account")
+    return conf, tenant_json
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("planes", ["etcd"], indirect=True)
+async def test_a_tenants_gpu_pod_runs_on_the_shared_fleet_and_is_given_back(
+        planes, kube_cluster, kube_node, kube_namespace, nats_url, tmp_path):
+    conf, tenant_json = await _tenant_plane(planes, TENANT, tmp_path)
     on = TesseraOnNode(kube_cluster, kube_node, kube_namespace, nats_url, tmp_path)
     async with on.running(TENANT, QUOTA):
         identity = await asyncio.to_thread(host_identity, kube_cluster, kube_namespace)
@@ -97,20 +104,6 @@ async def test_a_tenants_gpu_pod_runs_on_the_shared_fleet_and_is_given_back(
             assert left.returncode != 0, left.stdout
             print(f"tenant pod applied -> Running in the tenant's API server in {running_after:.1f} s; "
                   f"probe {reply}; deleted -> ledger empty in {released_after:.1f} s")
-
-
-async def _tenant_plane(planes, name: str, directory) -> tuple:
-    """A tenant's control plane, Ready, with its default service account: (kubeconfig, get-as-JSON)."""
-    await planes.create(name)
-    conf = await planes.kubeconfig(name, directory)
-
-    async def tenant_json(*args: str) -> dict | None:
-        done = await planes.kubectl(conf, *args, "-o", "json")
-        return json.loads(done.stdout) if done.returncode == 0 else None
-
-    await eventually(lambda: tenant_json("get", "serviceaccount", "default"), timeout=120,
-                     what=f"{name}'s default service account")
-    return conf, tenant_json
 
 
 @pytest.mark.timeout(900)
