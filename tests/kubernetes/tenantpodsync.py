@@ -61,7 +61,7 @@ async def syncing(tenant_kubeconfig: Path, host_kubeconfig: Path, tenant: str, h
         await cancel_and_wait([task])
         if task.done() and not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
-        await tenant_api.close()
+        await tenant_api.close()  # (a later call on them opens them again: close after it too)
         await host_api.close()
 
 

@@ -8,7 +8,8 @@ the host pod, so they go with it), no token and no service account of the host's
 status and events come back to the tenant's pod; deleting the tenant's pod deletes the host's, and
 then finishes. A syncer stopped and started again converges from the two API servers alone: a pod
 deleted while it was away goes on the host, a pod created meanwhile is mirrored, the others are
-left as they were (the same host pod, uid and all).
+left as they were (the same host pod, uid and all). The tenant's teardown (`PodSync.clear`) leaves
+no node, lease, policy or mirrored object.
 
 Nothing runs the host pods here (no node has the GPUs they ask for: the host's scheduler says so,
 and that is the status the tenant sees); tests/kubernetes/test_tenant_gpu_pod.py runs one on the
@@ -20,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from tessera.controlplane.tenantpods import hostpod
+from tessera.controlplane.tenantpods import hostpod, toleration
 from tessera.controlplane.tenantpods.virtualnode import TAINT_KEY, node_name
 from tessera.shared.events import GpuQuota
 
@@ -186,3 +187,35 @@ async def test_a_restarted_syncer_loses_and_doubles_nothing(tenant_cluster, kube
         for name in names:
             await asyncio.to_thread(tenant_cluster.kubectl, "delete", "pod", name, "--grace-period=0", "--force",
                                     "--ignore-not-found", check=False)
+
+
+async def test_clearing_a_tenant_removes_its_node_policy_and_mirrored_objects(tenant_cluster, kube_plane,
+                                                                               plane_namespace):
+    await asyncio.to_thread(tenant_cluster.wait_for_service_account, "default", "default")
+    await asyncio.to_thread(tenant_cluster.kubectl, "apply", "-f", "-", stdin=READS)
+    identity = await asyncio.to_thread(host_identity, kube_plane, plane_namespace)
+    sides = Sides(tenant_cluster, kube_plane, plane_namespace)
+    try:
+        async with syncing(tenant_cluster.admin_kubeconfig, identity, TENANT, plane_namespace, QUOTA) as sync:
+            await sides.create(gpu_pod("doomed", reads=True))
+            await sides.hosted("doomed")
+            await eventually(lambda: sides.host_get("configmap", hostpod.host_name("default", "settings")),
+                             timeout=30, what="the copy")
+        try:
+            await sync.clear()  # the tenant's teardown, with the syncer stopped first
+        finally:
+            await sync.tenant_api.close()
+            await sync.host_api.close()
+
+        async def cleared():
+            left = {kind: json.loads((await asyncio.to_thread(
+                kube_plane.kubectl, "get", kind, "-n", plane_namespace, "-l", f"{hostpod.TENANT}={TENANT}",
+                "-o", "json")).stdout)["items"] for kind in ("pods", "configmaps", "secrets")}
+            return not any(left.values())
+        await eventually(cleared, timeout=30, what="no mirrored object left in the host namespace")
+        assert await sides.tenant_json("get", "node", NODE, check=False) is None
+        assert await sides.tenant_json("get", "lease", "-n", "kube-node-lease", NODE, check=False) is None
+        assert await sides.tenant_json("get", "mutatingadmissionpolicy", toleration.NAME, check=False) is None
+    finally:
+        await asyncio.to_thread(tenant_cluster.kubectl, "delete", "pod", "doomed", "--grace-period=0", "--force",
+                                "--ignore-not-found", check=False)
