@@ -7,7 +7,8 @@ and between them the tenant's syncer with the tenant's admin kubeconfig and the 
 deploy/k8s/controlplane/tenant-pods.yaml in the tenant's host namespace. `kubectl --kubeconfig
 <tenant's> apply` of a pod written for HAMi: the tenant's policy sends it to the virtual node, the
 syncer mirrors it, the host's webhook, claim, placement, kubelet plugin and CDI run it on the
-node's GPU, its container stops at exactly its memory, the tenant's API server shows it Running
+node's GPU (the host namespace enforcing Pod Security "restricted", as a tenant's does), its
+container stops at exactly its memory, the tenant's API server shows it Running
 with its pod IP, and deleting it there frees the GPU in the ledger. Two tenants, each with its own
 API server and host namespace, share one physical GPU, each held to its own memory, neither's
 host identity able to read the other's namespace.
@@ -38,6 +39,7 @@ from tenantpodsync import host_identity, syncing
 TENANT = "alpha"
 MEMORY_MIB, CORES = 1024, 30
 QUOTA = GpuQuota(gpus=2, memory_mib=8192, cores=200)
+RESTRICTED = "pod-security.kubernetes.io/enforce=restricted"
 
 
 async def _tenant_plane(planes, name: str, directory) -> tuple:
@@ -60,11 +62,14 @@ async def _tenant_plane(planes, name: str, directory) -> tuple:
 async def test_a_tenants_gpu_pod_runs_on_the_shared_fleet_and_is_given_back(
         planes, kube_cluster, kube_node, kube_namespace, nats_url, tmp_path):
     conf, tenant_json = await _tenant_plane(planes, TENANT, tmp_path)
+    # the host namespace enforces Pod Security "restricted", as a tenant's does (manifests.POD_SECURITY)
+    await asyncio.to_thread(kube_cluster.kubectl, "label", "namespace", kube_namespace, RESTRICTED)
     on = TesseraOnNode(kube_cluster, kube_node, kube_namespace, nats_url, tmp_path)
     async with on.running(TENANT, QUOTA):
         identity = await asyncio.to_thread(host_identity, kube_cluster, kube_namespace)
         async with syncing(conf, identity, TENANT, kube_namespace, QUOTA):
             pod = hami_pod("train", "default", on.image, MEMORY_MIB, CORES)
+            pod["spec"]["securityContext"] = {"runAsUser": 65532}  # the image's user is root: the tenant says whom
             created = time.monotonic()
             applied = await planes.kubectl(conf, "apply", "-f", "-", stdin=json.dumps(pod))
             assert applied.returncode == 0, applied.stderr
@@ -117,8 +122,9 @@ async def test_two_tenants_pods_share_one_gpu_each_held_to_its_own_memory(
     await asyncio.to_thread(kube_cluster.kubectl, "create", "namespace", beta_namespace)
     try:
         await asyncio.to_thread(kube_cluster.wait_for_service_account, beta_namespace, "default")
-        await asyncio.to_thread(kube_cluster.kubectl, "label", "namespace", beta_namespace,
-                                f"{TENANT_LABEL}=beta")
+        for namespace, label in ((beta_namespace, f"{TENANT_LABEL}=beta"), (beta_namespace, RESTRICTED),
+                                 (kube_namespace, RESTRICTED)):
+            await asyncio.to_thread(kube_cluster.kubectl, "label", "namespace", namespace, label)
         host_namespaces = {"alpha": kube_namespace, "beta": beta_namespace}
         on = TesseraOnNode(kube_cluster, kube_node, kube_namespace, nats_url, tmp_path)
         async with on.running("alpha", QUOTA), contextlib.AsyncExitStack() as stack:
@@ -130,6 +136,7 @@ async def test_two_tenants_pods_share_one_gpu_each_held_to_its_own_memory(
             for name, mib in memory.items():
                 pod = hami_pod("train", "default", on.image, mib, CORES)
                 pod["metadata"]["annotations"] = {GPU_POLICY: "binpack"}  # onto the GPU already in use
+                pod["spec"]["securityContext"] = {"runAsUser": 65532}
                 applied = await planes.kubectl(tenants[name][0], "apply", "-f", "-", stdin=json.dumps(pod))
                 assert applied.returncode == 0, applied.stderr
             hosted = hostpod.host_name("default", "train")

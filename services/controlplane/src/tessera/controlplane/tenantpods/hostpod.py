@@ -2,7 +2,8 @@
 
 The host pod is what the tenant asked for and no more: the containers, their resources (HAMi's
 names, which the host's webhook turns into a claim), the tenant's ConfigMap/Secret/emptyDir/
-downward-API volumes, its restart policy. Whatever would reach the host itself is refused, each
+downward-API volumes, its restart policy, with Pod Security "restricted" filled in where the
+tenant's security context is silent (the tenant's host namespace enforces it: a second wall). Whatever would reach the host itself is refused, each
 with the path of the field that asked for it, so that the tenant's event names it: host network,
 PID or IPC, host paths and ports, privileged containers, added capabilities, a service-account
 token of the host's (the tenant's own token volume is dropped, and the host pod mounts none),
@@ -30,6 +31,10 @@ _CONTAINER_FIELDS = ("name", "image", "imagePullPolicy", "command", "args", "wor
                      "resources", "stdin", "stdinOnce", "tty", "terminationMessagePath",
                      "terminationMessagePolicy", "securityContext", "volumeMounts", "ports",
                      "readinessProbe", "livenessProbe", "startupProbe", "lifecycle")
+# Pod Security "restricted" where the tenant said nothing: only ever less than the tenant asked for
+# (the host namespace enforces "restricted"; what the tenant did say is kept, and refused there)
+_RESTRICTED_POD = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+_RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 _POD_FIELDS = ("restartPolicy", "terminationGracePeriodSeconds", "activeDeadlineSeconds", "dnsPolicy",
                "securityContext", "hostname", "subdomain")
 
@@ -82,6 +87,7 @@ def mirror(pod: dict, tenant: str, host_namespace: str, names: dict[tuple[str, s
     dropped = {v["name"] for v in spec.get("volumes") or [] if _TENANT_TOKEN_VOLUME.match(v.get("name", ""))}
     host_spec = {k: spec[k] for k in _POD_FIELDS if k in spec}
     host_spec.update(automountServiceAccountToken=False, enableServiceLinks=False)
+    host_spec["securityContext"] = {**_RESTRICTED_POD, **(spec.get("securityContext") or {})}
     for kind in ("initContainers", "containers"):
         if spec.get(kind):
             host_spec[kind] = [_container(c, dropped, names) for c in spec[kind]]
@@ -129,6 +135,7 @@ def references(pod: dict) -> set[tuple[str, str]]:
 
 def _container(container: dict, dropped: set[str], names: dict[tuple[str, str], str]) -> dict:
     out = {k: container[k] for k in _CONTAINER_FIELDS if k in container}
+    out["securityContext"] = {**_RESTRICTED_CONTAINER, **(container.get("securityContext") or {})}
     if "volumeMounts" in out:
         out["volumeMounts"] = [m for m in out["volumeMounts"] if m["name"] not in dropped]
     if "env" in out:
