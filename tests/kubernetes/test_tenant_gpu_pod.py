@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import time
+from collections import Counter
 
 import pytest
 
@@ -34,7 +35,7 @@ from gpupods import hami_pod
 from kit import eventually
 from kubetessera import create_tenant, ledgers
 from realpods import OUT_OF_MEMORY, TesseraOnNode
-from tenantpodsync import host_identity, syncing
+from tenantpodsync import ACCOUNT, host_identity, syncing
 
 TENANT = "alpha"
 MEMORY_MIB, CORES = 1024, 30
@@ -107,8 +108,14 @@ async def test_a_tenants_gpu_pod_runs_on_the_shared_fleet_and_is_given_back(
             released_after = time.monotonic() - deleted
             left = await on.kubectl("get", "-n", kube_namespace, "pod", hosted, check=False)
             assert left.returncode != 0, left.stdout
+            # what the syncer asked of the host for this pod (its identity's audit records): watches
+            # and reads, never a polling loop
+            syncer = f"system:serviceaccount:{kube_namespace}:{ACCOUNT}"
+            asked = Counter(f"{e['verb']} {e['objectRef'].get('resource', '')}" for e in kube_cluster.audit()
+                            if e["user"]["username"] == syncer and e.get("stage") == "ResponseComplete")
             print(f"tenant pod applied -> Running in the tenant's API server in {running_after:.1f} s; "
-                  f"probe {reply}; deleted -> ledger empty in {released_after:.1f} s")
+                  f"probe {reply}; deleted -> ledger empty in {released_after:.1f} s; "
+                  f"the syncer's host requests: {dict(asked)}")
 
 
 @pytest.mark.timeout(900)
