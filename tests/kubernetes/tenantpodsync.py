@@ -11,8 +11,10 @@ import contextlib
 import json
 from pathlib import Path
 
+from tessera.controlplane.pki import PkiAuthority
+from tessera.controlplane.tenantpods.logs import LogServer
 from tessera.controlplane.tenantpods.sync import PodSync
-from tessera.controlplane.tenantpods.virtualnode import Share, VirtualNode
+from tessera.controlplane.tenantpods.virtualnode import Share, VirtualNode, node_name
 from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.events import GpuQuota
 from tessera.shared.kubeapi import KubeApi
@@ -44,11 +46,17 @@ def host_identity(host: KubeControlPlane, namespace: str) -> Path:
 
 @contextlib.asynccontextmanager
 async def syncing(tenant_kubeconfig: Path, host_kubeconfig: Path, tenant: str, host_namespace: str,
-                  quota: GpuQuota):
+                  quota: GpuQuota, tenant_pki: dict[str, str] | None = None):
     """A running syncer (yields it); stopped on leaving, as a killed process would stop: nothing
-    of it cleared."""
+    of it cleared. ``tenant_pki``: the tenant's PKI (the manager's), to serve the node's logs
+    with a certificate from the tenant's CA."""
     tenant_api, host_api = KubeApi.for_kubeconfig(str(tenant_kubeconfig)), KubeApi.for_kubeconfig(str(host_kubeconfig))
-    sync = PodSync(tenant_api, host_api, tenant, host_namespace, VirtualNode(tenant_api, tenant, Share(quota)))
+    logs = None
+    if tenant_pki is not None:
+        cert, key = PkiAuthority().issue_serving(tenant_pki["ca.crt"], tenant_pki["ca.key"], node_name(tenant),
+                                                 [node_name(tenant)], ["127.0.0.1"])
+        logs = LogServer(host_api, host_namespace, cert, key)
+    sync = PodSync(tenant_api, host_api, tenant, host_namespace, VirtualNode(tenant_api, tenant, Share(quota)), logs)
     task = asyncio.create_task(sync.run(), name=f"tenant-pods-{tenant}")
     try:
         ready = asyncio.create_task(sync.ready.wait())

@@ -9,7 +9,8 @@ deploy/k8s/controlplane/tenant-pods.yaml in the tenant's host namespace. `kubect
 syncer mirrors it, the host's webhook, claim, placement, kubelet plugin and CDI run it on the
 node's GPU (the host namespace enforcing Pod Security "restricted", as a tenant's does), its
 container stops at exactly its memory, the tenant's API server shows it Running
-with its pod IP, and deleting it there frees the GPU in the ledger. Two tenants, each with its own
+with its pod IP, `kubectl logs` there shows the container's log (the virtual node's kubelet
+endpoint streams it from the host), and deleting it there frees the GPU in the ledger. Two tenants, each with its own
 API server and host namespace, share one physical GPU, each held to its own memory, neither's
 host identity able to read the other's namespace.
 """
@@ -68,7 +69,7 @@ async def test_a_tenants_gpu_pod_runs_on_the_shared_fleet_and_is_given_back(
     on = TesseraOnNode(kube_cluster, kube_node, kube_namespace, nats_url, tmp_path)
     async with on.running(TENANT, QUOTA):
         identity = await asyncio.to_thread(host_identity, kube_cluster, kube_namespace)
-        async with syncing(conf, identity, TENANT, kube_namespace, QUOTA):
+        async with syncing(conf, identity, TENANT, kube_namespace, QUOTA, await planes.pki(TENANT)):
             pod = hami_pod("train", "default", on.image, MEMORY_MIB, CORES)
             pod["spec"]["securityContext"] = {"runAsUser": 65532}  # the image's user is root: the tenant says whom
             created = time.monotonic()
@@ -95,8 +96,15 @@ async def test_a_tenants_gpu_pod_runs_on_the_shared_fleet_and_is_given_back(
             assert status["state"].get("running") and status["restartCount"] == 0, status
             assert status["containerID"] == host["status"]["containerStatuses"][0]["containerID"]
 
-            # the container's probe: its claim's memory and not a byte more (the simulated driver)
-            reply = await on.probed(hosted, "main")
+            # the container's probe: its claim's memory and not a byte more (the simulated driver),
+            # read with kubectl logs in the tenant's cluster (its API server asks the virtual node)
+            async def logged():
+                logs = await planes.kubectl(conf, "logs", "train", "-c", "main")
+                assert logs.returncode == 0, logs.stderr
+                lines = [text for text in logs.stdout.splitlines() if text.startswith("{")]
+                return json.loads(lines[-1]) if lines else None
+            reply = await eventually(logged, timeout=30, what="the probe's line, through the tenant's kubectl logs")
+            assert reply == await on.probed(hosted, "main")  # the host's log, the same
             assert (reply["allocated_mib"], reply["stopped_by"], reply["one_more_byte"]) == (
                 MEMORY_MIB, OUT_OF_MEMORY, OUT_OF_MEMORY), reply
             assert [e for lg in (await ledgers(on.client)).values() for e in lg.entries]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any, Literal, Mapping
 
 import aiohttp
@@ -330,6 +330,25 @@ class KubeApi:
                     status = event.get("object") or {}
                     raise classify(int(status.get("code") or 500), json.dumps(status))
                 yield event["type"], event["object"]
+        finally:
+            response.release()
+
+    async def stream(self, path: str, query: Sequence[tuple[str, str]] = ()) -> AsyncIterator[bytes]:
+        """The body of a GET as it comes (a pod's log, ``follow=true``), chunk by chunk."""
+        api = await self.api()
+        try:
+            response = await api.call_api(path, "GET", query_params=list(query), header_params={"Accept": "*/*"},
+                                          auth_settings=["BearerToken"], _preload_content=False,
+                                          _request_timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+        except ApiException as exc:
+            raise classify(exc.status or 0, exc.body) from exc
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            raise _unreachable(exc) from exc
+        try:
+            if response.status != 200:
+                raise classify(response.status, await response.read())
+            async for chunk in response.content.iter_any():
+                yield chunk
         finally:
             response.release()
 

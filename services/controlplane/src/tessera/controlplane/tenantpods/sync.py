@@ -23,6 +23,7 @@ import logging
 from tessera.shared.kubeapi import AlreadyExists, Conflict, KubeApi, KubeError, NotFound
 
 from . import hostpod, toleration
+from .logs import LogServer
 from .virtualnode import TAINT_KEY, VirtualNode, labels
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,8 @@ def _stamp() -> str:
 
 class PodSync:
     def __init__(self, tenant_api: KubeApi, host_api: KubeApi, tenant: str, host_namespace: str,
-                 node: VirtualNode) -> None:
-        self.tenant_api, self.host_api = tenant_api, host_api
+                 node: VirtualNode, logs: LogServer | None = None) -> None:
+        self.tenant_api, self.host_api, self.logs = tenant_api, host_api, logs
         self.tenant, self.host_namespace, self.node = tenant, host_namespace, node
         self._queue: asyncio.Queue[Key] = asyncio.Queue()
         self._queued: set[Key] = set()
@@ -58,6 +59,15 @@ class PodSync:
     async def run(self) -> None:
         """Register the node and its toleration policy, then watch both sides and reconcile what they
         name, until cancelled."""
+        if self.logs is not None:
+            self.node.endpoint = (self.logs.address, await self.logs.start())
+        try:
+            await self._run()
+        finally:
+            if self.logs is not None:
+                await self.logs.close()
+
+    async def _run(self) -> None:
         await self.node.register()
         await toleration.install(self.tenant_api)
         self.ready.set()

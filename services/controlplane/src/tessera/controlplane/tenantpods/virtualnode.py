@@ -73,9 +73,12 @@ def node(tenant: str, share: Share) -> dict:
     }
 
 
-def status(share: Share) -> dict:
+def status(share: Share, endpoint: tuple[str, int] | None = None) -> dict:
+    """The node's status; ``endpoint``: where its kubelet API (the logs, `logs.LogServer`) answers."""
     now = _now()
-    return {"status": {
+    served = {"addresses": [{"type": "InternalIP", "address": endpoint[0]}],
+              "daemonEndpoints": {"kubeletEndpoint": {"Port": endpoint[1]}}} if endpoint else {}
+    return {"status": {**served,
         "capacity": share.capacity(), "allocatable": share.capacity(),
         "conditions": [{"type": "Ready", "status": "True", "reason": "TesseraFleetReachable",
                         "message": "the tenant's share of the shared GPU fleet",
@@ -92,15 +95,16 @@ class VirtualNode:
     def __init__(self, tenant_api: KubeApi, tenant: str, share: Share) -> None:
         self.api, self.tenant, self.share = tenant_api, tenant, share
         self.name = node_name(tenant)
+        self.endpoint: tuple[str, int] | None = None  # its kubelet API's address, when one is served
 
     async def register(self) -> None:
         """Create (or adopt) the Node, report its status, take its Lease."""
         try:
             # with its status, as a kubelet registers: never a moment NotReady (and tainted so)
-            await self.api.create("/api/v1/nodes", {**node(self.tenant, self.share), **status(self.share)})
+            await self.api.create("/api/v1/nodes", {**node(self.tenant, self.share), **status(self.share, self.endpoint)})
         except AlreadyExists:
             await self.api.patch(f"/api/v1/nodes/{self.name}", {"spec": node(self.tenant, self.share)["spec"]})
-        await self.api.patch_status(f"/api/v1/nodes/{self.name}", status(self.share))
+        await self.api.patch_status(f"/api/v1/nodes/{self.name}", status(self.share, self.endpoint))
         await self.renew()
 
     async def renew(self) -> None:
@@ -122,7 +126,7 @@ class VirtualNode:
             beats += 1
             if beats * every >= 60:
                 beats = 0
-                await self.api.patch_status(f"/api/v1/nodes/{self.name}", status(self.share))
+                await self.api.patch_status(f"/api/v1/nodes/{self.name}", status(self.share, self.endpoint))
 
     async def remove(self) -> None:
         for path in (f"{NODE_LEASES}/{self.name}", f"/api/v1/nodes/{self.name}"):
