@@ -8,7 +8,8 @@ the host pod, so they go with it), no token and no service account of the host's
 status and events come back to the tenant's pod; deleting the tenant's pod deletes the host's, and
 then finishes. A syncer stopped and started again converges from the two API servers alone: a pod
 deleted while it was away goes on the host, a pod created meanwhile is mirrored, the others are
-left as they were (the same host pod, uid and all). The tenant's teardown (`PodSync.clear`) leaves
+left as they were (the same host pod, uid and all). A GPU pod admitted before the toleration policy
+was in force is given the toleration by the syncer. The tenant's teardown (`PodSync.clear`) leaves
 no node, lease, policy or mirrored object.
 
 Nothing runs the host pods here (no node has the GPUs they ask for: the host's scheduler says so,
@@ -218,4 +219,29 @@ async def test_clearing_a_tenant_removes_its_node_policy_and_mirrored_objects(te
         assert await sides.tenant_json("get", "mutatingadmissionpolicy", toleration.NAME, check=False) is None
     finally:
         await asyncio.to_thread(tenant_cluster.kubectl, "delete", "pod", "doomed", "--grace-period=0", "--force",
+                                "--ignore-not-found", check=False)
+
+
+async def test_a_gpu_pod_admitted_before_the_policy_is_sent_to_the_node(tenant_cluster, kube_plane,
+                                                                        plane_namespace):
+    await asyncio.to_thread(tenant_cluster.wait_for_service_account, "default", "default")
+    identity = await asyncio.to_thread(host_identity, kube_plane, plane_namespace)
+    sides = Sides(tenant_cluster, kube_plane, plane_namespace)
+    for kind in ("mutatingadmissionpolicybinding", "mutatingadmissionpolicy"):  # as before any syncer ran
+        await asyncio.to_thread(tenant_cluster.kubectl, "delete", kind, toleration.NAME, "--ignore-not-found")
+
+    async def untolerated():  # (the API server applies a policy's removal a moment after it is stored)
+        made = await sides.create(gpu_pod("early"))
+        if any(t["key"] == TAINT_KEY for t in made["spec"].get("tolerations") or []):
+            await asyncio.to_thread(tenant_cluster.kubectl, "delete", "pod", "early", "--grace-period=0", "--force")
+            return None
+        return made
+    try:
+        await eventually(untolerated, timeout=30, every=0.5, what="a GPU pod admitted without the policy")
+        async with syncing(tenant_cluster.admin_kubeconfig, identity, TENANT, plane_namespace, QUOTA):
+            await sides.hosted("early")
+            got = await sides.tenant_json("get", "pod", "early")
+            assert got["spec"]["nodeName"] == NODE, got["spec"]
+    finally:
+        await asyncio.to_thread(tenant_cluster.kubectl, "delete", "pod", "early", "--grace-period=0", "--force",
                                 "--ignore-not-found", check=False)

@@ -120,6 +120,9 @@ class PodSync:
             return
         spec = tenant_pod.get("spec") or {}
         ours = spec.get("nodeName") == self.node.name
+        if not spec.get("nodeName") and not _meant_for_the_fleet(spec) and toleration.asks_for_gpus(tenant_pod):
+            await self._tolerate(tenant_pod)  # admitted before the policy was in force
+            return  # (its update brings it back)
         if not ours and not (not spec.get("nodeName") and _meant_for_the_fleet(spec)):
             return  # another node's pod, or an ordinary pod not yet scheduled
         refused = hostpod.refusals(tenant_pod, labels(self.tenant))
@@ -138,6 +141,13 @@ class PodSync:
             await self._create_host(tenant_pod)
             return
         await self._copy_status(tenant_pod, host_pod)
+
+    async def _tolerate(self, pod: dict) -> None:
+        """Add the node's toleration, as the policy would have (a pod may gain tolerations)."""
+        meta = pod["metadata"]
+        patch = [{"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
+                 *toleration.patch(pod["spec"])]
+        await self.tenant_api.patch(_pod_path(meta["namespace"], meta["name"]), patch, "json")
 
     async def _create_host(self, pod: dict) -> None:
         meta = pod["metadata"]

@@ -3,7 +3,9 @@
 A MutatingAdmissionPolicy (admissionregistration.k8s.io/v1, served by the tenant's own API server:
 no webhook server to run or reach) adds the virtual node's toleration to every pod that asks for
 a HAMi resource (`nvidia.com/*`). The tenant's own scheduler then binds those pods to the node,
-within its allocatable (the tenant's quota), and leaves every other pod off it.
+within its allocatable (the tenant's quota), and leaves every other pod off it. A GPU pod admitted
+before the policy was in force gets the same toleration from the syncer (`patch`): a pod may gain
+tolerations after it is made.
 """
 
 from __future__ import annotations
@@ -26,6 +28,24 @@ _TOLERATION = f'Object.spec.tolerations{{key: "{TAINT_KEY}", operator: "Exists",
 _PATCH = (f'has(object.spec.tolerations) ? '
           f'[JSONPatch{{op: "add", path: "/spec/tolerations/-", value: {_TOLERATION}}}] : '
           f'[JSONPatch{{op: "add", path: "/spec/tolerations", value: [{_TOLERATION}]}}]')
+
+
+def asks_for_gpus(pod: dict) -> bool:
+    """What the policy's match condition says, for a pod the syncer reads (one admitted before the
+    policy was in force)."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        if any(k.startswith("nvidia.com/") for part in ("limits", "requests") for k in resources.get(part) or {}):
+            return True
+    return False
+
+
+def patch(spec: dict) -> list[dict]:
+    """The JSON patch the policy applies, for a pod the syncer reads."""
+    value = {"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+    if spec.get("tolerations"):
+        return [{"op": "add", "path": "/spec/tolerations/-", "value": value}]
+    return [{"op": "add", "path": "/spec/tolerations", "value": [value]}]
 
 
 def policy() -> dict:
