@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from typing import Any, Literal, Mapping
 
 import aiohttp
@@ -245,14 +245,18 @@ class KubeApi:
         return await self.patch(f"{path}/status", body, kind)
 
     async def delete(self, path: str, preconditions: dict | None = None,
-                     propagation: Literal["Background", "Foreground", "Orphan"] = "Background") -> dict:
-        """DELETE, optionally only if ``uid``/``resourceVersion`` still match (else ``Conflict``).
+                     propagation: Literal["Background", "Foreground", "Orphan"] = "Background",
+                     grace_seconds: int | None = None) -> dict:
+        """DELETE, optionally only if ``uid``/``resourceVersion`` still match (else ``Conflict``);
+        ``grace_seconds``: the pod's grace period instead of its own (0: gone now, as a kubelet ends it).
 
         The answer is the object: gone, or still there with a deletionTimestamp while finalizers run.
         """
         options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation}
         if preconditions:
             options["preconditions"] = preconditions
+        if grace_seconds is not None:
+            options["gracePeriodSeconds"] = grace_seconds
         return await self.call("DELETE", path, options)
 
     async def apply(self, path: str, collection: str, obj: dict, field_manager: str) -> dict:
@@ -318,25 +322,33 @@ class KubeApi:
                 backoff = min(max_backoff, max(0.05, backoff * 2))
                 await asyncio.sleep(backoff * (0.5 + random.random() / 2))
 
-    async def _watch_once(self, path: str, rv: str, label_selector: str | None, field_selector: str | None,
-                          timeout_seconds: int) -> AsyncIterator[tuple[str, dict]]:
-        """One watch request, until the server ends it."""
+    async def _open(self, path: str, query: Sequence[tuple[str, str]], accept: str,
+                    timeout: aiohttp.ClientTimeout) -> aiohttp.ClientResponse:
+        """A GET whose body the caller reads as it comes (and releases); a classified error unless 200."""
         api = await self.api()
-        query = [("watch", "true"), ("resourceVersion", rv), ("allowWatchBookmarks", "true"),
-                 ("timeoutSeconds", str(timeout_seconds)), *_selectors(label_selector, field_selector)]
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_seconds + 30)
         try:
-            response = await api.call_api(path, "GET", query_params=query,
-                                          header_params={"Accept": "application/json"},
+            response = await api.call_api(path, "GET", query_params=list(query), header_params={"Accept": accept},
                                           auth_settings=["BearerToken"], _preload_content=False,
                                           _request_timeout=timeout)
         except ApiException as exc:
             raise classify(exc.status or 0, exc.body) from exc
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             raise _unreachable(exc) from exc
-        try:
-            if response.status != 200:
+        if response.status != 200:
+            try:
                 raise classify(response.status, await response.read(), response.headers.get("Retry-After"))
+            finally:
+                response.release()
+        return response
+
+    async def _watch_once(self, path: str, rv: str, label_selector: str | None, field_selector: str | None,
+                          timeout_seconds: int) -> AsyncIterator[tuple[str, dict]]:
+        """One watch request, until the server ends it."""
+        query = [("watch", "true"), ("resourceVersion", rv), ("allowWatchBookmarks", "true"),
+                 ("timeoutSeconds", str(timeout_seconds)), *_selectors(label_selector, field_selector)]
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_seconds + 30)
+        response = await self._open(path, query, "application/json", timeout)
+        try:
             while True:
                 try:
                     line = await response.content.readline()
@@ -351,6 +363,15 @@ class KubeApi:
                     status = event.get("object") or {}
                     raise classify(int(status.get("code") or 500), json.dumps(status))
                 yield event["type"], event["object"]
+        finally:
+            response.release()
+
+    async def stream(self, path: str, query: Sequence[tuple[str, str]] = ()) -> AsyncIterator[bytes]:
+        """The body of a GET as it comes (a pod's log, ``follow=true``), chunk by chunk."""
+        response = await self._open(path, query, "*/*", aiohttp.ClientTimeout(total=None, sock_connect=10))
+        try:
+            async for chunk in response.content.iter_any():
+                yield chunk
         finally:
             response.release()
 

@@ -138,6 +138,13 @@ class PkiAuthority:
         cert = self._leaf(ca_pem, ca_key_pem, key, subject, ExtendedKeyUsageOID.CLIENT_AUTH, None)
         return _pem_cert(cert), _pem_key(key)
 
+    def issue_serving(self, ca_pem: str, ca_key_pem: str, cn: str, dns: list[str], ips: list[str]) -> tuple[str, str]:
+        """A serving certificate (PEM) and its key from the tenant's CA (the virtual node's kubelet
+        endpoint, tenantpods.logs)."""
+        key = _key()
+        cert = self._leaf(ca_pem, ca_key_pem, key, _name(cn), ExtendedKeyUsageOID.SERVER_AUTH, (dns, ips))
+        return _pem_cert(cert), _pem_key(key)
+
     def current(self, cert_pem: str, ca_pem: str, cn: str) -> bool:
         """Whether ``cert_pem`` is for ``cn``, from that CA, and not yet due for renewal."""
         try:

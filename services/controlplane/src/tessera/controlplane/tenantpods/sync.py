@@ -1,0 +1,279 @@
+"""The per-tenant syncer: the tenant's pods on its virtual node, run as pods of its host namespace.
+
+Level-triggered, so that a restart loses nothing: a watch on each side (the tenant's pods, the
+host namespace's mirrored pods and their events) only names a tenant pod, and `reconcile` reads
+both API servers afresh and makes the host agree with the tenant — create the host pod (with copies
+of the ConfigMaps and Secrets it reads, owned by it), delete a host pod whose tenant pod is gone or
+was replaced, copy the host pod's status and events back, and finish a tenant pod's deletion once
+its host pod is gone (as a kubelet does, with grace 0). Both watches list first, so a syncer
+started on a world that moved while it was away sees every object once and converges.
+Names are `hostpod.host_name` of the tenant pod, so a create that was already done answers
+AlreadyExists and nothing is made twice.
+
+Its tenant side acts with the tenant's admin credentials; its host side with an identity limited
+to the tenant's host namespace (deploy/k8s/controlplane/tenant-pods.yaml).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+
+from tessera.shared.kubeapi import AlreadyExists, Conflict, KubeApi, KubeError, NotFound
+
+from . import hostpod, toleration
+from .logs import LogServer
+from .virtualnode import TAINT_KEY, VirtualNode, labels
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]  # (tenant namespace, tenant pod name)
+REFUSED = "HostPodRefused"
+
+
+def _pod_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/pods/{name}"
+
+
+def _meant_for_the_fleet(spec: dict) -> bool:
+    """Whether the pod tolerates the virtual node's taint (the policy gave it, or the tenant wrote it)."""
+    return any(t.get("key") == TAINT_KEY for t in spec.get("tolerations") or [])
+
+
+def _stamp() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class PodSync:
+    def __init__(self, tenant_api: KubeApi, host_api: KubeApi, tenant: str, host_namespace: str,
+                 node: VirtualNode, logs: LogServer | None = None) -> None:
+        self.tenant_api, self.host_api, self.logs = tenant_api, host_api, logs
+        self.tenant, self.host_namespace, self.node = tenant, host_namespace, node
+        self._queue: asyncio.Queue[Key] = asyncio.Queue()
+        self._queued: set[Key] = set()
+        self.ready = asyncio.Event()  # set once the node and its policy are in force
+
+    # --- the loops ---------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Register the node and its toleration policy, then watch both sides and reconcile what they
+        name, until cancelled."""
+        if self.logs is not None:
+            self.node.endpoint = (self.logs.address, await self.logs.start())
+        try:
+            await self._run()
+        finally:
+            if self.logs is not None:
+                await self.logs.close()
+
+    async def _run(self) -> None:
+        await self.node.register()
+        await toleration.install(self.tenant_api)
+        self.ready.set()
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self.node.keep_ready(), name=f"node-{self.tenant}")
+            tasks.create_task(self._watch_tenant(), name=f"tenant-pods-{self.tenant}")
+            tasks.create_task(self._watch_host(), name=f"host-pods-{self.tenant}")
+            tasks.create_task(self._watch_host_events(), name=f"host-events-{self.tenant}")
+            tasks.create_task(self._work(), name=f"reconcile-{self.tenant}")
+
+    def _enqueue(self, key: Key) -> None:
+        if key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    async def _watch_tenant(self) -> None:
+        async for _, pod in self.tenant_api.watch("/api/v1/pods"):
+            meta = pod["metadata"]
+            self._enqueue((meta["namespace"], meta["name"]))
+
+    async def _watch_host(self) -> None:
+        path = f"/api/v1/namespaces/{self.host_namespace}/pods"
+        async for _, pod in self.host_api.watch(path, label_selector=f"{hostpod.TENANT}={self.tenant}"):
+            notes = pod["metadata"].get("annotations") or {}
+            if hostpod.NAMESPACE in notes and hostpod.NAME in notes:
+                self._enqueue((notes[hostpod.NAMESPACE], notes[hostpod.NAME]))
+
+    async def _work(self) -> None:
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            try:
+                await self.reconcile(*key)
+            except KubeError as exc:  # temporary or a lost race: read both sides again shortly
+                log.warning("tenant %s pod %s/%s: %s; trying again", self.tenant, *key, exc)
+                asyncio.get_running_loop().call_later(1.0, self._enqueue, key)
+
+    # --- one tenant pod ------------------------------------------------------------------------------
+
+    async def reconcile(self, namespace: str, name: str) -> None:
+        """Make the host agree with the tenant pod ``namespace/name`` (present or not)."""
+        tenant_pod = await self.tenant_api.get(_pod_path(namespace, name))
+        host_path = _pod_path(self.host_namespace, hostpod.host_name(namespace, name))
+        host_pod = await self.host_api.get(host_path)
+        uid = tenant_pod["metadata"]["uid"] if tenant_pod else None
+        if host_pod is not None and (host_pod["metadata"].get("annotations") or {}).get(hostpod.UID) != uid:
+            await self._delete_host(host_pod)  # its tenant pod is gone, or is another pod of that name now
+            return
+        if tenant_pod is None:
+            return
+        spec = tenant_pod.get("spec") or {}
+        ours = spec.get("nodeName") == self.node.name
+        if not spec.get("nodeName") and not _meant_for_the_fleet(spec) and toleration.asks_for_gpus(tenant_pod):
+            await self._tolerate(tenant_pod)  # admitted before the policy was in force
+            return  # (its update brings it back)
+        if not ours and not (not spec.get("nodeName") and _meant_for_the_fleet(spec)):
+            return  # another node's pod, or an ordinary pod not yet scheduled
+        refused = hostpod.refusals(tenant_pod, labels(self.tenant))
+        if refused and not tenant_pod["metadata"].get("deletionTimestamp"):
+            await self._refuse(tenant_pod, refused)  # (said before binding too: a host-node selector never binds)
+            return
+        if not ours:
+            return  # the tenant's scheduler binds it
+        if tenant_pod["metadata"].get("deletionTimestamp"):
+            if host_pod is not None:
+                await self._delete_host(host_pod)
+            else:  # the host pod is gone: the tenant pod's deletion ends, as a kubelet ends it
+                await self._finish_deletion(tenant_pod)
+            return
+        if host_pod is None:
+            await self._create_host(tenant_pod)
+            return
+        await self._copy_status(tenant_pod, host_pod)
+
+    async def _tolerate(self, pod: dict) -> None:
+        """Add the node's toleration, as the policy would have (a pod may gain tolerations)."""
+        meta = pod["metadata"]
+        patch = [{"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
+                 *toleration.patch(pod["spec"])]
+        await self.tenant_api.patch(_pod_path(meta["namespace"], meta["name"]), patch, "json")
+
+    async def _create_host(self, pod: dict) -> None:
+        meta = pod["metadata"]
+        refs = hostpod.references(pod)
+        names = {ref: hostpod.host_name(meta["namespace"], ref[1]) for ref in refs}
+        try:
+            made = await self.host_api.create(f"/api/v1/namespaces/{self.host_namespace}/pods",
+                                              hostpod.mirror(pod, self.tenant, self.host_namespace, names))
+        except AlreadyExists:
+            return  # made by an earlier pass (its watch event brings the status)
+        except KubeError as exc:
+            if exc.status in (400, 403, 422):  # the host's own admission said no: the tenant hears why
+                await self._event(pod, REFUSED, f"the host refused the pod: {exc}")
+                return
+            raise
+        for kind, name in refs:
+            await self._copy_object(meta["namespace"], kind, name, names[(kind, name)], made)
+        log.info("tenant %s pod %s/%s runs as %s/%s", self.tenant, meta["namespace"], meta["name"],
+                 self.host_namespace, made["metadata"]["name"])
+
+    async def _copy_object(self, namespace: str, kind: str, name: str, host_name: str, owner: dict) -> None:
+        """The host copy of a ConfigMap or Secret the pod reads, owned by the host pods that read it."""
+        plural = {"ConfigMap": "configmaps", "Secret": "secrets"}[kind]
+        source = await self.tenant_api.get(f"/api/v1/namespaces/{namespace}/{plural}/{name}")
+        if source is None:
+            return  # the kubelet waits for it, as for any missing volume; a later pass copies it
+        owner_ref = {"apiVersion": "v1", "kind": "Pod", "name": owner["metadata"]["name"],
+                     "uid": owner["metadata"]["uid"]}
+        collection = f"/api/v1/namespaces/{self.host_namespace}/{plural}"
+        existing = await self.host_api.get(f"{collection}/{host_name}")
+        owners = [o for o in (existing or {}).get("metadata", {}).get("ownerReferences") or []
+                  if o["uid"] != owner_ref["uid"]] + [owner_ref]
+        copy = {"apiVersion": "v1", "kind": kind,
+                "metadata": {"name": host_name, "namespace": self.host_namespace,
+                             "labels": {hostpod.TENANT: self.tenant}, "ownerReferences": owners,
+                             "annotations": {hostpod.NAMESPACE: namespace, hostpod.NAME: name}},
+                **{k: source[k] for k in ("data", "binaryData", "type") if k in source}}
+        if existing is None:
+            try:
+                await self.host_api.create(collection, copy)
+                return
+            except AlreadyExists:
+                existing = await self.host_api.get(f"{collection}/{host_name}")
+        if existing is not None:
+            copy["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
+            await self.host_api.replace(f"{collection}/{host_name}", copy)  # Conflict: retried by _work
+
+    async def _delete_host(self, host_pod: dict) -> None:
+        meta = host_pod["metadata"]
+        if meta.get("deletionTimestamp"):
+            return  # already going; its DELETED event brings this pod back
+        try:
+            await self.host_api.delete(_pod_path(self.host_namespace, meta["name"]),
+                                       preconditions={"uid": meta["uid"]})
+        except (NotFound, Conflict):
+            pass
+
+    async def _finish_deletion(self, pod: dict) -> None:
+        meta = pod["metadata"]
+        try:
+            await self.tenant_api.delete(_pod_path(meta["namespace"], meta["name"]),
+                                         preconditions={"uid": meta["uid"]}, grace_seconds=0)
+        except (NotFound, Conflict):
+            pass
+
+    async def _copy_status(self, tenant_pod: dict, host_pod: dict) -> None:
+        wanted = hostpod.status_for_tenant(host_pod)
+        have = tenant_pod.get("status") or {}
+        if all(have.get(k) == v for k, v in wanted.items()):
+            return
+        await self.tenant_api.patch_status(_pod_path(tenant_pod["metadata"]["namespace"],
+                                                     tenant_pod["metadata"]["name"]), {"status": wanted})
+
+    async def _refuse(self, pod: dict, fields: list[str]) -> None:
+        await self._event(pod, REFUSED, f"not run on the shared fleet: {', '.join(fields)} would reach the host "
+                                        "(remove the field; a tenant's pod gets no host network, paths, "
+                                        "privileges or nodes)")
+
+    async def _event(self, pod: dict, reason: str, message: str, suffix: str | None = None,
+                     kind: str = "Warning", count: int = 1) -> None:
+        """An event on the tenant's pod (one per pod, reason and ``suffix``: repeats count up)."""
+        meta = pod["metadata"]
+        name = f"{meta['name']}.{meta['uid'][:8]}.{suffix or reason.lower()}"
+        path = f"/api/v1/namespaces/{meta['namespace']}/events"
+        now = _stamp()
+        event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": meta["namespace"]},
+                 "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": meta["namespace"],
+                                    "name": meta["name"], "uid": meta["uid"]},
+                 "reason": reason, "message": message, "type": kind, "count": count,
+                 "source": {"component": "tessera-tenant-pods", "host": self.node.name},
+                 "firstTimestamp": now, "lastTimestamp": now}
+        try:
+            await self.tenant_api.create(path, event)
+        except AlreadyExists:
+            await self.tenant_api.patch(f"{path}/{name}", {"count": count, "lastTimestamp": now, "message": message})
+
+    # --- the host's events, told in the tenant's cluster ---------------------------------------------
+
+    async def _watch_host_events(self) -> None:
+        path = f"/api/v1/namespaces/{self.host_namespace}/events"
+        async for change, event in self.host_api.watch(path, field_selector="involvedObject.kind=Pod"):
+            if change != "DELETED":
+                await self._relay(event)
+
+    async def _relay(self, event: dict) -> None:
+        host_pod = await self.host_api.get(_pod_path(self.host_namespace, event["involvedObject"]["name"]))
+        notes = (host_pod or {}).get("metadata", {}).get("annotations") or {}
+        if (host_pod or {}).get("metadata", {}).get("labels", {}).get(hostpod.TENANT) != self.tenant:
+            return  # not a pod of this tenant's
+        tenant_pod = await self.tenant_api.get(_pod_path(notes[hostpod.NAMESPACE], notes[hostpod.NAME]))
+        if tenant_pod is None or tenant_pod["metadata"]["uid"] != notes.get(hostpod.UID):
+            return
+        try:
+            await self._event(tenant_pod, event.get("reason", ""), event.get("message", ""),
+                              suffix=f"host.{event['metadata']['name'].rsplit('.', 1)[-1]}",
+                              kind=event.get("type", "Normal"), count=int(event.get("count") or 1))
+        except KubeError as exc:
+            log.warning("tenant %s: event %s not relayed: %s", self.tenant, event["metadata"]["name"], exc)
+
+    # --- the tenant's end ----------------------------------------------------------------------------
+
+    async def clear(self) -> None:
+        """Remove the virtual node and everything mirrored for the tenant (its teardown)."""
+        selector = f"{hostpod.TENANT}={self.tenant}"
+        for plural in ("pods", "configmaps", "secrets"):
+            await self.host_api.call("DELETE", f"/api/v1/namespaces/{self.host_namespace}/{plural}",
+                                     query=[("labelSelector", selector)])
+        await toleration.remove(self.tenant_api)
+        await self.node.remove()
