@@ -157,7 +157,11 @@ class ClaimSpec(Struct, frozen=True, kw_only=True):
     nouse_uuids: list[str] = []
     node_policy: Policy | None = None  # None: the placement service's default
     gpu_policy: Policy | None = None
+    # Larger = more important (the Kubernetes convention). Orders the waiting queue, and a claim
+    # that fits nowhere may preempt preemptible claims of strictly lower priority (`preemption`).
     priority: Annotated[int, Meta(ge=0, le=100)] = 0
+    # False: never preempted, whatever asks.
+    preemptible: bool = True
     cpu_millis: Annotated[int, Meta(ge=0)] = 0
     host_memory_mib: Annotated[int, Meta(ge=0)] = 0
     # Pin to one node (tessera run asks for the node it runs on).
@@ -456,6 +460,10 @@ class LedgerEntry(Struct, frozen=True, kw_only=True):
     # memory and pod slot count on this node in placement's view (as the scheduler counts the pods
     # it has assumed), so that two pods placed at once never overfill the node.
     pod_uid: str = ""
+    # The claim's `ClaimSpec.priority` and `preemptible`, kept with what it holds: what decides
+    # whether it may be preempted is read from the ledger alone (`placement.preemption`).
+    priority: int = 0
+    preemptible: bool = True
 
 
 class NodeLedger(Struct, kw_only=True):

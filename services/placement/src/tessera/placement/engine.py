@@ -102,7 +102,8 @@ def ledger_entry(claim_id: str, tenant: str, spec: ClaimSpec, placement: Placeme
     """The ledger entry that records `placement` for this claim (``pod_uid``: Kubernetes mode, the
     claim's pod)."""
     return LedgerEntry(claim=claim_id, tenant=tenant, shares=placement.shares,
-                       cpu_millis=spec.cpu_millis, host_memory_mib=spec.host_memory_mib, pod_uid=pod_uid)
+                       cpu_millis=spec.cpu_millis, host_memory_mib=spec.host_memory_mib, pod_uid=pod_uid,
+                       priority=spec.priority, preemptible=spec.preemptible)
 
 
 def _q9(x: float) -> float:
