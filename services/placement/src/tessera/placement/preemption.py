@@ -49,6 +49,7 @@ class Victims:
 
     claims: list[str] = field(default_factory=list)
     freed_mib: int = 0
+    order: tuple = ()  # its place in the stated order, to compare the choices of several nodes
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,8 @@ def choose_victims(need: Need, devices: Sequence[GpuDevice], entries: Mapping[st
             if best is None or key < best[0]:
                 best = (key, group)
         if best is not None:
-            group = best[1]
-            return Victims(claims=[e.claim for e in group], freed_mib=_memory(group))
+            key, group = best
+            return Victims(claims=[e.claim for e in group], freed_mib=_memory(group), order=key)
     return NoVictims(reason=_why_not(need, priority, touching, allowed, candidates))
 
 

@@ -66,6 +66,7 @@ from tessera.placement.engine import COMPILED_CORE, Placement, Placer, Rejection
 from tessera.placement.commit import Booking, GroupCommit
 from tessera.placement.fleet import Fleet
 from tessera.placement.outcomes import Allocation, OutcomeWriter, Refusal
+from tessera.placement.preempting import Preemptions
 from tessera.placement.release import Releases
 from tessera.placement.view import FleetView
 from tessera.placement.quota import has_limits, over_quota
@@ -125,6 +126,7 @@ class PlacementService:
         self.committer = GroupCommit(self.view, self.counts)
         self.outcomes = OutcomeWriter(self)
         self.releases = Releases(self)
+        self.preemptions = Preemptions(self)
         self.kube: ClaimStatusSync | None = None
         # Kubernetes mode: the cluster's Nodes and pods, which kube-scheduler's filters read.
         self.cluster: ClusterNodes | None = None
@@ -301,6 +303,7 @@ class PlacementService:
             and event.claim not in seen
             and event.tenant in self.tenants_known
             and not has_limits(self.quotas.get(event.tenant))
+            and not (self.settings.preemption and event.spec.priority > 0)  # may preempt: the one-claim path
         )
 
     async def handle_batch(self, items: Sequence[tuple[ClaimEvent, Delivery]]) -> list[BaseException | None]:
@@ -533,7 +536,9 @@ class PlacementService:
         self.metrics.decided_single.observe(time.perf_counter() - started)
         spans.decided(self.placer, event, decision)
         if isinstance(decision, Rejection):
-            await self._unschedulable(event, decision.reason, decision.filtered, record, revision)
+            preempting = await self.preemptions.attempt(event)
+            reason = decision.reason if preempting is None else f"{decision.reason}; {preempting}"
+            await self._unschedulable(event, reason, decision.filtered, record, revision)
             return False
         assert isinstance(decision, Placement)
         entry = ledger_entry(event.claim, event.tenant, event.spec, decision, _pod_uid(event.kube or record.kube))

@@ -38,6 +38,11 @@ class PlacementSettings(FromEnv):
         "workload mix is republished and run the garbage collector's young passes, instead of inside a claim's "
         "decision (`idlework`); `false` only to measure what that buys "
         "(`tessera bench placement-nats --models default,no-idle-work`)", True)
+    # Preemption (`preemption`, `preempting`): off, a claim's priority only orders the waiting queue.
+    preemption: bool = setting(
+        "TESSERA_PLACEMENT_PREEMPTION", "`true`: a claim that fits nowhere has strictly lower-priority, "
+        "preemptible claims on one node released to make room (victims chosen as `tessera.placement.preemption` "
+        "states), and is placed once their ledger entries are gone", False)
     batch: int = setting("TESSERA_PLACEMENT_BATCH", "requested claims fetched and decided per batch", 256, minimum=1)
     # The reconciler (tessera.placement.reconcile): how often it checks placement's invariants, and
     # how old a record or ledger entry must be before it is repaired (younger: maybe mid-commit).

@@ -1,0 +1,106 @@
+"""Placement's part of preempting: releasing the victims a claim that fits nowhere may displace.
+
+`preemption` chooses the victims on each node from placement's view of the ledger; this picks the
+node whose victims cost least (the same order) and releases them the way any release of a claim on
+a node travels: the claim's record is marked release-requested with the reason, and the request is
+addressed to the node's enforcer, which stops the workload (SIGTERM, then SIGKILL after its grace
+period), removes the ledger entry and records the claim released. The preempting claim stays
+waiting meanwhile and is placed by the retry that the ledger's change wakes: it is committed only
+where the ledger, read as it is then, has room, so no GPU is over-committed at any instant.
+
+Not done here (yet): claims of several requests, host CPU and memory, and holding the freed room
+for the preemptor (another waiting claim may take it first, and the preemptor preempts again).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from tessera.shared.events import ClaimReleaseRequested, ClaimRequested, ClaimSpec, GpuDevice
+from tessera.shared.lifecycle import ReleaseRoute
+
+from tessera.placement.preemption import Need, NoVictims, Victims, choose_victims
+
+if TYPE_CHECKING:
+    from tessera.placement.service import PlacementService
+
+log = logging.getLogger(__name__)
+
+
+def need_of(spec: ClaimSpec, devices: list[GpuDevice]) -> Need:
+    """The claim's per-GPU demand on these GPUs (a memory percentage of the smallest of them)."""
+    memory = spec.memory_mib
+    if memory is None and spec.memory_percent is not None and devices:
+        memory = min(d.memory_mib for d in devices) * spec.memory_percent // 100
+    return Need(gpus=spec.gpus, memory_mib=memory, cores=spec.cores)
+
+
+def eligible(spec: ClaimSpec, devices: list[GpuDevice]) -> list[GpuDevice]:
+    """The GPUs the claim's own filters allow (models by substring, as HAMi matches them; UUIDs)."""
+    def model_ok(d: GpuDevice) -> bool:
+        model = d.model.lower()
+        if spec.use_types and not any(t.lower() in model for t in spec.use_types):
+            return False
+        return not any(t.lower() in model for t in spec.nouse_types)
+
+    return [d for d in devices if model_ok(d)
+            and (not spec.use_uuids or d.uuid in spec.use_uuids) and d.uuid not in spec.nouse_uuids]
+
+
+class Preemptions:
+    def __init__(self, svc: "PlacementService") -> None:
+        self.svc = svc
+
+    def choose(self, claim: str, spec: ClaimSpec) -> tuple[str, Victims] | NoVictims:
+        """The node and victims that cost least for this claim, or why there are none."""
+        if spec.requests:
+            return NoVictims("a claim of several requests does not preempt (not supported yet)")
+        if spec.cpu_millis or spec.host_memory_mib:
+            return NoVictims("a claim asking for host CPU or memory does not preempt (not supported yet)")
+        best: tuple[tuple, str, Victims] | None = None
+        reasons: list[str] = []
+        for node, inventory in sorted(self.svc.inventories.items()):
+            if spec.node is not None and node != spec.node:
+                continue
+            devices = eligible(spec, list(inventory.devices))
+            if len(devices) < spec.gpus:
+                continue
+            ledger, _ = self.svc.view.ledger_of(node)
+            entries = {c: e for c, e in ledger.entries.items() if c != claim}
+            got = choose_victims(need_of(spec, devices), devices, entries, spec.priority,
+                                 eligible={d.index for d in devices})
+            if isinstance(got, NoVictims):
+                reasons.append(f"{node}: {got.reason}")
+            elif got.claims:  # (none: it fits there by GPU, and what the engine refused is not a GPU)
+                key = (got.order, node)
+                if best is None or key < best[0]:
+                    best = (key, node, got)
+        if best is None:
+            return NoVictims("; ".join(reasons) or "no node has GPUs this claim may use")
+        return best[1], best[2]
+
+    async def attempt(self, event: ClaimRequested) -> str | None:
+        """Release the cheapest victims for this claim; what to tell about it, or None when none."""
+        if not self.svc.settings.preemption:
+            return None
+        if event.spec.priority <= 0:
+            return "nothing to preempt: priority 0 is the lowest, and only lower priorities are preempted"
+        chosen = self.choose(event.claim, event.spec)
+        if isinstance(chosen, NoVictims):
+            return f"nothing to preempt: {chosen.reason}"
+        node, victims = chosen
+        ledger, _ = self.svc.view.ledger_of(node)
+        route = ReleaseRoute("enforcer", node)
+        for victim in victims.claims:
+            entry = ledger.entries[victim]
+            reason = (f"preempted by {event.claim} of tenant {event.tenant} (priority {event.spec.priority} > "
+                      f"{entry.priority})")
+            await self.svc.claims.mark_release_requested(victim, reason)
+            await self.svc.bus.publish(
+                route.subject(entry.tenant, victim),
+                ClaimReleaseRequested(claim=victim, tenant=entry.tenant, reason=reason),
+                msg_id=route.msg_id(victim),
+            )
+        log.info("%s (priority %d) preempts %s on %s", event.claim, event.spec.priority, victims.claims, node)
+        return f"preempting {', '.join(victims.claims)} on {node}: placed once they are released"

@@ -1,0 +1,68 @@
+"""Preemption on a real local cluster (nats-server, translator, placement, enforcers as processes),
+with the auditor over every ledger revision: a high-priority claim that fits nowhere on its node
+has lower-priority claims released by their enforcer, and is allocated only once their ledger
+entries are gone; at no revision is a GPU over-committed. A claim of equal priority preempts
+nothing and waits, saying why."""
+
+from __future__ import annotations
+
+from tessera.shared import api, subjects
+from tessera.shared.events import GpuQuota
+
+from tessera.cli.client import Client
+
+from auditor import Accepted, Auditor
+
+PREEMPTION = {"TESSERA_PLACEMENT_PREEMPTION": "true", "TESSERA_RECLAIM_SECONDS": "2",
+              "TESSERA_USAGE_SECONDS": "0.2", "TESSERA_USAGE_HEARTBEAT_SECONDS": "2"}
+HALF = 40000  # MiB: two fill one 81,559 MiB GPU of tiny.yaml
+
+
+async def test_a_higher_priority_claim_takes_the_place_of_lower_ones_never_over_committing(start_cluster):
+    cluster = await start_cluster("tiny.yaml", extra_env=PREEMPTION, stop_timeout=2)
+    client = await Client.connect(cluster.url)
+    try:
+        await client.call(f"{subjects.API_TENANTS}.create", api.TenantRequest(name="alpha", quota=GpuQuota(gpus=8)),
+                          timeout=30)
+        auditor = await Auditor.start(cluster.url)
+        try:
+            accepted: dict[str, Accepted] = {}
+
+            async def submit(priority: int | None = None) -> str:
+                resources = {"nvidia.com/gpumem": HALF} | ({} if priority is None else {"nvidia.com/priority": priority})
+                claim = (await client.submit(api.SubmitRequest(tenant="alpha", resources=resources,
+                                                               node="gpu-0")))["claim"]
+                accepted[claim] = Accepted(claim, "alpha")
+                return claim
+
+            low = [await submit() for _ in range(4)]  # unset: HAMi's low priority, ClaimSpec.priority 0
+            for claim in low:
+                await client.wait_for(claim, {"allocated", "prepared", "running"}, timeout=60)
+
+            equal = await submit()  # priority 0 as well: fits nowhere, preempts nothing
+            waiting = await client.wait_for(equal, {"unschedulable"}, timeout=60)
+            assert "nothing to preempt" in waiting.reason, waiting.reason
+            assert [c for c in low if (await client.claim(c)).release_requested] == []
+            await client.release(equal)
+            accepted[equal].release_requested = True
+            await client.wait_for(equal, {"released"}, timeout=60)
+
+            high = await submit(priority=0)  # HAMi's high priority: ClaimSpec.priority 100
+            placed = await client.wait_for(high, {"allocated", "prepared", "running"}, timeout=90)
+            assert placed.node == "gpu-0"
+            records = {c: await client.claim(c) for c in low}
+            victims = sorted(c for c, r in records.items() if r.release_requested)
+            assert len(victims) == 1, {c: (r.state, r.reason) for c, r in records.items()}
+            for victim in victims:
+                record = await client.wait_for(victim, {"released"}, timeout=60)
+                assert f"preempted by {high}" in record.reason and "priority 100 > 0" in record.reason
+                accepted[victim].release_requested = True
+            await client.wait_for(high, {"prepared", "running"}, timeout=60)  # its enforcer done with it
+            # The preemptor's GPU holds it and the survivors only: no share was sold twice.
+            findings = await auditor.audit(accepted)
+            assert findings.clean, findings.lines()
+            assert auditor.ledger.revisions >= 6  # four lows, the high, a victim's removal at least
+        finally:
+            await auditor.close()
+    finally:
+        await client.close()
