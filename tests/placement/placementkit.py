@@ -35,7 +35,8 @@ class Replica:
 
 
 @contextlib.asynccontextmanager
-async def replicas(nats_url: str, count: int = 1, *, watch: bool = True, nodes=("n1", "n2")):
+async def replicas(nats_url: str, count: int = 1, *, watch: bool = True, nodes=("n1", "n2"),
+                   settings: PlacementSettings | None = None):
     """``count`` placement replicas with their watchers running (not their consumers)."""
     buses, made = [], []
     try:
@@ -49,7 +50,7 @@ async def replicas(nats_url: str, count: int = 1, *, watch: bool = True, nodes=(
                     await inv.put(name, encode(inventory(name, gpus=2)))
             ctx = ServiceContext(settings=SimpleNamespace(instance=f"r{i}", service="placement", metrics_legacy=True), bus=bus,
                                  telemetry=Telemetry("placement", None))
-            svc = PlacementService(ctx, PlacementSettings())
+            svc = PlacementService(ctx, settings or PlacementSettings())
             roots = await svc.start()
             tasks = {}
             for name, coroutine in roots.items():
