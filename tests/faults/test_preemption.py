@@ -7,7 +7,7 @@ nothing and waits, saying why."""
 from __future__ import annotations
 
 from tessera.shared import api, subjects
-from tessera.shared.events import GpuQuota
+from tessera.shared.events import ClaimSpec, GpuQuota
 
 from tessera.cli.client import Client
 
@@ -64,5 +64,25 @@ async def test_a_higher_priority_claim_takes_the_place_of_lower_ones_never_over_
             assert auditor.ledger.revisions >= 6  # four lows, the high, a victim's removal at least
         finally:
             await auditor.close()
+    finally:
+        await client.close()
+
+
+async def test_a_non_preemptible_claim_is_never_preempted_and_the_waiting_claim_says_why(start_cluster):
+    cluster = await start_cluster("tiny.yaml", extra_env=PREEMPTION, stop_timeout=2)
+    client = await Client.connect(cluster.url)
+    try:
+        await client.call(f"{subjects.API_TENANTS}.create", api.TenantRequest(name="alpha", quota=GpuQuota(gpus=8)),
+                          timeout=30)
+        guarded = ClaimSpec(gpus=2, memory_mib=81559, cores=100, priority=0, preemptible=False)
+        kept = (await client.submit(api.SubmitRequest(tenant="alpha", spec=guarded, node="gpu-0")))["claim"]
+        await client.wait_for(kept, {"allocated", "prepared", "running"}, timeout=60)
+
+        high = (await client.submit(api.SubmitRequest(
+            tenant="alpha", spec=ClaimSpec(memory_mib=HALF, priority=100), node="gpu-0")))["claim"]
+        waiting = await client.wait_for(high, {"unschedulable"}, timeout=60)
+        assert "nothing to preempt" in waiting.reason and f"{kept} (non-preemptible)" in waiting.reason, \
+            waiting.reason
+        assert not (await client.claim(kept)).release_requested
     finally:
         await client.close()
