@@ -107,3 +107,10 @@ def test_says_what_it_would_have_needed():
     got = choose_victims(Need(gpus=1, memory_mib=80000), [gpu(0)], node, priority=50)
     assert isinstance(got, NoVictims)
     assert "b" in got.reason and "priority 90" in got.reason
+
+
+def test_many_small_victims_when_that_is_what_it_takes():
+    # Ten 8,000 MiB slices fill the GPU; 40,000 MiB needs five of them gone: the five lowest.
+    node = entries(*(held(f"s{k}", 0, 8000, priority=k) for k in range(10)))
+    got = choose_victims(Need(gpus=1, memory_mib=40000), [gpu(0)], node, priority=50)
+    assert isinstance(got, Victims) and got.claims == ["s0", "s1", "s2", "s3", "s4"]

@@ -16,8 +16,11 @@ Among the victim sets that make the claim fit, the one chosen is, in this order:
    work lost;
 5. then the claim ids, so that two replicas deciding alike choose alike.
 
-Sets are tried smallest first, at most `MAX_VICTIMS` claims, from the `MAX_CANDIDATES` lowest
--priority candidates on the GPUs the claim may use: a bounded search, not an exhaustive one.
+The search is per GPU, then over the GPUs the claim needs: on each GPU the fewest-victim sets
+that make it fit (from its `MAX_PER_GPU` lowest-priority candidates), the best few kept; then each
+choice of GPUs with their sets, checked whole (at most `MAX_VICTIMS` victims). Exact in the order
+above for victims that hold one GPU each; a victim across several GPUs is counted once where it
+frees more than one, but sets built around such victims are not searched exhaustively.
 Host CPU and memory are not freed here; a claim short of those is not helped by preemption.
 """
 
@@ -25,12 +28,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import combinations
+from itertools import combinations, product
 
 from tessera.shared.events import GpuDevice, LedgerEntry
 
-MAX_VICTIMS = 4
-MAX_CANDIDATES = 24
+MAX_VICTIMS = 8
+MAX_PER_GPU = 12
+_KEEP = 4
 EXCLUSIVE = 100
 
 
@@ -64,20 +68,43 @@ def choose_victims(need: Need, devices: Sequence[GpuDevice], entries: Mapping[st
     usable = {d.index: d for d in devices if d.healthy and (eligible is None or d.index in eligible)}
     touching = [e for e in entries.values() if any(s.index in usable for s in e.shares)]
     allowed = [e for e in touching if e.preemptible and e.priority < priority]
-    allowed.sort(key=lambda e: (e.priority, -e.ts, e.claim))
-    candidates = allowed[:MAX_CANDIDATES]
+    if _fits(need, usable, entries, set()):
+        return Victims(order=_order(need, ()))
+    per_gpu = {i: _gpu_choices(need, device, entries, allowed) for i, device in usable.items()}
     best: tuple | None = None
-    for size in range(0, min(MAX_VICTIMS, len(candidates)) + 1):
-        for group in combinations(candidates, size):
-            if not _fits(need, usable, entries, {e.claim for e in group}):
+    for gpus in combinations(sorted(i for i, sets in per_gpu.items() if sets), need.gpus):
+        # Each GPU's best few sets where two GPUs are wanted, its best one beyond (a bounded search).
+        depth = _KEEP if need.gpus <= 2 else 1
+        for pick in product(*(per_gpu[i][:depth] for i in gpus)):
+            group = tuple({e.claim: e for g in pick for e in g}.values())
+            if len(group) > MAX_VICTIMS or not _fits(need, usable, entries, {e.claim for e in group}):
                 continue
             key = _order(need, group)
             if best is None or key < best[0]:
                 best = (key, group)
-        if best is not None:
-            key, group = best
-            return Victims(claims=[e.claim for e in group], freed_mib=_memory(group), order=key)
-    return NoVictims(reason=_why_not(need, priority, touching, allowed, candidates))
+    if best is None:
+        return NoVictims(reason=_why_not(need, priority, touching, allowed))
+    key, group = best
+    return Victims(claims=[e.claim for e in sorted(group, key=lambda e: e.claim)], freed_mib=_memory(group),
+                   order=key)
+
+
+def _gpu_choices(need: Need, device: GpuDevice, entries: Mapping[str, LedgerEntry],
+                 allowed: Sequence[LedgerEntry]) -> list[tuple[LedgerEntry, ...]]:
+    """The fewest-victim sets that make this one GPU fit, best first (at most `_KEEP`); ``[()]``
+    where it fits as it is, ``[]`` where no set of at most `MAX_VICTIMS` does."""
+    on = {device.index: device}
+    entries = {c: e for c, e in entries.items() if any(s.index == device.index for s in e.shares)}
+    if _fits(Need(1, need.memory_mib, need.cores), on, entries, set()):
+        return [()]
+    here = sorted((e for e in allowed if any(s.index == device.index for s in e.shares)),
+                  key=lambda e: (e.priority, -e.ts, e.claim))[:MAX_PER_GPU]
+    for size in range(1, min(MAX_VICTIMS, len(here)) + 1):
+        found = [group for group in combinations(here, size)
+                 if _fits(Need(1, need.memory_mib, need.cores), on, entries, {e.claim for e in group})]
+        if found:
+            return sorted(found, key=lambda g: _order(need, g))[:_KEEP]
+    return []
 
 
 def _fits(need: Need, usable: Mapping[int, GpuDevice], entries: Mapping[str, LedgerEntry],
@@ -128,14 +155,13 @@ def _describe(entry: LedgerEntry) -> str:
     return f"{entry.claim} (non-preemptible)" if not entry.preemptible else f"{entry.claim} (priority {entry.priority})"
 
 
-def _why_not(need: Need, priority: int, touching: Sequence[LedgerEntry], allowed: Sequence[LedgerEntry],
-             candidates: Sequence[LedgerEntry]) -> str:
+def _why_not(need: Need, priority: int, touching: Sequence[LedgerEntry], allowed: Sequence[LedgerEntry]) -> str:
     memory = "whole GPUs" if need.memory_mib is None else f"{need.memory_mib} MiB"
     wanted = f"{need.gpus} x {memory}" + (f", {need.cores}% cores" if need.cores else "")
     kept = [e for e in touching if e not in allowed]
     parts = [f"preempting claims of priority below {priority} frees no room for {wanted} here"]
-    if len(allowed) > len(candidates) or len(candidates) > MAX_VICTIMS:
-        parts.append(f"(at most {MAX_VICTIMS} victims among the {MAX_CANDIDATES} lowest-priority claims are tried)")
+    if allowed:
+        parts.append(f"(at most {MAX_VICTIMS} victims, {MAX_PER_GPU} lowest-priority candidates per GPU, tried)")
     if kept:
         parts.append("; it would also need " + ", ".join(_describe(e) for e in sorted(kept, key=lambda e: e.claim)))
     return " ".join(parts)
