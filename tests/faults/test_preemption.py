@@ -18,12 +18,18 @@ PREEMPTION = {"TESSERA_PLACEMENT_PREEMPTION": "true", "TESSERA_RECLAIM_SECONDS":
 HALF = 40000  # MiB: two fill one 81,559 MiB GPU of tiny.yaml
 
 
-async def test_a_higher_priority_claim_takes_the_place_of_lower_ones_never_over_committing(start_cluster):
+async def _cluster_of_alpha(start_cluster):
+    """A local cluster with preemption on and the tenant ``alpha``, and a client of it."""
     cluster = await start_cluster("tiny.yaml", extra_env=PREEMPTION, stop_timeout=2)
     client = await Client.connect(cluster.url)
+    await client.call(f"{subjects.API_TENANTS}.create", api.TenantRequest(name="alpha", quota=GpuQuota(gpus=8)),
+                      timeout=30)
+    return cluster, client
+
+
+async def test_a_higher_priority_claim_takes_the_place_of_lower_ones_never_over_committing(start_cluster):
+    cluster, client = await _cluster_of_alpha(start_cluster)
     try:
-        await client.call(f"{subjects.API_TENANTS}.create", api.TenantRequest(name="alpha", quota=GpuQuota(gpus=8)),
-                          timeout=30)
         auditor = await Auditor.start(cluster.url)
         try:
             accepted: dict[str, Accepted] = {}
@@ -57,7 +63,8 @@ async def test_a_higher_priority_claim_takes_the_place_of_lower_ones_never_over_
                 record = await client.wait_for(victim, {"released"}, timeout=60)
                 assert f"preempted by {high}" in record.reason and "priority 100 > 0" in record.reason
                 accepted[victim].release_requested = True
-            await client.wait_for(high, {"prepared", "running"}, timeout=60)  # its enforcer done with it
+            for claim in [high, *(c for c in low if c not in victims)]:  # their enforcer done with them
+                await client.wait_for(claim, {"prepared", "running"}, timeout=60)
             # The preemptor's GPU holds it and the survivors only: no share was sold twice.
             findings = await auditor.audit(accepted)
             assert findings.clean, findings.lines()
@@ -69,11 +76,8 @@ async def test_a_higher_priority_claim_takes_the_place_of_lower_ones_never_over_
 
 
 async def test_a_non_preemptible_claim_is_never_preempted_and_the_waiting_claim_says_why(start_cluster):
-    cluster = await start_cluster("tiny.yaml", extra_env=PREEMPTION, stop_timeout=2)
-    client = await Client.connect(cluster.url)
+    cluster, client = await _cluster_of_alpha(start_cluster)
     try:
-        await client.call(f"{subjects.API_TENANTS}.create", api.TenantRequest(name="alpha", quota=GpuQuota(gpus=8)),
-                          timeout=30)
         guarded = ClaimSpec(gpus=2, memory_mib=81559, cores=100, priority=0, preemptible=False)
         kept = (await client.submit(api.SubmitRequest(tenant="alpha", spec=guarded, node="gpu-0")))["claim"]
         await client.wait_for(kept, {"allocated", "prepared", "running"}, timeout=60)
