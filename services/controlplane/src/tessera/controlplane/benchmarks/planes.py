@@ -9,7 +9,12 @@ tenant. Then: the RSS of one idle tenant's processes, the manager's peak, waking
 (``tessera tenant wake``'s own figure: until the first answered request), and one tenant's reads
 timed while another tenant's API server takes a loop of writes, beside the same reads alone.
 
-    python -m tessera.controlplane.benchmarks.planes --tenants 4,8 --md bench/tenant_control_planes.md
+    python -m tessera.controlplane.benchmarks.planes --tenants 10,20,max --md bench/tenant_control_planes.md
+
+``max`` keeps adding ``--step`` tenants while the box's available memory holds another step (at the
+per-tenant RSS measured so far) and every tenant of the last step served. Progress (each tenant
+serving, each step, each wake, with the 1-minute load average) goes to stderr as it happens; the
+load average at the start and end of each step is written beside its figures.
 
 Kamaji's anchor: 100 control planes Ready in ~7.5 min on one etcd, ~12 mCPU and ~6 MiB each at rest
 (its pods' figures), its manager ~600 MiB.
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import ssl
 import statistics
 import subprocess
@@ -39,6 +45,24 @@ from tessera.shared.bus import Bus
 from tessera.shared.settings import BusSettings
 
 SERVE_TIMEOUT = 900.0
+TENANT_RSS_GUESS_MIB = 600.0  # before any is measured: the 4/8-tenant run's max, bench/tenant_control_planes.md
+MEMORY_RESERVE_MIB = 2048.0  # left to the box (manager, nats-server, the user's shell) when sizing "max"
+_T0 = time.perf_counter()
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
+
+
+def _progress(message: str) -> None:
+    print(f"[{time.perf_counter() - _T0:7.1f} s, load {_load():5.1f}] {message}", file=sys.stderr, flush=True)
+
+
+def _available_mib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("/proc/meminfo has no MemAvailable line")
 
 
 async def _request(bus: Bus, verb: str, body: dict, timeout: float = 120) -> api.Reply:
@@ -77,6 +101,7 @@ async def _served(bus: Bus, name: str, kubectl: Path, workdir: Path, started: fl
                 reply = await _request(bus, "kubeconfig", {"name": name})
                 kubeconfig.write_text(reply.result["kubeconfig"])
             if await _kubectl_ok(kubectl, kubeconfig):
+                _progress(f"{name} serving")
                 return time.perf_counter() - started
         await asyncio.sleep(0.5)
     raise RuntimeError(f"tenant {name} did not serve within {SERVE_TIMEOUT:.0f} s")
@@ -143,7 +168,22 @@ async def _writes(planes: Path, name: str, stop: asyncio.Event) -> int:
     return count
 
 
-async def run(sizes: list[int], wakes: int, workdir: Path) -> dict:
+def _next_size(sizes: list[int], to_max: bool, step: int, made: int, rss_mib: float) -> int | None:
+    """The next cumulative size: the listed ones, then (``to_max``) another ``step`` while memory holds it."""
+    later = [s for s in sizes if s > made]
+    if later:
+        return later[0]
+    if not to_max:
+        return None
+    need = step * rss_mib + MEMORY_RESERVE_MIB
+    have = _available_mib()
+    if have < need:
+        _progress(f"stopping at {made} tenants: {have:.0f} MiB available, another {step} need ~{need:.0f} MiB")
+        return None
+    return made + step
+
+
+async def run(sizes: list[int], wakes: int, workdir: Path, to_max: bool = False, step: int = 10) -> dict:
     planes = workdir / "planes"
     kube_bin, _ = default_bin_dirs()
     server, url, _, env = start_platform(workdir, TESSERA_CP_HOST="local", TESSERA_CP_RESYNC_SECONDS="5",
@@ -156,14 +196,30 @@ async def run(sizes: list[int], wakes: int, workdir: Path) -> dict:
     try:
         await wait_ready(bus)
         made = 0
-        for size in sizes:  # cumulative: the next size adds tenants beside those already serving
+        rss_guess = TENANT_RSS_GUESS_MIB
+        # cumulative: the next size adds tenants beside those already serving
+        while (size := _next_size(sizes, to_max, step, made, rss_guess)) is not None:
             names = [f"t{i:03d}" for i in range(made, size)]
+            load_start = _load()
+            _progress(f"creating {len(names)} tenants ({made} already serving)")
             started = time.perf_counter()
             await asyncio.gather(*(_request(bus, "create", {"name": n}) for n in names))
-            times = await asyncio.gather(*(_served(bus, n, kube_bin / "kubectl", workdir, started) for n in names))
+            got = await asyncio.gather(*(_served(bus, n, kube_bin / "kubectl", workdir, started) for n in names),
+                                       return_exceptions=True)
+            failed = [f"{n}: {t}" for n, t in zip(names, got) if isinstance(t, BaseException)]
+            if failed and made and to_max and size not in sizes:
+                _progress(f"stopping at {made} tenants: of the next {len(names)}, " + "; ".join(failed))
+                break
+            if failed:
+                raise RuntimeError("; ".join(failed))
+            times = [t for t in got if not isinstance(t, BaseException)]
             made = size
+            measured = [_tenant_rss_mib(planes, n) for n in names]
+            rss_guess = max([rss_guess, *(m for m in measured if m == m)])
             result["sizes"].append({"tenants": size, "added": len(names), "total_s": max(times),
-                                    "p50_s": statistics.median(times), "p99_s": percentile(list(times), 0.99)})
+                                    "p50_s": statistics.median(times), "p99_s": percentile(times, 0.99),
+                                    "load_start": load_start, "load_end": _load()})
+            _progress(f"{size} tenants serving after {max(times):.1f} s")
         await asyncio.sleep(20)  # at rest
         rss = [_tenant_rss_mib(planes, f"t{i:03d}") for i in range(made)]
         result["rss_tenant_mib_p50"] = statistics.median(rss)
@@ -173,10 +229,12 @@ async def run(sizes: list[int], wakes: int, workdir: Path) -> dict:
             name = f"t{i:03d}"
             await _request(bus, "sleep", {"name": name})
             woken.append((await _request(bus, "wake", {"name": name}, timeout=300)).result["seconds"])
+            _progress(f"{name} slept and woke: {woken[-1]:.1f} s to the first answered request")
         result["wake_p50_s"] = statistics.median(woken) if woken else float("nan")
         result["wake_p99_s"] = percentile(woken, 0.99) if woken else float("nan")
         result["wakes"] = len(woken)
         if made >= 2:
+            _progress("timing t001's reads alone, then beside t000's writes")
             alone = await _reads(planes, "t001", 10)
             stop = asyncio.Event()
             writer = asyncio.create_task(_writes(planes, "t000", stop))
@@ -202,10 +260,12 @@ async def run(sizes: list[int], wakes: int, workdir: Path) -> dict:
 
 
 def render(r: dict) -> str:
-    lines = ["| tenants serving | added at once | all serving after | per tenant p50 | per tenant p99 |",
-             "|---:|---:|---:|---:|---:|"]
+    lines = ["| tenants serving | added at once | all serving after | per tenant p50 | per tenant p99 "
+             "| load (1 min) start → end |",
+             "|---:|---:|---:|---:|---:|---:|"]
     for s in r["sizes"]:
-        lines.append(f"| {s['tenants']} | {s['added']} | {s['total_s']:.1f} s | {s['p50_s']:.1f} s | {s['p99_s']:.1f} s |")
+        lines.append(f"| {s['tenants']} | {s['added']} | {s['total_s']:.1f} s | {s['p50_s']:.1f} s | {s['p99_s']:.1f} s "
+                     f"| {s['load_start']:.1f} → {s['load_end']:.1f} |")
     lines += ["", f"- RSS of one idle tenant's processes (kube-apiserver, controller manager, scheduler, kine): "
               f"p50 {r['rss_tenant_mib_p50']:.0f} MiB, max {r['rss_tenant_mib_max']:.0f} MiB (Kamaji: ~6 MiB per "
               f"control plane at rest, its figure)",
@@ -223,15 +283,22 @@ def render(r: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tessera.controlplane.benchmarks.planes",
                                      description=__doc__.split("\n")[0])
-    parser.add_argument("--tenants", default="10,20", help="comma-separated cumulative sizes")
+    parser.add_argument("--tenants", default="10,20",
+                        help="comma-separated cumulative sizes; a last 'max' keeps adding --step tenants while they fit")
+    parser.add_argument("--step", type=int, default=10, help="tenants added at once past the listed sizes ('max')")
     parser.add_argument("--wakes", type=int, default=5, help="tenants put to sleep and woken, one by one")
     parser.add_argument("--md", type=Path, help="also write the table to this file")
     args = parser.parse_args(argv)
-    sizes = sorted(int(s) for s in args.tenants.split(","))
-    if sizes[0] < 1:
-        parser.error("--tenants sizes must be at least 1")
+    words = [w.strip() for w in args.tenants.split(",") if w.strip()]
+    to_max = "max" in words
+    try:
+        sizes = sorted(int(w) for w in words if w != "max")
+    except ValueError:
+        parser.error(f"--tenants {args.tenants!r}: give whole numbers and optionally 'max', e.g. 10,20,max")
+    if (sizes and sizes[0] < 1) or args.step < 1 or not (sizes or to_max):
+        parser.error("--tenants sizes and --step must be at least 1, e.g. --tenants 10,20,max --step 10")
     with tempfile.TemporaryDirectory(prefix="tessera-planes-bench-") as tmp:
-        r = asyncio.run(run(sizes, args.wakes, Path(tmp)))
+        r = asyncio.run(run(sizes, args.wakes, Path(tmp), to_max, args.step))
     table = render(r)
     print(table)
     if args.md:
