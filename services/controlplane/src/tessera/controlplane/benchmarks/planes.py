@@ -283,7 +283,7 @@ def render(r: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tessera.controlplane.benchmarks.planes",
                                      description=__doc__.split("\n")[0])
-    parser.add_argument("--tenants", default="10,20",
+    parser.add_argument("--tenants", default="10,20,max",
                         help="comma-separated cumulative sizes; a last 'max' keeps adding --step tenants while they fit")
     parser.add_argument("--step", type=int, default=10, help="tenants added at once past the listed sizes ('max')")
     parser.add_argument("--wakes", type=int, default=5, help="tenants put to sleep and woken, one by one")
