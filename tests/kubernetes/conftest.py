@@ -8,4 +8,4 @@ from kubefixtures import apiserver, kube  # noqa: F401 - fixtures, registered by
 from tesseraworld import world  # noqa: F401 - a fixture, registered by being here
 from tenantpodsync import tenant_cluster  # noqa: F401 - a fixture, registered by being here
 from controlplane.conftest import secured_nats  # noqa: F401 - a fixture, registered by being here
-from controlplane.planes import binaries, planes  # noqa: F401 - fixtures, registered by being here
+from controlplane.planes import binaries, kube_mode, planes  # noqa: F401 - fixtures, registered by being here

@@ -11,6 +11,7 @@ import asyncio
 import logging
 from typing import Callable, Coroutine
 
+from tessera.controlplane import manifests
 from tessera.controlplane.api import TenantApi
 from tessera.controlplane.capacity import HostCapacity
 from tessera.controlplane.claimdrain import ClaimDrain
@@ -23,6 +24,7 @@ from tessera.controlplane.settings import ControlPlaneSettings
 from tessera.controlplane.store import TenantStore
 from tessera.shared import subjects
 from tessera.shared.bus import Bus
+from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.claimstore import ClaimStore
 from tessera.shared.errors import TemporaryError
 from tessera.shared.ledger import Ledger
@@ -48,6 +50,7 @@ class Manager:
         self.drivers = drivers
         self.host = host
         self.settings = settings
+        self._background: set[asyncio.Task] = set()
 
     @classmethod
     async def start(
@@ -68,8 +71,13 @@ class Manager:
 
         drain = ClaimDrain(ClaimStore(await bus.kv(subjects.KV_CLAIMS)), Ledger(await bus.kv(subjects.KV_LEDGER)),
                            publish, span=bus.telemetry.span)
+        pods = None
+        if hasattr(host, "host_api"):  # a Kubernetes host: each Ready tenant's GPU pods run on it
+            from tessera.controlplane.tenantpods.running import TenantPods
+
+            pods = TenantPods(store, host.host_api, getattr(host, "reach", manifests.endpoint))
         reconciler = Reconciler(store, publish, drivers, pki, host, settings.platform_namespace, claims=drain,
-                                teardown_wait=settings.teardown_wait_seconds)
+                                teardown_wait=settings.teardown_wait_seconds, pods=pods)
         capacity = HostCapacity(settings.host_cpu_millis, settings.host_memory_mib)
         planes = host if isinstance(host, LocalControlPlanes) else None  # it sleeps and wakes tenants
         tenants = TenantApi(store, reconciler, capacity, planes=planes)
@@ -78,7 +86,10 @@ class Manager:
             from tessera.controlplane.resources import TenantResources
 
             resources = TenantResources(tenants, store, host.tenant_control_planes())
-        return cls(store, reconciler, tenants, drivers, host, settings, resources)
+        manager = cls(store, reconciler, tenants, drivers, host, settings, resources)
+        if pods is not None:  # a change in a syncer's state is a reconcile: the tenant's status shows it
+            pods.on_change = manager._pods_changed
+        return manager
 
     async def resync_forever(self, on_first: Callable[[], None] | None = None) -> None:
         try:
@@ -124,7 +135,15 @@ class Manager:
         except Exception as exc:  # the next event or resync tries again
             log.warning("reconcile %s after host change failed: %s", tenant, exc)
 
+    def _pods_changed(self, tenant: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._on_host_change(tenant), name=f"pods-changed-{tenant}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def close(self) -> None:
+        if self.reconciler.pods is not None:
+            await self.reconciler.pods.close()
+        await cancel_and_wait(list(self._background))
         await self.host.close()
         for driver in self.drivers.values():
             try:

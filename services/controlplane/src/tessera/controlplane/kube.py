@@ -54,6 +54,11 @@ class KubeHost:
     def tenant_control_planes(self) -> "TenantControlPlanes":
         return TenantControlPlanes(self.kube)
 
+    @property
+    def host_api(self) -> KubeApi:
+        """The host as the manager (tenantpods makes each tenant's own identity with it)."""
+        return self.kube
+
     async def apply(self, tenant: str, objects: list[dict[str, Any]]) -> None:
         for obj in objects:
             if obj["kind"] == "Namespace" and not self.manage_namespaces:

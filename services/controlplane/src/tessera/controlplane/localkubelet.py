@@ -30,6 +30,14 @@ class LocalKubelet:
     def tenant_control_planes(self) -> TenantControlPlanes:
         return self.kube.tenant_control_planes()
 
+    @property
+    def host_api(self):
+        return self.kube.host_api
+
+    def reach(self, record) -> str:
+        """Where the manager reaches the tenant's API server: its local process (no Service routes here)."""
+        return self.planes.endpoint(record)
+
     async def apply(self, tenant: str, objects: list[dict[str, Any]]) -> None:
         await self.kube.apply(tenant, objects)
         await self.planes.apply(tenant, await self.stored_pod(tenant))

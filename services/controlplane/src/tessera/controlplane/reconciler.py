@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from typing import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Awaitable, Callable, Mapping
 
 import msgspec
 
@@ -29,6 +29,9 @@ from tessera.controlplane.store import TenantStore
 from tessera.shared import subjects
 from tessera.shared.errors import ConflictError, TemporaryError
 from tessera.shared.events import GpuQuota, TenantCreated, TenantDeleted, TenantRecord, TenantUpdated
+
+if TYPE_CHECKING:  # (imported by the manager only in Kubernetes mode)
+    from tessera.controlplane.tenantpods.running import TenantPods
 
 log = logging.getLogger("tessera.controlplane.reconciler")
 
@@ -49,7 +52,9 @@ class Reconciler:
         *,
         claims: ClaimDrain,
         teardown_wait: float = 20.0,
+        pods: TenantPods | None = None,
     ) -> None:
+        self.pods = pods  # Kubernetes mode: each Ready tenant's pod syncer
         self.claims = claims
         self.teardown_wait = teardown_wait
         self.platform_namespace = platform_namespace
@@ -103,6 +108,11 @@ class Reconciler:
             left = await self.store.controlplanes.get(name)
             return left.value if left is not None else None
         phase, reason, message, endpoint, scope, not_after = await self._converge(record)
+        if self.pods is not None:  # the syncer needs the tenant's API server: it runs while that is Ready
+            if phase == "Ready":
+                self.pods.start(record)
+            else:
+                await self.pods.stop(name)
         status = TenantControlPlaneStatus(
             phase=phase,
             reason=reason,
@@ -112,6 +122,7 @@ class Reconciler:
             datastore=scope,
             certificates_not_after=not_after,
             last_transition=record.status.last_transition,
+            gpu_pods=self.pods.status(name) if self.pods is not None else "",
         )
         first = record.status.observed_generation == 0
         changed = (
@@ -222,6 +233,8 @@ class Reconciler:
             log.warning("tenant %s: %s", name, message)
             await self._show_teardown(name, "ClaimsNotReleased", message)
             return False
+        if self.pods is not None:
+            await self.pods.remove(record, name)
         await self.host.remove(name)
         try:
             stored = await self.store.secrets.get(name)

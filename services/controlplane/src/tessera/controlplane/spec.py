@@ -131,6 +131,7 @@ class TenantControlPlaneStatus(Struct, kw_only=True, rename="camel"):
     datastore: str = ""  # the tenant's bucket / database / key prefix
     certificates_not_after: float = 0.0
     last_transition: float = field(default_factory=now)
+    gpu_pods: str = ""  # Kubernetes mode: the tenant's pod syncer (Syncing, Starting, Failed: why)
     # Only on the TenantControlPlane object (the status subresource): Ready, and Valid naming the
     # field of a spec the manager refused.
     conditions: list[Condition] = []
