@@ -95,3 +95,27 @@ async def test_the_manager_runs_a_ready_tenants_pod_syncer_and_removes_it_with_t
 
 async def _gone(planes: Planes, tenant: str) -> bool:
     return await planes.record(tenant) is None
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("kube_mode", ["etcd"], indirect=True)
+async def test_a_failing_syncer_shows_in_the_tenants_status_and_is_restarted(kube_mode: Planes, kube_plane):
+    """The host without tenant-pods.yaml's ClusterRole (an operator who left it out): the binding the
+    manager makes grants nothing, the syncer's first host read is refused, and the tenant's status
+    says so (not lost in a log); once the ClusterRole is applied, the restarted syncer runs."""
+    planes = kube_mode
+    await asyncio.to_thread(kube_plane.kubectl, "delete", "clusterrole", "tessera-tenant-pods", "--ignore-not-found")
+    tenant = f"f{uuid.uuid4().hex[:8]}"
+    try:
+        await planes.create(tenant)
+
+        async def status(prefix: str):
+            now = await planes.record(tenant)
+            return now.status.gpu_pods if now is not None and now.status.gpu_pods.startswith(prefix) else None
+        failed = await eventually(lambda: status("Failed: "), timeout=90, what="the tenant's status: GpuPods Failed")
+        assert "forbidden" in failed.lower(), failed
+        await asyncio.to_thread(apply, kube_plane, deployed("controlplane/tenant-pods.yaml"))
+        await eventually(lambda: status("Syncing"), timeout=120, what="the restarted syncer Syncing")
+    finally:
+        await asyncio.to_thread(apply, kube_plane, deployed("controlplane/tenant-pods.yaml"))
+        await planes.call("delete", tenant)

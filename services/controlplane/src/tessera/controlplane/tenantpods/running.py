@@ -111,11 +111,12 @@ class TenantPods:
                 raise RuntimeError("the syncer returned")  # (it runs until cancelled)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
+            except Exception as group:
+                exc = _first(group)
                 delay = BACKOFF[min(failures, len(BACKOFF) - 1)]
                 failures += 1
                 log.warning("tenant %s: the pod syncer failed (%s); restarting in %.0f s", record.name, exc, delay)
-                self._say(record.name, f"Failed: {exc}"[:300])
+                self._say(record.name, f"Failed: {type(exc).__name__}: {exc}"[:300])
                 await asyncio.sleep(delay)
 
     async def _run(self, record: TenantControlPlane, synced: Callable[[], None]) -> None:
@@ -166,6 +167,13 @@ class TenantPods:
             configuration = (await host_api.api()).configuration
             configuration.api_key["BearerToken"] = f"Bearer {await self._token(tenant)}"
             log.info("tenant %s: the pod syncer's host token renewed", tenant)
+
+
+def _first(exc: BaseException) -> BaseException:
+    """The error itself, out of the task groups it came through (what the status should name)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 class _Apis:
