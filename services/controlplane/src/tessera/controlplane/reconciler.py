@@ -110,7 +110,7 @@ class Reconciler:
         phase, reason, message, endpoint, scope, not_after = await self._converge(record)
         if self.pods is not None:  # the syncer needs the tenant's API server: it runs while that is Ready
             if phase == "Ready":
-                self.pods.start(record)
+                await self.pods.start(record)
             else:
                 await self.pods.stop(name)
         status = TenantControlPlaneStatus(

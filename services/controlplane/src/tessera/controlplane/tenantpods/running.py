@@ -55,6 +55,7 @@ class TenantPods:
         self.token_seconds = token_seconds
         self._tasks: dict[str, asyncio.Task] = {}
         self._status: dict[str, str] = {}
+        self._generations: dict[str, int] = {}
 
     def status(self, tenant: str) -> str:
         return self._status.get(tenant, "")
@@ -64,10 +65,15 @@ class TenantPods:
             self._status[tenant] = status
             self.on_change(tenant)
 
-    def start(self, record: TenantControlPlane) -> None:
-        """Keep the tenant's syncer running (a no-op while it runs)."""
+    async def start(self, record: TenantControlPlane) -> None:
+        """Keep the tenant's syncer running (a no-op while it runs the record's generation; a new
+        generation, say a changed quota, restarts it, so that its node says so)."""
         task = self._tasks.get(record.name)
+        if task is not None and self._generations.get(record.name) != record.generation:
+            await self.stop(record.name)
+            task = None
         if task is None or task.done():
+            self._generations[record.name] = record.generation
             self._status.setdefault(record.name, STARTING)
             self._tasks[record.name] = asyncio.create_task(self._keep(record), name=f"tenant-pods-{record.name}")
 
