@@ -7,7 +7,7 @@ created through the manager gets, in its host namespace, the ServiceAccount and 
 manager makes (the real API server accepting the binding from the manager's `bind` grant), the
 syncer runs with a token of that account (its status says Syncing), its cluster has the virtual
 node, and a pod applied with `kubectl --kubeconfig <tenant's>` is mirrored into the host namespace.
-Deleting the tenant removes the mirrored pod, the node and the identity.
+Asleep, the syncer stops; awake, it runs again and keeps the host pod it made. Deleting the tenant removes the mirrored pod, the node and the identity.
 """
 
 from __future__ import annotations
@@ -80,6 +80,16 @@ async def test_the_manager_runs_a_ready_tenants_pod_syncer_and_removes_it_with_t
         made = [e for e in kube_plane.audit() if e["verb"] == "create" and e.get("stage") == "ResponseComplete"
                 and e["objectRef"].get("resource") == "pods" and e["objectRef"].get("namespace") == namespace]
         assert {e["user"]["username"] for e in made} == {f"system:serviceaccount:{namespace}:{ACCOUNT}"}, made
+
+        # asleep (what `tessera tenant sleep` does: the processes stopped, a reconcile): the syncer
+        # stops with its API server; awake again, it runs again and adopts what it had made
+        await planes.host.sleep(tenant)
+        asleep = await planes.manager.reconciler.reconcile(tenant)
+        assert asleep is not None and asleep.status.reason == "Sleeping" and asleep.status.gpu_pods == "", asleep.status
+        await planes.host.wake(tenant)
+        await planes.manager.reconciler.reconcile(tenant)
+        await eventually(syncing, timeout=120, what="the syncer running again after a wake")
+        assert (await admin.get(hosted))["metadata"]["uid"] == mirrored["metadata"]["uid"]
 
         reply = await planes.call("delete", tenant)
         assert reply.ok, reply.error
