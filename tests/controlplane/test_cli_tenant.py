@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+import msgspec
 import pytest
 import yaml
 
 from tessera.cli import tenant
+from tessera.controlplane import api
 from tessera.controlplane.app import Manager
+from tessera.controlplane.spec import TenantControlPlane
 from tessera.controlplane.settings import ControlPlaneSettings
 from tessera.shared import identities, subjects
 from tessera.shared.bus import Bus
@@ -118,3 +121,15 @@ async def test_kubeconfig_prints_the_tenants_admin_kubeconfig_and_sleep_needs_lo
     args = parse("tenant", "sleep", "alpha", "--nats", url)
     assert await args.func(args) != 0
     assert "TESSERA_CP_HOST is not `local`" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("syncer", "shown"), [("", "-"), ("Syncing", "Syncing"),
+                                               ("Failed: Forbidden: pods is forbidden", "Failed: Forbidden: pods is forbidden")])
+def test_get_shows_the_state_of_the_tenants_gpu_pod_syncer(syncer, shown):
+    # What the API returns for a tenant (its view, as JSON would carry it) and what `tessera tenant
+    # get` prints: the pod syncer's state, "-" where none runs (no host cluster).
+    record = TenantControlPlane(name="alpha", uid="u")
+    record.status.gpu_pods = syncer
+    detail = tenant.render_detail(msgspec.to_builtins(api.view(record))).splitlines()
+    [line] = [row for row in detail if row.startswith("GPU pods")]
+    assert line.split(None, 2)[2] == shown

@@ -230,6 +230,7 @@ def render_detail(t: dict) -> str:
         ("Kubernetes", t.get("kubernetes_version")),
         ("Datastore", f"{t.get('driver')} {t.get('datastore') or ''}".strip()),
         ("Endpoint", t.get("endpoint") or "-"),
+        ("GPU pods", t.get("gpu_pods") or "-"),
         ("Generation", f"{t.get('observed_generation')}/{t.get('generation')} observed"),
         ("Age", _age(t.get("created"))),
     ]

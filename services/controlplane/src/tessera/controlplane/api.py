@@ -66,6 +66,7 @@ class TenantView(msgspec.Struct, kw_only=True):
     observed_generation: int
     created: float
     deleting: bool = False
+    gpu_pods: str = ""  # Kubernetes mode: its GPU pod syncer's state (Starting, Syncing, Failed: why)
     spec: dict = {}
 
 
@@ -86,6 +87,7 @@ def view(record: TenantControlPlane) -> TenantView:
         observed_generation=record.status.observed_generation,
         created=record.created,
         deleting=record.deleting,
+        gpu_pods=record.status.gpu_pods,
         spec=msgspec.to_builtins(record.spec),
     )
 
