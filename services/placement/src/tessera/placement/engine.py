@@ -871,8 +871,7 @@ class Placer:
             return None
         mask = []
         for pos in range(len(node.order)):
-            u = node.devices[node.order[pos]].uuid
-            mask.append((not d.use_uuids or u in d.use_uuids) and u not in d.nouse_uuids)
+            mask.append(d.uuid_ok(node.devices[node.order[pos]].uuid))
         return mask
 
     def _place_each(self, d: Demand, node_policy: str, gpu_policy: str,
@@ -966,8 +965,7 @@ class Placer:
         for name, d in parts:
             mask = None
             if d.use_uuids or d.nouse_uuids:
-                mask = [(not d.use_uuids or n.devices[i].uuid in d.use_uuids) and n.devices[i].uuid not in d.nouse_uuids
-                        for _, i in pairs]
+                mask = [d.uuid_ok(n.devices[i].uuid) for _, i in pairs]
             r = self._evaluate(tuple(s for s, _ in pairs), cpu, mem, cls.cpu_total, cls.mem_total, d, node_policy,
                                gpu_policy, mask)
             if r is None:

@@ -71,10 +71,17 @@ class Demand:
         return memory_mib
 
     def type_ok(self, s) -> bool:
-        m = s.model_lc
-        if self.use_types and not any(t in m for t in self.use_types):
+        return self.model_ok(s.model_lc)
+
+    def model_ok(self, model_lc: str) -> bool:
+        """Whether a GPU of this (lower-cased) model may hold the claim: HAMi's type rules, by substring."""
+        if self.use_types and not any(t in model_lc for t in self.use_types):
             return False
-        return not any(t in m for t in self.nouse_types)
+        return not any(t in model_lc for t in self.nouse_types)
+
+    def uuid_ok(self, uuid: str) -> bool:
+        """Whether the claim's UUID selectors let it use this GPU."""
+        return (not self.use_uuids or uuid in self.use_uuids) and uuid not in self.nouse_uuids
 
     def fits(self, s) -> bool:
         """Whether one more share of this claim fits on a GPU in device state `s` (uuid aside)."""

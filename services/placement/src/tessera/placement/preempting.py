@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from tessera.shared.events import ClaimReleaseRequested, ClaimRequested, ClaimSpec, GpuDevice
 from tessera.shared.lifecycle import ReleaseRoute
 
+from tessera.placement.mix import demand_of
 from tessera.placement.preemption import Need, NoVictims, Victims, choose_victims
 
 if TYPE_CHECKING:
@@ -37,15 +38,9 @@ def need_of(spec: ClaimSpec, devices: list[GpuDevice]) -> Need:
 
 
 def eligible(spec: ClaimSpec, devices: list[GpuDevice]) -> list[GpuDevice]:
-    """The GPUs the claim's own filters allow (models by substring, as HAMi matches them; UUIDs)."""
-    def model_ok(d: GpuDevice) -> bool:
-        model = d.model.lower()
-        if spec.use_types and not any(t.lower() in model for t in spec.use_types):
-            return False
-        return not any(t.lower() in model for t in spec.nouse_types)
-
-    return [d for d in devices if model_ok(d)
-            and (not spec.use_uuids or d.uuid in spec.use_uuids) and d.uuid not in spec.nouse_uuids]
+    """The GPUs the claim's own filters allow, by the engine's rules (`Demand`)."""
+    demand = demand_of(spec)
+    return [d for d in devices if demand.model_ok(d.model.lower()) and demand.uuid_ok(d.uuid)]
 
 
 class Preemptions:
