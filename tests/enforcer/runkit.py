@@ -54,6 +54,7 @@ FAST = {
     "TESSERA_USAGE_SECONDS": "0.2",
     "TESSERA_USAGE_HEARTBEAT_SECONDS": "2",
     "TESSERA_RECLAIM_SECONDS": "2",
+    "TESSERA_RELEASE_GRACE_SECONDS": "2",
     "TESSERA_LOST_RECLAIM_SECONDS": "1",
 }
 
@@ -181,3 +182,89 @@ async def run_claims(client: Client) -> dict[str, str]:
     """claim -> state, for the claims `tessera run` made."""
     state = await client.fleet()
     return {c: r.state for c, r in state.claims.items() if c.startswith("run-")}
+
+
+# --- a claim's workload against its node's ledger ----------------------------------------------
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie holds nothing any more: its files, locks and GPU memory are gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@dataclass
+class Workload:
+    """A claim's workload started with its prepared environment, as a `tessera submit` user would."""
+
+    claim: str
+    proc: asyncio.subprocess.Process
+    term_file: Path  # where it notes a SIGTERM
+
+    @property
+    def termed(self) -> bool:
+        return self.term_file.exists()
+
+
+async def start_workload(client: Client, claim: str, workdir: Path, on_term: str) -> Workload:
+    """The claim's workload (``on_term``: ``ignore`` or ``exit``, see workload.py), returned once
+    its CUDA context holds a slot of the claim's accounting file (it has reported)."""
+    # (the record says ``prepared`` just before the event is published)
+    prepared = await kit.eventually(lambda: client.prepared(claim), what=f"the prepared event of {claim}")
+    from tessera.cli.run import child_env
+
+    term_file = workdir / f"{claim}.term"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, WORKLOAD, "--alloc", "100", "--hold-file", str(workdir / "never"),
+        "--on-term", on_term, "--term-file", str(term_file),
+        env=child_env(dict(os.environ), prepared.env), stdout=asyncio.subprocess.PIPE)
+    line = await asyncio.wait_for(proc.stdout.readline(), 60)
+    assert b'"pid"' in line, line
+    return Workload(claim, proc, term_file)
+
+
+@dataclass(frozen=True)
+class Revision:
+    """One revision of a node's ledger as it arrived, and the watched workloads then."""
+
+    claims: frozenset[str]  # the claims it holds
+    alive: frozenset[str]  # the watched claims whose workload was running when it arrived
+    termed: frozenset[str]  # the watched claims whose workload had noted a SIGTERM
+
+
+class LedgerRevisions:
+    """Every revision of ``node``'s ledger key while it listens (a core subscription to the bucket's
+    subject, as any outside tool may), each with the liveness of ``workloads``. Liveness is read
+    when the revision arrives, after it was written: a workload alive then was alive at it."""
+
+    def __init__(self, client: Client, node: str, workloads: list[Workload]) -> None:
+        self.client, self.node, self.workloads = client, node, workloads
+        self.seen: list[Revision] = []
+        self.sub = None
+
+    async def __aenter__(self) -> "LedgerRevisions":
+        from tessera.shared.events import NodeLedger
+
+        decoder = msgspec.json.Decoder(NodeLedger)
+
+        async def on_revision(msg) -> None:
+            running = frozenset(w.claim for w in self.workloads if alive(w.proc.pid))  # first, see above
+            termed = frozenset(w.claim for w in self.workloads if w.termed)
+            entries = decoder.decode(msg.data).entries if msg.data else {}
+            self.seen.append(Revision(frozenset(entries), running, termed))
+
+        self.sub = await self.client.bus.listen(f"$KV.{subjects.KV_LEDGER}.{subjects.ledger_node_key(self.node)}",
+                                                on_revision)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.sub.unsubscribe()
+
+    async def removal(self, claim: str) -> Revision:
+        """The first revision seen without ``claim``'s entry (the entry goes last of a release:
+        just after the record says ``released``)."""
+        return await kit.eventually(lambda: next((r for r in self.seen if claim not in r.claims), None),
+                                    what=f"the removal of {claim}'s ledger entry")

@@ -14,6 +14,7 @@ from tessera.enforcer.observe import ClaimView, NodeView
 from tessera.enforcer.reclaim import Cleanup, DropLedger, Reclaimer, Release, Signal
 
 GRACE = 10.0
+STOP = 4.0  # a released claim's processes: SIGTERM, this long, SIGKILL
 
 
 def record(claim: str, state: str = "running", node: str = "n1", **kw) -> ClaimRecord:
@@ -37,28 +38,51 @@ def cv(claim: str, rec: ClaimRecord | None, *, owner=False, procs=0, directory=T
 
 
 def test_a_run_claim_with_a_live_owner_is_never_released():
-    r = Reclaimer(GRACE)
+    r = Reclaimer(GRACE, STOP)
     v = view(cv("run-a", record("run-a"), owner=True, procs=0))
     assert r.decide(v, 0) == [] and r.decide(v, 1000) == []
 
 
 def test_a_run_claim_without_owner_is_released_after_the_grace_and_leftovers_killed_first():
-    r = Reclaimer(GRACE)
+    r = Reclaimer(GRACE, STOP)
     v = view(cv("run-a", record("run-a"), owner=False, procs=2))
     assert r.decide(v, 0) == []
     assert r.decide(v, GRACE - 1) == []
-    assert r.decide(v, GRACE) == [Release("run-a", "reclaimed: owner gone", kill_first=True)]
+    assert r.decide(v, GRACE) == [Signal("run-a", signal.SIGKILL)]  # no owner to forward a SIGTERM
+    assert r.decide(v, GRACE + 1) == [Signal("run-a", signal.SIGKILL)]  # released only once they are gone
+    gone = view(cv("run-a", record("run-a"), owner=False, procs=0))
+    assert r.decide(gone, GRACE + 2) == [Release("run-a", "reclaimed: owner gone")]
+
+
+def test_a_requested_release_waits_for_sigterm_then_sigkill_and_the_processes_to_go():
+    r = Reclaimer(GRACE, STOP)
+    asked = record("c-a", state="prepared", release_requested=True, reason="preempted by c-b")
+    assert r.decide(view(cv("c-a", asked, procs=2)), 0) == [Signal("c-a", signal.SIGTERM)]
+    assert r.decide(view(cv("c-a", asked, procs=2)), STOP - 1) == []  # the grace period
+    assert r.decide(view(cv("c-a", asked, procs=1)), STOP) == [Signal("c-a", signal.SIGKILL)]
+    assert r.decide(view(cv("c-a", asked, procs=1)), STOP + 1) == [Signal("c-a", signal.SIGKILL)]
+    assert r.decide(view(cv("c-a", asked, procs=1, error="lock held")), STOP + 2) == []  # not on a guess
+    assert r.decide(view(cv("c-a", asked, procs=0)), STOP + 3) == [Release("c-a", "preempted by c-b")]
+
+
+def test_a_requested_release_of_a_claim_without_processes_is_at_once_and_one_look_starts_one_clock():
+    r = Reclaimer(GRACE, STOP)
+    asked = record("c-a", state="running", release_requested=True, reason="requested")
+    assert r.stopping(cv("c-a", asked, procs=0), "requested", now=0) == [Release("c-a", "requested")]
+    assert r.stopping(cv("c-a", asked, procs=1), "requested", now=0) == [Signal("c-a", signal.SIGTERM)]
+    assert r.decide(view(cv("c-a", asked, procs=1)), 1) == []  # the handler's look sent SIGTERM already
+    assert r.decide(view(cv("c-a", asked, procs=1)), STOP) == [Signal("c-a", signal.SIGKILL)]
 
 
 def test_an_owner_that_comes_back_resets_the_clock():
-    r = Reclaimer(GRACE)
+    r = Reclaimer(GRACE, STOP)
     assert r.decide(view(cv("run-a", record("run-a"))), 0) == []
     assert r.decide(view(cv("run-a", record("run-a"), owner=True)), 5) == []
     assert r.decide(view(cv("run-a", record("run-a"))), GRACE + 1) == []  # idle again only since now
 
 
 def test_other_running_claims_are_in_use_while_a_process_lives():
-    r = Reclaimer(GRACE)
+    r = Reclaimer(GRACE, STOP)
     assert r.decide(view(cv("pod-a", record("pod-a"), procs=1)), 0) == []
     assert r.decide(view(cv("pod-a", record("pod-a"), procs=1)), 100) == []
     assert r.decide(view(cv("pod-a", record("pod-a"))), 101) == []
@@ -66,22 +90,22 @@ def test_other_running_claims_are_in_use_while_a_process_lives():
 
 
 def test_reservations_and_unreadable_accounting_are_never_reclaimed():
-    r = Reclaimer(GRACE)
+    r = Reclaimer(GRACE, STOP)
     v = view(cv("c-res", record("c-res", state="prepared")), cv("run-b", record("run-b"), error="bad file"))
     assert r.decide(v, 0) == [] and r.decide(v, 10 * GRACE) == []
 
 
 def test_released_claims_lose_their_processes_then_their_directory():
-    r = Reclaimer(GRACE)
+    r = Reclaimer(GRACE, STOP)
     rel = record("run-a", state="released")
     assert r.decide(view(cv("run-a", rel, procs=1, in_ledger=False)), 0) == [Signal("run-a", signal.SIGTERM)]
     assert r.decide(view(cv("run-a", rel, procs=1, in_ledger=False)), 1) == []
-    assert r.decide(view(cv("run-a", rel, procs=1, in_ledger=False)), GRACE) == [Signal("run-a", signal.SIGKILL)]
-    assert r.decide(view(cv("run-a", rel, procs=0, in_ledger=False)), GRACE + 1) == [Cleanup("run-a")]
+    assert r.decide(view(cv("run-a", rel, procs=1, in_ledger=False)), STOP) == [Signal("run-a", signal.SIGKILL)]
+    assert r.decide(view(cv("run-a", rel, procs=0, in_ledger=False)), STOP + 1) == [Cleanup("run-a")]
 
 
 def test_ledger_entries_without_a_live_claim_are_dropped():
-    r = Reclaimer(GRACE)
+    r = Reclaimer(GRACE, STOP)
     terminal = cv("x", record("x", state="failed"), directory=False)
     unknown = cv("y", None, directory=False)
     assert r.decide(view(terminal, unknown), 0) == [DropLedger("x")]

@@ -3,6 +3,8 @@
 It loads libcuda.so.1 the way any CUDA program does (so LD_PRELOAD'ed libvgpu.so sees every call),
 allocates the sizes it is given, reports what happened as one JSON line on stdout, then optionally
 holds its memory until a file appears (so a test can look at it while it is in use) and exits.
+With ``--on-term``, a SIGTERM is written to ``--term-file`` and then ignored (a workload that needs
+killing) or answered by exiting with code 0 (one that stops within its grace period).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import argparse
 import ctypes
 import json
 import os
+import signal
 import sys
 import time
 
@@ -30,7 +33,18 @@ def main() -> int:
     p.add_argument("--hold-max", type=float, default=120.0)
     p.add_argument("--raise-limit", help="set CUDA_DEVICE_MEMORY_LIMIT_0 to this in our own environment first")
     p.add_argument("--exit", type=int, default=0)
+    p.add_argument("--on-term", choices=("ignore", "exit"), help="on SIGTERM: note it in --term-file, then this")
+    p.add_argument("--term-file", help="where a SIGTERM is noted")
     args = p.parse_args()
+    if args.on_term:
+        def on_term(_sig, _frame) -> None:
+            if args.term_file:
+                with open(args.term_file, "a") as f:
+                    f.write("SIGTERM\n")
+            if args.on_term == "exit":
+                raise SystemExit(0)
+
+        signal.signal(signal.SIGTERM, on_term)
     if args.raise_limit:
         os.environ["CUDA_DEVICE_MEMORY_LIMIT_0"] = args.raise_limit
         os.environ["CUDA_DEVICE_MEMORY_LIMIT"] = args.raise_limit

@@ -98,7 +98,15 @@ class Observer:
         await asyncio.to_thread(self._read_files, list(view.claims.values()))
         return view
 
-    def _read_files(self, views: list[ClaimView]) -> None:
+    async def look(self, claim: str) -> ClaimView:
+        """One claim as the next pass would see it (its record read now), between passes."""
+        record, _ = await self.claims.get(claim)
+        directory = self.dirs.of(claim)
+        cv = ClaimView(claim=claim, record=record, directory=directory if directory.path.is_dir() else None)
+        await asyncio.to_thread(self._read_files, [cv], False)
+        return cv
+
+    def _read_files(self, views: list[ClaimView], whole_pass: bool = True) -> None:
         unreadable: dict[str, str] = {}
         for cv in views:
             if cv.directory is None:
@@ -114,6 +122,8 @@ class Observer:
                     held = isinstance(exc, accounting.VgpuCacheLocked)
                     log.warning("claim %s: accounting file %s: %s", cv.claim,
                                 "lock held too long, not waited for" if held else "unreadable", exc)
+        if not whole_pass:
+            return
         for claim in set(self.unreadable) - set(unreadable):
             log.info("claim %s: accounting file readable again", claim)
         self.unreadable = unreadable

@@ -12,6 +12,11 @@ The rules, for claims allocated to this node:
   its accounting file lives; with neither for the grace period it is released.
 - Any other ``prepared`` claim is a reservation (``tessera submit``): held until released.
 - An unreadable accounting file counts as in use: nothing is released on a guess.
+A claim to be released (its release requested, or reclaimed by the rules above) is released only once
+no process of it is left: until then its ledger entry stands for GPU memory that is really in use.
+Its processes get SIGTERM, then SIGKILL once the grace period is over (at once where the owner is
+gone: nobody is left to forward a signal or wait for them), and the release follows the first look
+that finds none alive (kernel locks, see processes.py). `stopping` is that rule for one claim.
 Janitor rules, for what the claims bucket no longer calls live here:
 - its processes get SIGTERM once, then SIGKILL after the grace period; then its directory is removed;
 - a ledger entry whose claim is released, failed or unknown for the grace period is removed.
@@ -31,9 +36,8 @@ from tessera.shared.workload import RUN_CLAIM_PREFIX as RUN_PREFIX
 
 @dataclass(frozen=True)
 class Release:
-    claim: str
+    claim: str  # no process of it is left: its record, quota and ledger entry go
     reason: str
-    kill_first: bool = False
 
 
 @dataclass(frozen=True)
@@ -70,13 +74,35 @@ def in_use(cv: ClaimView) -> bool | None:
 
 @dataclass
 class Reclaimer:
-    grace: float
+    grace: float  # how long an idle claim is kept
+    stop_grace: float  # how long a claim's processes get between SIGTERM and SIGKILL
     # (claim, condition) -> when it was first seen; forgotten as soon as the condition stops
     since: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def _held(self, key: tuple[str, str], now: float, seen: set) -> float:
         seen.add(key)
         return now - self.since.setdefault(key, now)
+
+    def stopping(self, cv: ClaimView, reason: str, *, kill_now: bool = False, now: float | None = None,
+                 seen: set | None = None) -> list[Action]:
+        """What releasing this claim takes now: its release where no process of it is left; else
+        SIGTERM on the first look, SIGKILL once ``stop_grace`` has passed since (``kill_now``: at
+        once), and nothing in between. An unreadable accounting file hides whether any is left:
+        nothing is released on a guess (the next look tries again)."""
+        now = time.monotonic() if now is None else now
+        seen = set() if seen is None else seen
+        if cv.error:
+            seen.add((cv.claim, "stopping"))  # (its clock keeps running)
+            return []
+        if not cv.processes:
+            return [Release(cv.claim, reason)]
+        if kill_now:
+            return [Signal(cv.claim, signal.SIGKILL)]
+        first = (cv.claim, "stopping") not in self.since
+        held = self._held((cv.claim, "stopping"), now, seen)
+        if first:
+            return [Signal(cv.claim, signal.SIGTERM)]
+        return [Signal(cv.claim, signal.SIGKILL)] if held >= self.stop_grace else []
 
     def decide(self, view: NodeView, now: float | None = None) -> list[Action]:
         now = time.monotonic() if now is None else now
@@ -86,7 +112,7 @@ class Reclaimer:
             record = cv.record
             if record is not None and record.node == view.node and cv.live:  # a live claim of this node
                 if record.release_requested:
-                    actions.append(Release(claim, record.reason or "requested", kill_first=False))
+                    actions += self.stopping(cv, record.reason or "requested", now=now, seen=seen)
                     continue
                 if record.state == "allocated":
                     continue  # the consumer prepares it; nothing to reclaim yet
@@ -96,7 +122,7 @@ class Reclaimer:
                 if self._held((claim, "idle"), now, seen) >= self.grace:
                     owner_gone = claim.startswith(RUN_PREFIX) or record.state == "running"
                     reason = "owner gone" if claim.startswith(RUN_PREFIX) else "workload ended"
-                    actions.append(Release(claim, f"reclaimed: {reason}", kill_first=owner_gone and bool(cv.processes)))
+                    actions += self.stopping(cv, f"reclaimed: {reason}", kill_now=owner_gone, now=now, seen=seen)
                 continue
             # Not (or no longer) a live claim of this node.
             if cv.directory is not None:
@@ -104,7 +130,7 @@ class Reclaimer:
                     held = self._held((claim, "stale-procs"), now, seen)
                     if held == 0:
                         actions.append(Signal(claim, signal.SIGTERM))
-                    elif held >= self.grace:
+                    elif held >= self.stop_grace:
                         actions.append(Signal(claim, signal.SIGKILL))
                 elif not cv.error:
                     actions.append(Cleanup(claim))

@@ -6,8 +6,9 @@ environment with HAMi's limit variables (plus, on a simulated fleet, the simulat
 libvgpu config file holding the same limits as ceilings, and a CDI spec (cdi.py) that puts all of
 it, with libvgpu.so and the GPUs' device nodes, into a container (preparation.py, shared with the
 kubelet plugin); then it publishes ``prepared``. ``running`` events (from `tessera run`) move the
-claim to running. On release it returns the capacity to the ledger (and the tenant's quota) and publishes
-``released``; the directory goes once no process of the claim is left.
+claim to running. On a release request it stops the claim's processes (SIGTERM, SIGKILL after the grace
+period, `reclaim.Reclaimer.stopping`) and only once none is left returns the capacity to the ledger (and the
+tenant's quota) and publishes ``released``: until then the GPU memory is in use, and the ledger says so.
 
 Root tasks: the claims consumer; the observe loop (reads accounting files, publishes usage, applies
 the leak policy of reclaim.py); the lost-node loop (lost.py); the reconcile loop (the start-up
@@ -57,7 +58,7 @@ from tessera.enforcer.driver import DriverNotFound
 from tessera.enforcer.gpustats import GpuStats
 from tessera.enforcer.kubelet.registration import PluginRegistration
 from tessera.enforcer.metrics import EnforcerMetrics
-from tessera.enforcer.observe import NodeView, Observer
+from tessera.enforcer.observe import ClaimView, NodeView, Observer
 from tessera.enforcer.preparation import Prepared, Preparation
 from tessera.enforcer.processes import kill
 from tessera.enforcer.reclaim import Cleanup, DropLedger, Reclaimer, Release, Signal
@@ -75,7 +76,7 @@ class EnforcerService:
         self.node = settings.node
         self.dirs = ClaimDirs(settings.state_dir)
         self.preparation = Preparation(settings, self.dirs)
-        self.reclaimer = Reclaimer(grace=settings.reclaim_seconds)
+        self.reclaimer = Reclaimer(grace=settings.reclaim_seconds, stop_grace=settings.release_grace_seconds)
         self.lost = lostmod.LostNodes(me=settings.node, delay=settings.lost_reclaim_seconds)
         self.gate = UsageGate(heartbeat=settings.usage_heartbeat_seconds)
         self.metrics = EnforcerMetrics(settings.node, ctx.settings.metrics_legacy)
@@ -203,7 +204,7 @@ class EnforcerService:
             await self._finish_release(record)
             return
         if record.release_requested and ends("enforcer", record.state, record.node, self.node):
-            await self.release(record, record.reason or "requested")
+            await self.stop_then_release(record, record.reason or "requested")
             return
         if record.state not in ON_NODE:
             return
@@ -253,7 +254,7 @@ class EnforcerService:
                 record, _ = await self.claims.get(event.claim)
                 if record is not None and record.tenant == event.tenant \
                         and ends("enforcer", record.state, record.node, self.node):
-                    await self.release(record, event.reason)
+                    await self.stop_then_release(record, event.reason)
                 else:
                     decided(record or event, "unchanged", self._why_not_mine(record, "release"))
             case _:
@@ -273,7 +274,7 @@ class EnforcerService:
 
     async def prepare(self, record: ClaimRecord) -> None:
         if record.release_requested:  # released before we got to it: nothing to prepare
-            await self.release(record, record.reason or "release requested")
+            await self.stop_then_release(record, record.reason or "release requested")
             return
         problem = await self._ledger_problem(record)
         if problem is not None:
@@ -322,8 +323,23 @@ class EnforcerService:
         )
         log.info("prepared %s (%s)", record.claim, ", ".join(f"{s.uuid}:{s.memory_mib}MiB" for s in record.devices))
 
+    async def stop_then_release(self, record: ClaimRecord, reason: str) -> None:
+        """A release request for a claim of this node: its processes are stopped first, and the
+        release (``release``) follows once none is left, now or from a later look of the observe
+        loop. The record is marked release-requested first (where the requester did not), so that
+        the observe loop, and this enforcer after a restart, carry the stop on."""
+        if not record.release_requested:
+            record = await self.claims.mark_release_requested(record.claim, reason) or record
+        cv = await self.observer.look(record.claim)
+        if cv.record is None or cv.record.state not in ON_NODE:
+            return  # released (or failed) meanwhile
+        for action in self.reclaimer.stopping(cv, reason):
+            await self._apply_one(cv, action)
+
     async def release(self, record: ClaimRecord, reason: str, *, node: str | None = None) -> bool:
         """Return the claim's capacity and publish ``released``; True if this call released it.
+        On this node, only once no process of the claim is left (``stop_then_release``); a lost
+        node's claims are released by a peer, which cannot see their processes.
 
         ``node`` is the node whose ledger holds the claim (another one for a lost node's claims).
         The ledger entry goes last: until it is gone, whoever finds it (this node's reconcile and
@@ -402,25 +418,30 @@ class EnforcerService:
 
     async def _apply(self, view: NodeView, actions) -> None:
         for action in actions:
-            cv = view.claims[action.claim]
-            match action:
-                case Release(claim=claim, reason=reason, kill_first=kill_first):
-                    if kill_first:
-                        pids = await asyncio.to_thread(kill, cv.processes, signal.SIGKILL)
-                        log.warning("claim %s has no owner; killed its leftover processes %s", claim, pids)
-                    if cv.record is not None and await self.release(cv.record, reason):
+            await self._apply_one(view.claims[action.claim], action)
+
+    async def _apply_one(self, cv: ClaimView, action) -> None:
+        match action:
+            case Release(claim=claim, reason=reason):
+                if cv.record is not None and await self.release(cv.record, reason):
+                    if not cv.record.release_requested:  # (a requested release is no reclaim)
                         self.metrics.reclaimed[reason] += 1
                         log.warning("reclaimed %s: %s", claim, reason)
-                case Signal(claim=claim, sig=sig):
-                    pids = await asyncio.to_thread(kill, cv.processes, sig)
-                    if pids:
-                        log.warning("claim %s is %s but processes %s still use it: sent %s", claim,
-                                    cv.record.state if cv.record else "unknown", pids, signal.Signals(sig).name)
-                case Cleanup(claim=claim):
-                    self.preparation.remove(claim)
-                    log.info("removed the directory of %s", claim)
-                case DropLedger(claim=claim):
-                    await self._drop_orphan(claim)
+            case Signal(claim=claim, sig=sig):
+                pids = await asyncio.to_thread(kill, cv.processes, sig)
+                state = cv.record.state if cv.record else "unknown"
+                if cv.live and cv.record is not None:
+                    why = "its release waits for them" if cv.record.release_requested else "reclaimed"
+                    log.warning("claim %s (%s): sent %s to its processes %s (%s)", claim, state,
+                                signal.Signals(sig).name, pids, why)
+                elif pids:
+                    log.warning("claim %s is %s but processes %s still use it: sent %s", claim, state, pids,
+                                signal.Signals(sig).name)
+            case Cleanup(claim=claim):
+                self.preparation.remove(claim)
+                log.info("removed the directory of %s", claim)
+            case DropLedger(claim=claim):
+                await self._drop_orphan(claim)
 
     async def _drop_orphan(self, claim: str) -> None:
         """A ledger entry of this node whose claim is not live here: removed only if the record,

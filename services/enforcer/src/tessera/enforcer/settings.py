@@ -152,6 +152,11 @@ class EnforcerSettings(FromEnv):
     reclaim_seconds: float = setting(
         "TESSERA_RECLAIM_SECONDS", "a claim whose workload is gone is released after this grace period", 30.0,
         above=0)
+    # A claim whose release is asked for (tessera release, a deleted tenant, preemption) keeps its
+    # ledger entry until its processes are gone: SIGTERM, this long to stop, then SIGKILL.
+    release_grace_seconds: float = setting(
+        "TESSERA_RELEASE_GRACE_SECONDS", "how long a released claim's processes get between SIGTERM and SIGKILL; "
+        "the claim's GPUs stay in the ledger until they are gone (0: SIGKILL at once)", 30.0, minimum=0)
     # Claims on a node marked lost (inventory label tessera.dev/lost=true) are released this long
     # after the mark by the designated enforcer, twice this long by any other.
     lost_reclaim_seconds: float = setting(
