@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from tessera.shared.events import ClaimReleaseRequested, ClaimRequested, ClaimSpec, GpuDevice
 from tessera.shared.lifecycle import ReleaseRoute
+from tessera.shared.telemetry import NODE, claim_attributes, decided
 
 from tessera.placement.mix import demand_of
 from tessera.placement.preemption import Need, NoVictims, Victims, choose_victims
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from tessera.placement.service import PlacementService
 
 log = logging.getLogger(__name__)
+
+PREEMPTED_BY = "tessera.preempted_by"  # span attribute: the claim that took the victim's place
 
 
 def need_of(spec: ClaimSpec, devices: list[GpuDevice]) -> Need:
@@ -91,11 +94,16 @@ class Preemptions:
             entry = ledger.entries[victim]
             reason = (f"preempted by {event.claim} of tenant {event.tenant} (priority {event.spec.priority} > "
                       f"{entry.priority})")
-            await self.svc.claims.mark_release_requested(victim, reason)
-            await self.svc.bus.publish(
-                route.subject(entry.tenant, victim),
-                ClaimReleaseRequested(claim=victim, tenant=entry.tenant, reason=reason),
-                msg_id=route.msg_id(victim),
-            )
+            marked = await self.svc.claims.mark_release_requested(victim, reason)
+            # In the victim's own trace (one claim, one trace): who took its place, and why.
+            parent = {"traceparent": marked.traceparent} if marked is not None and marked.traceparent else None
+            with self.svc.ctx.telemetry.span("placement preempt", parent_headers=parent,
+                                             attributes=claim_attributes(marked or entry)):
+                await self.svc.bus.publish(
+                    route.subject(entry.tenant, victim),
+                    ClaimReleaseRequested(claim=victim, tenant=entry.tenant, reason=reason),
+                    msg_id=route.msg_id(victim),
+                )
+                decided(marked or entry, "preempted", reason, span=None, **{NODE: node, PREEMPTED_BY: event.claim})
         log.info("%s (priority %d) preempts %s on %s", event.claim, event.spec.priority, victims.claims, node)
         return f"preempting {', '.join(victims.claims)} on {node}: placed once they are released"
