@@ -8,8 +8,12 @@ period), removes the ledger entry and records the claim released. The preempting
 waiting meanwhile and is placed by the retry that the ledger's change wakes: it is committed only
 where the ledger, read as it is then, has room, so no GPU is over-committed at any instant.
 
-Not done here (yet): claims of several requests, host CPU and memory, and holding the freed room
-for the preemptor (another waiting claim may take it first, and the preemptor preempts again).
+Not done here (yet): claims of several requests, host CPU and memory, holding the freed room for
+the preemptor (another waiting claim may take it first, and the preemptor preempts again), counting
+victims already being stopped as room to come (each retry chooses again from the ledger, where
+they stand until their processes are gone), and on Kubernetes evicting the victim's pod (the
+enforcer cannot signal a container's processes: the victim's claim is released when its pod ends).
+These keep ``TESSERA_PLACEMENT_PREEMPTION`` off by default.
 """
 
 from __future__ import annotations
