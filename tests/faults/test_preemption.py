@@ -35,13 +35,12 @@ async def test_a_higher_priority_claim_takes_the_place_of_lower_ones_never_over_
             accepted: dict[str, Accepted] = {}
 
             async def submit(priority: int | None = None) -> str:
-                resources = {"nvidia.com/gpumem": HALF} | ({} if priority is None else {"nvidia.com/priority": priority})
-                claim = (await client.submit(api.SubmitRequest(tenant="alpha", resources=resources,
-                                                               node="gpu-0")))["claim"]
+                claim = (await client.submit(api.SubmitRequest(tenant="alpha", resources={"nvidia.com/gpumem": HALF},
+                                                               scheduling_priority=priority, node="gpu-0")))["claim"]
                 accepted[claim] = Accepted(claim, "alpha")
                 return claim
 
-            low = [await submit() for _ in range(4)]  # unset: HAMi's low priority, ClaimSpec.priority 0
+            low = [await submit() for _ in range(4)]  # unset: scheduling priority 0
             for claim in low:
                 await client.wait_for(claim, {"allocated", "prepared", "running"}, timeout=60)
 
@@ -53,7 +52,7 @@ async def test_a_higher_priority_claim_takes_the_place_of_lower_ones_never_over_
             accepted[equal].release_requested = True
             await client.wait_for(equal, {"released"}, timeout=60)
 
-            high = await submit(priority=0)  # HAMi's high priority: ClaimSpec.priority 100
+            high = await submit(priority=100)
             placed = await client.wait_for(high, {"allocated", "prepared", "running"}, timeout=90)
             assert placed.node == "gpu-0"
             records = {c: await client.claim(c) for c in low}

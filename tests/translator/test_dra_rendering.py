@@ -98,7 +98,8 @@ def test_parameters_carry_what_dra_cannot_express():
         "gpus": 1,
         "memoryPercent": 25,
         "cores": 0,
-        "priority": 100,
+        "priority": 0,
+        "taskPriority": 0,  # HAMi's high runtime priority: 0 is kept, not dropped as a default
         "nodePolicy": "spread",
         "gpuPolicy": "binpack",
     }

@@ -6,8 +6,6 @@ import pytest
 
 from tessera.shared.events import ClaimSpec
 from tessera.translator.hami import (
-    PRIORITY_HIGH,
-    PRIORITY_LOW,
     HamiDefaults,
     TranslationError,
     is_gpu_request,
@@ -35,9 +33,10 @@ ACCEPTED = [
     ("percent-100-is-exclusive", {GPU: "1", PCT: "100"}, {}, {"memory_percent": 100, "cores": 100}),
     ("cores-explicit-zero", {GPU: "1", CORES: "0"}, {}, {"memory_percent": 100, "cores": 0}),
     ("cores-100", {GPU: "1", MEM: "4000", CORES: "100"}, {}, {"memory_mib": 4000, "cores": 100}),
-    ("priority-high", {GPU: "1", PRIO: "0"}, {}, {"priority": PRIORITY_HIGH}),
-    ("priority-low", {GPU: "1", PRIO: "1"}, {}, {"priority": PRIORITY_LOW}),
-    ("priority-unset-is-low", {GPU: "1"}, {}, {"priority": PRIORITY_LOW}),
+    # HAMi's priority is the runtime one: kept as task_priority, never the scheduling priority.
+    ("priority-high", {GPU: "1", PRIO: "0"}, {}, {"task_priority": 0, "priority": 0}),
+    ("priority-low", {GPU: "1", PRIO: "1"}, {}, {"task_priority": 1, "priority": 0}),
+    ("priority-unset", {GPU: "1"}, {}, {"task_priority": None, "priority": 0}),
     ("cpu-and-memory-ignored", {GPU: "1", "cpu": "2", "memory": "4Gi"}, {}, {"gpus": 1}),
     ("mig-resource-left-alone", {GPU: "1", "nvidia.com/mig-1g.5gb": "1"}, {}, {"gpus": 1}),
     (

@@ -101,12 +101,26 @@ async def test_one_gpu_container_keeps_its_claim_of_one_request():
     assert [r["name"] for r in claim.template["spec"]["spec"]["devices"]["requests"]] == ["gpu"]
 
 
-async def test_the_pod_claim_has_the_highest_priority_of_its_containers():
+async def test_the_pod_claim_has_the_highest_runtime_priority_of_its_containers():
     low = container("a", {"nvidia.com/gpu": "1", "nvidia.com/priority": "1"})
     high = container("b", {"nvidia.com/gpu": "1", "nvidia.com/priority": "0"})
     _, (claim,) = await _admit(pod([low, high]))
-    assert claim.spec.priority == 100  # HAMi's 0 is high
+    assert claim.spec.task_priority == 0  # HAMi's 0 is high
+    assert claim.spec.priority == 0  # ... and no scheduling priority: the pod has no PriorityClass
     assert [r.name for r in claim.spec.requests] == ["a", "b"]
+
+
+@pytest.mark.parametrize(("priority", "expected"), [(1000000, 1000000), (2000001000, 2000001000), (-10, 0),
+                                                    (None, 0)])
+async def test_the_pod_claim_takes_the_scheduling_priority_of_the_pods_priority_class(priority, expected):
+    obj = pod([container("a", {"nvidia.com/gpu": "1", "nvidia.com/priority": "1"})])
+    if priority is not None:  # what the API server's Priority admission wrote from priorityClassName
+        obj["spec"]["priorityClassName"] = "training"
+        obj["spec"]["priority"] = priority
+    _, (claim,) = await _admit(obj)
+    assert (claim.spec.priority, claim.spec.task_priority) == (expected, 1)
+    params = claim.template["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+    assert dra.spec_from_parameters(params).priority == expected  # what the ResourceClaim gives back
 
 
 @pytest.mark.parametrize(

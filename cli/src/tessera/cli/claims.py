@@ -62,7 +62,7 @@ async def cmd_submit(args) -> int:
     try:
         result = await client.submit(
             api.SubmitRequest(tenant=args.tenant, resources=resources_from(args), annotations=annotations_from(args),
-                              claim=args.claim, node=args.node)
+                              claim=args.claim, node=args.node, scheduling_priority=args.scheduling_priority)
         )
         claim = result["claim"]
         if not args.wait:

@@ -1,6 +1,9 @@
 """The command line's GPU flags as HAMi's resource and annotation names, for `submit` and `run`.
 
-The names themselves are `tessera.shared.hami_names`, the words the translator reads.
+The names themselves are `tessera.shared.hami_names`, the words the translator reads. One flag is not
+HAMi's: ``--scheduling-priority``, the claim's place in the queue and what it may preempt (the pod's
+PriorityClass on Kubernetes); HAMi's ``--priority`` is the runtime priority of its processes on a
+shared GPU, and orders nothing.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ MEMORY_FLAGS = (("--gpumem", GPUMEM, "MiB per GPU"),
                 ("--gpumem-percent", GPUMEM_PERCENTAGE, "percent of each card's memory"))
 RESOURCES = (*MEMORY_FLAGS,
              ("--gpucores", GPUCORES, "percent of SMs per GPU (100 = exclusive)"),
-             ("--priority", PRIORITY, "the task's priority"))
+             ("--priority", PRIORITY, "HAMi's runtime priority, 0 (high) or 1 (low): how the claim's processes "
+              "share a GPU's SMs; not its scheduling priority"))
 ANNOTATIONS = (("--use-gputype", USE_GPUTYPE, "only these GPU models (comma-separated)"),
                ("--nouse-gputype", NOUSE_GPUTYPE, "not these GPU models (comma-separated)"),
                ("--use-gpuuuid", USE_GPUUUID, "only these GPUs (comma-separated UUIDs)"),
@@ -44,6 +48,9 @@ def add_gpu_flags(parser: argparse.ArgumentParser, *, offered: Collection[str] |
     """--gpus and the GPU flags in ``offered`` (all by default); with ``exclusive_memory``,
     --gpumem and --gpumem-percent cannot both be given."""
     parser.add_argument("--gpus", type=int, default=1, help=f"{GPU}: number of GPUs (default 1)")
+    parser.add_argument("--scheduling-priority", type=int, metavar="N",
+                        help="the claim's scheduling priority (default 0; larger first, and with preemption on it "
+                             "may take the place of preemptible claims of lower priority)")
     memory = parser.add_mutually_exclusive_group() if exclusive_memory else parser
     for option, name, meaning in (*RESOURCES, *ANNOTATIONS):
         if offered is not None and option not in offered:

@@ -139,7 +139,7 @@ class Run:
     async def submit(self) -> None:
         await self.client.submit(api.SubmitRequest(
             tenant=self.args.tenant, resources=resources_from(self.args), annotations=annotations_from(self.args),
-            claim=self.claim, node=self.node,
+            claim=self.claim, node=self.node, scheduling_priority=self.args.scheduling_priority,
             # the uid CMD will run as: the enforcer lets it alone write the claim's accounting file
             workload_uid=os.geteuid(),
         ))

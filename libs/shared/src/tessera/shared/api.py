@@ -8,12 +8,12 @@ a typo ("gpumen") is an error that names the field, not a silently ignored value
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
-from msgspec import Struct
+from msgspec import Meta, Struct
 
-from tessera.shared.events import ClaimSpec, GpuQuota, Uid
+from tessera.shared.events import MAX_PRIORITY, ClaimSpec, GpuQuota, Uid
 
 
 class SubmitRequest(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -23,6 +23,9 @@ class SubmitRequest(Struct, forbid_unknown_fields=True, kw_only=True):
     resources: dict[str, str | int] = {}
     annotations: dict[str, str] = {}
     spec: ClaimSpec | None = None  # a native claim instead of HAMi resources
+    # The scheduling priority (`ClaimSpec.priority`: larger = more important, may preempt lower);
+    # HAMi's runtime priority is ``resources["nvidia.com/priority"]``, a different thing.
+    scheduling_priority: Annotated[int, Meta(ge=0, le=MAX_PRIORITY)] | None = None
     claim: str | None = None  # the caller's id for idempotent retries; generated if absent
     node: str | None = None  # pin to one node (tessera run)
     workload_uid: Uid | None = None  # the host uid the workload runs as (tessera run); see ClaimSpec

@@ -121,6 +121,11 @@ InventoryEvent = NodeInventory | NodeHeartbeat | NodeLost
 # --- claims: tessera.claims.<tenant>.<claim>.<event>.<node> --------------------------------------
 
 
+# The largest scheduling priority: Kubernetes' (a PriorityClass value is an int32; user-defined
+# classes go up to 1,000,000,000, the system ones to 2,000,001,000).
+MAX_PRIORITY = 2**31 - 1
+
+
 class RequestSpec(Struct, frozen=True, kw_only=True):
     """One request of a claim that has several: the GPUs one container of a pod asks for.
 
@@ -157,11 +162,17 @@ class ClaimSpec(Struct, frozen=True, kw_only=True):
     nouse_uuids: list[str] = []
     node_policy: Policy | None = None  # None: the placement service's default
     gpu_policy: Policy | None = None
-    # Larger = more important (the Kubernetes convention). Orders the waiting queue, and a claim
-    # that fits nowhere may preempt preemptible claims of strictly lower priority (`preemption`).
-    priority: Annotated[int, Meta(ge=0, le=100)] = 0
+    # The scheduling priority. Larger = more important (the Kubernetes convention, on Kubernetes the
+    # pod's PriorityClass value, `spec.priority`; a negative one counts as 0). Orders the waiting
+    # queue, and a claim that fits nowhere may preempt preemptible claims of strictly lower
+    # priority (`preemption`). Not HAMi's ``nvidia.com/priority``: that is ``task_priority``.
+    priority: Annotated[int, Meta(ge=0, le=MAX_PRIORITY)] = 0
     # False: never preempted, whatever asks.
     preemptible: bool = True
+    # HAMi's runtime priority (``nvidia.com/priority``, HAMi-core's ``CUDA_TASK_PRIORITY``): 0 high,
+    # 1 low; None unset (HAMi-core then reads 1). It says how the claim's processes share a GPU's
+    # SMs with others at run time, never where or before whom the claim is placed.
+    task_priority: Annotated[int, Meta(ge=0, le=1)] | None = None
     cpu_millis: Annotated[int, Meta(ge=0)] = 0
     host_memory_mib: Annotated[int, Meta(ge=0)] = 0
     # Pin to one node (tessera run asks for the node it runs on).

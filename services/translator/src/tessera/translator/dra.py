@@ -159,6 +159,7 @@ _PARAMETER_KEYS = {
     "node_policy": "nodePolicy",
     "gpu_policy": "gpuPolicy",
     "priority": "priority",
+    "task_priority": "taskPriority",
     "cpu_millis": "cpuMillis",
     "host_memory_mib": "hostMemoryMiB",
     "node": "node",
@@ -173,7 +174,7 @@ def _encode(obj: ClaimSpec | RequestSpec, keys: dict[str, str]) -> dict:
     params: dict = {}
     for field, key in keys.items():
         value = getattr(obj, field)
-        if field in _ALWAYS or field == "name" or value not in (None, [], 0):
+        if field in _ALWAYS or field == "name" or value not in (None, [], 0) or (field == "task_priority" and value == 0):
             params[key] = list(value) if isinstance(value, list) else value
     return params
 

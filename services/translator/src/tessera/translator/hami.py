@@ -27,7 +27,7 @@ Rules, HAMi next to Tessera (values are read from limits, else requests, as HAMi
 | neither memory resource | ``defaultMemory`` MiB if non-zero, else 100 % of the card | same: ``memory_mib = HamiDefaults.memory_mib`` or ``memory_percent = 100`` |
 | ``gpucores`` (percent of SMs, per GPU) | >100 clamped to 100 with a log line | 0..100; 101+ rejected |
 | ``gpucores`` absent | 100 (exclusive) when the memory is the whole card (no gpumem, or percentage 100), else ``defaultCores`` (0) | same |
-| ``priority`` | copied to ``CUDA_TASK_PRIORITY``; HAMi-core reads any int, unset = 1 | 0 (high) or 1 (low) only; mapped to ``ClaimSpec.priority`` 100 / 0 (see below) |
+| ``priority`` | copied to ``CUDA_TASK_PRIORITY``; HAMi-core reads any int, unset = 1 | 0 (high) or 1 (low) only; kept as ``ClaimSpec.task_priority`` (see below) |
 | ``priority`` with no GPU request | env var set, nothing else | rejected |
 | unknown ``nvidia.com/gpu…`` name (``gpumemory``, ``gpucore``) | ignored; the pod asks for a resource no node has | rejected with the nearest known name |
 | ``use-gputype`` / ``nouse-gputype`` | comma list, case-insensitive substring of the card type | same; entries trimmed, empty entries rejected (HAMi: ``"A100,"`` matches every card) |
@@ -36,10 +36,12 @@ Rules, HAMi next to Tessera (values are read from limits, else requests, as HAMi
 | fewer ``use-gpuuuid`` UUIDs than ``gpu`` | never fits | rejected |
 | ``hami.io/node-scheduler-policy``, ``hami.io/gpu-scheduler-policy`` | ``binpack`` / ``spread`` (gpu also ``topology-aware``); anything else ignored with a log line, the default applies | ``binpack``, ``spread``, ``fragmentation-aware``, ``best-fit``; anything else rejected (``topology-aware`` too) |
 
-Priority: HAMi's ``nvidia.com/priority`` is 0 = high, 1 = low (HAMi-core's default when unset).
-``ClaimSpec.priority`` follows the Kubernetes convention, larger = more important, 0..100. So HAMi 0
-becomes ``PRIORITY_HIGH`` (100), HAMi 1 and unset become ``PRIORITY_LOW`` (0); whoever sets
-``CUDA_TASK_PRIORITY`` for the workload writes 0 when ``spec.priority >= PRIORITY_HIGH`` else 1.
+Priority: HAMi's ``nvidia.com/priority`` is a runtime priority, 0 = high, 1 = low (HAMi-core's
+default when unset): how a process shares a GPU's SMs while it runs. It becomes
+``ClaimSpec.task_priority`` and nothing else: it neither orders the queue nor preempts. The
+scheduling priority, ``ClaimSpec.priority`` (larger = more important, as in Kubernetes), comes
+from elsewhere: the pod's PriorityClass on Kubernetes (the webhook reads ``spec.priority``),
+``--scheduling-priority`` on the CLI, ``SubmitRequest.scheduling_priority`` in the API.
 
 Type selectors keep HAMi's semantics: each entry of ``ClaimSpec.use_types`` / ``nouse_types`` is a
 case-insensitive substring of the GPU model; UUIDs match exactly.
@@ -74,8 +76,6 @@ from tessera.shared.hami_names import (
 
 MAX_GPUS = 16  # ClaimSpec.gpus
 MAX_MEMORY_MIB = 1 << 20  # 1 TiB per GPU: far above any card, far below HAMi's int32 wrap-around
-PRIORITY_HIGH = 100
-PRIORITY_LOW = 0
 POLICIES: tuple[str, ...] = get_args(Policy)
 
 _MIB = 1 << 20
@@ -383,10 +383,9 @@ def translate(
     else:
         cores = defaults.cores
 
-    priority = PRIORITY_LOW
+    task_priority = None
     if PRIORITY in present:
-        hami_priority = _whole_number(resources, PRIORITY, 0, 1, "0 (high) or 1 (low)", where)
-        priority = PRIORITY_HIGH if hami_priority == 0 else PRIORITY_LOW
+        task_priority = _whole_number(resources, PRIORITY, 0, 1, "0 (high) or 1 (low)", where)
 
     use_types = _listed(annotations, USE_GPUTYPE, where)
     nouse_types = _listed(annotations, NOUSE_GPUTYPE, where)
@@ -442,7 +441,7 @@ def translate(
         "nouse_uuids": nouse_uuids,
         "node_policy": _policy(annotations, NODE_POLICY, where),
         "gpu_policy": _policy(annotations, GPU_POLICY, where),
-        "priority": priority,
+        "task_priority": task_priority,
     }
     try:  # the Struct's own constraints, as a last line of defence
         return msgspec.convert(fields, ClaimSpec)

@@ -287,6 +287,12 @@ class TranslatorService:
             spec = _spec_decoder.decode(_encoder.encode(request.spec))
         else:
             spec = translate(request.resources, request.annotations)
+        if request.scheduling_priority is not None:
+            if request.spec is not None and request.spec.priority not in (0, request.scheduling_priority):
+                raise TranslationError(
+                    "scheduling_priority", request.scheduling_priority,
+                    f"differs from spec.priority {request.spec.priority}: give the scheduling priority once")
+            spec = msgspec.structs.replace(spec, priority=request.scheduling_priority)
         if request.node:
             spec = msgspec.structs.replace(spec, node=request.node)
         if request.workload_uid is not None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import msgspec
 from aiohttp import web
 
-from tessera.shared.events import ClaimSpec, RequestSpec
+from tessera.shared.events import MAX_PRIORITY, ClaimSpec, RequestSpec
 from tessera.shared.kubeclaims import SCHEDULING_GATE
 
 from . import dra, hami
@@ -220,7 +220,7 @@ def _translate_pod(pod: dict, namespace: str) -> tuple[list[PodClaim], Present]:
         present[i] = {k: v for k, v in present[i].items() if v}
     if not parts:
         return [], present
-    claim = pod_spec(parts)
+    claim = msgspec.structs.replace(pod_spec(parts), priority=scheduling_priority(spec))
     tname = template_name("-".join(name for name, _, _ in parts), claim)
     several = len(parts) > 1
     pod_claim = PodClaim(
@@ -241,12 +241,25 @@ def pod_spec(parts: list[tuple[str, int, ClaimSpec]]) -> ClaimSpec:
     """The pod's one claim from its GPU containers' (name, index, translated claim): a container's
     claim itself where there is one; else one request per container, named after it (a container
     name is a DNS label, as a request name must be), with the pod's annotations' policies and the
-    highest priority of its containers."""
+    highest runtime priority (HAMi's, 0 = high) any of its containers sets."""
     if len(parts) == 1:
         return parts[0][2]
     first = parts[0][2]
     requests = [RequestSpec(name=name, **{f: getattr(part, f) for f in _REQUEST_FIELDS}) for name, _, part in parts]
-    return msgspec.structs.replace(first, priority=max(part.priority for _, _, part in parts), requests=requests)
+    set_ = [part.task_priority for _, _, part in parts if part.task_priority is not None]
+    return msgspec.structs.replace(first, task_priority=min(set_) if set_ else None, requests=requests)
+
+
+def scheduling_priority(spec: dict) -> int:
+    """The claim's scheduling priority: the pod's ``spec.priority``, which the API server's
+    Priority admission (before any webhook) fills from ``priorityClassName`` or the global default
+    class; a negative one (a class for work that yields to everything) counts as 0, the lowest."""
+    priority = spec.get("priority", 0)
+    if priority is None:
+        return 0
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -(2**31) <= priority <= MAX_PRIORITY:
+        raise Malformed(f"spec.priority must be a 32-bit integer, got {priority!r}")
+    return max(0, priority)
 
 
 def _review(uid: str, response: dict) -> web.Response:
