@@ -65,6 +65,17 @@ def test_a_requested_release_waits_for_sigterm_then_sigkill_and_the_processes_to
     assert r.decide(view(cv("c-a", asked, procs=0)), STOP + 3) == [Release("c-a", "preempted by c-b")]
 
 
+def test_a_pods_claim_waits_for_the_kubelet_to_stop_its_containers():
+    from tessera.shared.kubeclaims import KubeClaimRef
+
+    r = Reclaimer(GRACE, STOP)
+    asked = record("k-a", state="running", release_requested=True, reason="preempted by k-b",
+                   kube=KubeClaimRef(namespace="ns", name="c", uid="u", pod="p"))
+    assert r.decide(view(cv("k-a", asked, procs=1)), 0) == []
+    assert r.decide(view(cv("k-a", asked, procs=1)), 10 * STOP) == []  # never signalled from here
+    assert r.decide(view(cv("k-a", asked, procs=0)), 10 * STOP + 1) == [Release("k-a", "preempted by k-b")]
+
+
 def test_a_requested_release_of_a_claim_without_processes_is_at_once_and_one_look_starts_one_clock():
     r = Reclaimer(GRACE, STOP)
     asked = record("c-a", state="running", release_requested=True, reason="requested")

@@ -87,7 +87,8 @@ class Reclaimer:
                  seen: set | None = None) -> list[Action]:
         """What releasing this claim takes now: its release where no process of it is left; else
         SIGTERM on the first look, SIGKILL once ``stop_grace`` has passed since (``kill_now``: at
-        once), and nothing in between. An unreadable accounting file hides whether any is left:
+        once), and nothing in between; for a pod's claim nothing but the wait (its containers are
+        in another pid namespace: the kubelet stops them, with the pod's grace period). An unreadable accounting file hides whether any is left:
         nothing is released on a guess (the next look tries again)."""
         now = time.monotonic() if now is None else now
         seen = set() if seen is None else seen
@@ -96,6 +97,8 @@ class Reclaimer:
             return []
         if not cv.processes:
             return [Release(cv.claim, reason)]
+        if cv.record is not None and cv.record.kube is not None:
+            return []  # a pod's containers: the kubelet stops them (an eviction's grace period), not us
         if kill_now:
             return [Signal(cv.claim, signal.SIGKILL)]
         first = (cv.claim, "stopping") not in self.since

@@ -132,6 +132,32 @@ class KubeWriter:
             return None
         return pod
 
+    async def evict(self, ref: KubeClaimRef, *, dry_run: bool = False) -> str | None:
+        """Ask for the claim's pod to go through the Eviction API, as ``kubectl drain`` does: the
+        API server refuses where a PodDisruptionBudget allows no disruption now, and an accepted
+        eviction is a graceful delete, the pod's own grace period honoured (the kubelet sends its
+        containers SIGTERM, SIGKILL after it). None: accepted (``dry_run``: would be), or the pod
+        is gone (or another pod of its name stands there); else why it was refused. Other errors
+        are raised, classified (a `TemporaryError` for an API server that is not answering)."""
+        if not ref.pod or await self.read_pod(ref) is None:
+            return None  # (read first: the API server retries a precondition that fails for seconds)
+        body: dict = {"apiVersion": "policy/v1", "kind": "Eviction",
+                      "metadata": {"name": ref.pod, "namespace": ref.namespace}}
+        if ref.pod_uid:  # this pod, never a new one of the same name (one made since the read)
+            body["deleteOptions"] = {"preconditions": {"uid": ref.pod_uid}}
+        if dry_run:
+            body.setdefault("deleteOptions", {})["dryRun"] = ["All"]
+        try:
+            await self._bounded(f"evict pod {ref.namespace}/{ref.pod}",
+                                self.api.create(self._pod_path(ref) + "/eviction", body))
+        except (NotFound, ConflictError):  # gone, or (uid precondition) replaced: ours is gone
+            return None
+        except Unavailable as exc:
+            if exc.status == 429 and "DisruptionBudget" in (exc.body or ""):
+                return f"evicting pod {ref.namespace}/{ref.pod} is refused by its PodDisruptionBudget: {exc.message}"
+            raise
+        return None
+
     async def lift_gate(self, ref: KubeClaimRef) -> bool:
         """Remove our scheduling gate from the pod (other gates stay) once all of its Tessera claims
         are allocated: True if it was removed now, False if the pod is gone, had no such gate, or

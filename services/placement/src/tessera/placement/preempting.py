@@ -8,12 +8,14 @@ period), removes the ledger entry and records the claim released. The preempting
 waiting meanwhile and is placed by the retry that the ledger's change wakes: it is committed only
 where the ledger, read as it is then, has room, so no GPU is over-committed at any instant.
 
+On Kubernetes the victims' pods are evicted first (the Eviction API, all or none: `evict_all`),
+so their PodDisruptionBudgets can refuse and the kubelet stops their containers with the pods' own
+grace period; the enforcer, which cannot signal a container's processes, waits for them to go.
+
 Not done here (yet): claims of several requests, host CPU and memory, holding the freed room for
-the preemptor (another waiting claim may take it first, and the preemptor preempts again), counting
-victims already being stopped as room to come (each retry chooses again from the ledger, where
-they stand until their processes are gone), and on Kubernetes evicting the victim's pod (the
-enforcer cannot signal a container's processes: the victim's claim is released when its pod ends).
-These keep ``TESSERA_PLACEMENT_PREEMPTION`` off by default.
+the preemptor (another waiting claim may take it first, and the preemptor preempts again), and
+counting victims already being stopped as room to come (each retry chooses again from the ledger,
+where they stand until their processes are gone).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from tessera.shared.errors import TemporaryError
 from tessera.shared.events import ClaimReleaseRequested, ClaimRequested, ClaimSpec, GpuDevice
+from tessera.shared.kubeclaims import KubeClaimRef
 from tessera.shared.lifecycle import ReleaseRoute
 from tessera.shared.telemetry import NODE, claim_attributes, decided
 
@@ -29,6 +33,7 @@ from tessera.placement.mix import demand_of
 from tessera.placement.preemption import Need, NoVictims, Victims, choose_victims
 
 if TYPE_CHECKING:
+    from tessera.placement.kube import KubeWriter
     from tessera.placement.service import PlacementService
 
 log = logging.getLogger(__name__)
@@ -92,6 +97,9 @@ class Preemptions:
         if isinstance(chosen, NoVictims):
             return f"nothing to preempt: {chosen.reason}"
         node, victims = chosen
+        refused = await self._evict(victims.claims)
+        if refused:
+            return f"nothing preempted: {refused}"
         ledger, _ = self.svc.view.ledger_of(node)
         route = ReleaseRoute("enforcer", node)
         for victim in victims.claims:
@@ -111,3 +119,32 @@ class Preemptions:
                 decided(marked or entry, "preempted", reason, span=None, **{NODE: node, PREEMPTED_BY: event.claim})
         log.info("%s (priority %d) preempts %s on %s", event.claim, event.spec.priority, victims.claims, node)
         return f"preempting {', '.join(victims.claims)} on {node}: placed once they are released"
+
+    async def _evict(self, victims: list[str]) -> str:
+        """On Kubernetes, the victims' pods go through the Eviction API first (`evict_all`)."""
+        sync = self.svc.kube
+        if sync is None:
+            return ""
+        refs = []
+        for victim in victims:
+            record, _ = await self.svc.claims.get(victim)
+            if record is not None and record.kube is not None:
+                refs.append(record.kube)
+        return await evict_all(sync.writer, refs)
+
+
+async def evict_all(writer: KubeWriter, refs: list[KubeClaimRef]) -> str:
+    """Evict the pods of ``refs``, all or none: each is asked with a dry run first, then for real
+    (a budget that changes in between refuses the real one, said the same way; the ones evicted
+    before it are then released the way any deleted pod's claim is). The kubelet stops an evicted
+    pod's containers with the pod's own grace period; the enforcer releases the claim once they
+    are gone. Why not, or "" when all were evicted."""
+    for dry_run in (True, False):
+        for ref in refs:
+            try:
+                why = await writer.evict(ref, dry_run=dry_run)
+            except TemporaryError as exc:
+                return f"the eviction of pod {ref.namespace}/{ref.pod} failed ({exc}); tried again with the claim"
+            if why:
+                return why
+    return ""

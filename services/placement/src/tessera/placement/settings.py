@@ -39,15 +39,14 @@ class PlacementSettings(FromEnv):
         "decision (`idlework`); `false` only to measure what that buys "
         "(`tessera bench placement-nats --models default,no-idle-work`)", True)
     # Preemption (`preemption`, `preempting`): off, a claim's priority only orders the waiting queue.
-    # Off by default while a preempted pod has no way to stop on Kubernetes (no eviction yet: the
-    # enforcer cannot signal a container's processes, so the victim's claim waits for its pod to end)
-    # and while a preemptor re-chooses victims on every retry during their grace period.
+    # Off by default: on Kubernetes the whole path (eviction, the kubelet stopping the pod, the
+    # enforcer's release, the preemptor's pod started) is not yet shown on real components together.
     preemption: bool = setting(
         "TESSERA_PLACEMENT_PREEMPTION", "`true`: a claim that fits nowhere has strictly lower-priority, "
         "preemptible claims on one node released to make room (victims chosen as `tessera.placement.preemption` "
         "states): their processes get SIGTERM, SIGKILL after `TESSERA_RELEASE_GRACE_SECONDS`, and the claim is "
-        "placed once they are gone and their ledger entries with them. Off by default: on Kubernetes a "
-        "preempted pod is not evicted yet, so its claim is released only when the pod ends", False)
+        "placed once they are gone and their ledger entries with them; on Kubernetes the victims' pods are "
+        "evicted (all or none; a PodDisruptionBudget can refuse, the pod's grace period applies)", False)
     batch: int = setting("TESSERA_PLACEMENT_BATCH", "requested claims fetched and decided per batch", 256, minimum=1)
     # The reconciler (tessera.placement.reconcile): how often it checks placement's invariants, and
     # how old a record or ledger entry must be before it is repaired (younger: maybe mid-commit).
