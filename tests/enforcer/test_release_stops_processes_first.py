@@ -14,38 +14,50 @@ A process alive when a revision without its entry is seen was alive at that revi
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from tessera.shared import api
+from tessera.shared.events import ClaimRecord
 
 from tessera.cli.client import Client
 
-from runkit import LedgerRevisions, start_workload
+from runkit import LedgerRevisions, Revision, start_workload
 
 NODE = "gpu-1"
 
 
-async def reserved(client: Client) -> str:
+@dataclass
+class Released:
+    record: ClaimRecord  # as it ended
+    code: int  # the workload's exit status
+    removal: Revision  # the first ledger revision without the claim
+    seen: list[Revision]  # every revision seen
+
+
+async def release_workload(client: Client, tmp_path, on_term: str, reason: str) -> Released:
+    """A reservation on NODE, its workload started (``on_term``), then the claim released."""
     claim = (await client.submit(api.SubmitRequest(tenant="alpha", resources={"nvidia.com/gpumem": 500},
                                                    node=NODE)))["claim"]
     await client.wait_for(claim, {"prepared"}, timeout=60)
-    return claim
+    workload = await start_workload(client, claim, tmp_path, on_term=on_term)
+    async with LedgerRevisions(client, NODE, [workload]) as revisions:
+        await client.release(claim, reason=reason)
+        record = await client.wait_for(claim, {"released"}, timeout=60)
+        code = await asyncio.wait_for(workload.proc.wait(), 60)
+        removal = await revisions.removal(claim)
+    return Released(record, code, removal, revisions.seen)
 
 
 async def test_a_released_claim_keeps_its_ledger_entry_until_its_process_is_killed(cluster, tmp_path):
     client = await Client.connect(cluster.url)
     try:
-        workload = await start_workload(client, await reserved(client), tmp_path, on_term="ignore")
-        claim = workload.claim
-        async with LedgerRevisions(client, NODE, [workload]) as revisions:
-            await client.release(claim, reason="test: stop it")
-            record = await client.wait_for(claim, {"released"}, timeout=60)
-            code = await asyncio.wait_for(workload.proc.wait(), 60)
-            removal = await revisions.removal(claim)
-        assert claim not in removal.alive, f"the ledger gave {claim}'s GPU memory back while its process lived: " \
-                                           f"{revisions.seen}"
-        assert claim in removal.termed  # SIGTERM first ...
-        assert code == -9  # ... ignored, so SIGKILL once the grace period was over
-        assert record.reason == "test: stop it"
+        done = await release_workload(client, tmp_path, "ignore", "test: stop it")
+        claim = done.record.claim
+        assert claim not in done.removal.alive, \
+            f"the ledger gave {claim}'s GPU memory back while its process lived: {done.seen}"
+        assert claim in done.removal.termed  # SIGTERM first ...
+        assert done.code == -9  # ... ignored, so SIGKILL once the grace period was over
+        assert done.record.reason == "test: stop it"
     finally:
         await client.close()
 
@@ -53,14 +65,9 @@ async def test_a_released_claim_keeps_its_ledger_entry_until_its_process_is_kill
 async def test_a_process_that_stops_on_sigterm_is_given_its_grace_period(cluster, tmp_path):
     client = await Client.connect(cluster.url)
     try:
-        workload = await start_workload(client, await reserved(client), tmp_path, on_term="exit")
-        claim = workload.claim
-        async with LedgerRevisions(client, NODE, [workload]) as revisions:
-            await client.release(claim)
-            await client.wait_for(claim, {"released"}, timeout=60)
-            code = await asyncio.wait_for(workload.proc.wait(), 60)
-            removal = await revisions.removal(claim)
-        assert claim not in removal.alive and claim in removal.termed, revisions.seen
-        assert code == 0  # it stopped by itself on SIGTERM: never SIGKILLed
+        done = await release_workload(client, tmp_path, "exit", "requested")
+        claim = done.record.claim
+        assert claim not in done.removal.alive and claim in done.removal.termed, done.seen
+        assert done.code == 0  # it stopped by itself on SIGTERM: never SIGKILLed
     finally:
         await client.close()
