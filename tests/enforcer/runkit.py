@@ -21,10 +21,11 @@ import msgspec
 import pytest
 
 from tessera.shared import api, subjects
-from tessera.shared.events import GpuQuota, usage_decoder
+from tessera.shared.events import GpuQuota, NodeLedger, usage_decoder
 
 from tessera.cli.client import Client
 from tessera.cli.cluster import LocalCluster
+from tessera.cli.run import child_env
 
 import kit
 
@@ -214,8 +215,6 @@ async def start_workload(client: Client, claim: str, workdir: Path, on_term: str
     its CUDA context holds a slot of the claim's accounting file (it has reported)."""
     # (the record says ``prepared`` just before the event is published)
     prepared = await kit.eventually(lambda: client.prepared(claim), what=f"the prepared event of {claim}")
-    from tessera.cli.run import child_env
-
     term_file = workdir / f"{claim}.term"
     proc = await asyncio.create_subprocess_exec(
         sys.executable, WORKLOAD, "--alloc", "100", "--hold-file", str(workdir / "never"),
@@ -246,8 +245,6 @@ class LedgerRevisions:
         self.sub = None
 
     async def __aenter__(self) -> "LedgerRevisions":
-        from tessera.shared.events import NodeLedger
-
         decoder = msgspec.json.Decoder(NodeLedger)
 
         async def on_revision(msg) -> None:
