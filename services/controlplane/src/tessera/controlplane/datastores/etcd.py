@@ -20,7 +20,8 @@ from typing import Any
 import aiohttp
 
 from tessera.controlplane.credentials import DatastoreCredentials
-from tessera.controlplane.datastores import DatastoreUnavailable
+from tessera.controlplane.datastores import (CertificateMismatch, DatastoreAuthFailed, DatastoreFault, DatastoreFull,
+                                             DatastoreUnavailable)
 from tessera.controlplane.pki import PkiAuthority
 
 
@@ -44,11 +45,33 @@ def range_end(key_prefix: str) -> str:
     return bytes(raw).decode()
 
 
-class EtcdError(Exception):
+class EtcdError(DatastoreFault):
+    """etcd refused a call; the subclasses below say what kind of refusal it is."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"etcd answered {status}: {message}")
         self.status = status
         self.message = message
+
+    @staticmethod
+    def of(status: int, message: str) -> "EtcdError":
+        if "authentication failed" in message or "invalid auth token" in message:
+            return EtcdAuthFailed(status, message)
+        if "database space exceeded" in message:
+            return EtcdFull(status, message)
+        return EtcdError(status, message)
+
+
+class EtcdAuthFailed(EtcdError, DatastoreAuthFailed):
+    pass
+
+
+class EtcdFull(EtcdError, DatastoreFull):
+    pass
+
+
+FREE_SPACE = ("compact and defragment it (etcdctl compact <revision>; etcdctl defrag), then etcdctl alarm disarm; "
+              "or raise its --quota-backend-bytes (TESSERA_CP_ETCD_QUOTA_BYTES in dedicated mode)")
 
 
 class EtcdClient:
@@ -79,10 +102,22 @@ class EtcdClient:
             async with self.session.post(f"{self.endpoint}/v3/{path}", json=body, headers=headers,
                                          ssl=self.tls if self.tls is not None else True) as resp:
                 data = await resp.json(content_type=None)
+        except aiohttp.ClientConnectorCertificateError as exc:
+            raise CertificateMismatch(
+                f"etcd at {self.endpoint} presents a certificate the manager does not trust "
+                f"({exc.certificate_error}): the CA the manager is given for etcd (TESSERA_CP_ETCD_CA_FILE; a "
+                "dedicated etcd's ca.crt in its directory) must be the one that signed etcd's serving "
+                "certificate") from exc
+        except aiohttp.ClientSSLError as exc:  # (after the above: a handshake that etcd broke off)
+            raise CertificateMismatch(
+                f"etcd at {self.endpoint} refused the TLS handshake, the manager's client certificate with it "
+                f"({exc.os_error}): etcd's "
+                "--trusted-ca-file must be the CA the manager issues from (TESSERA_CP_ETCD_CA_FILE and "
+                "TESSERA_CP_ETCD_CA_KEY_FILE)") from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise DatastoreUnavailable(f"cannot reach etcd at {self.endpoint}: {exc}") from exc
         if resp.status != 200 or (isinstance(data, dict) and "error" in data and "code" in data):
-            raise EtcdError(resp.status, (data or {}).get("message") or (data or {}).get("error", ""))
+            raise EtcdError.of(resp.status, (data or {}).get("message") or (data or {}).get("error", ""))
         return data or {}
 
     async def authenticate(self, user: str, password: str) -> None:
@@ -156,22 +191,38 @@ class EtcdCa:
 class EtcdDriver:
     name = "etcd"
 
-    def __init__(self, endpoint: str, root_password: str, ca: EtcdCa | None = None) -> None:
+    def __init__(self, endpoint: str, root_password: str, ca: EtcdCa | None = None,
+                 password_from: str = "TESSERA_CP_ETCD_ROOT_PASSWORD") -> None:
         self.endpoint = endpoint
         self.root_password = root_password
+        self.password_from = password_from  # where root's password comes from (what a refusal tells to fix)
         self.ca = ca
         tls = tls_context(ca.cert, *ca.gateway_client()) if ca is not None else None
         self.client = EtcdClient(endpoint, tls=tls)
 
     async def _as_root(self) -> EtcdClient:
-        await self.client.authenticate("root", self.root_password)
+        try:
+            await self.client.authenticate("root", self.root_password)
+        except EtcdAuthFailed as exc:
+            raise DatastoreAuthFailed(f"etcd at {self.endpoint} refuses root's password ({exc.message}): set "
+                                      f"{self.password_from} to etcd's root password, or set root's password "
+                                      "back (etcdctl user passwd root)") from exc
         return self.client
+
+    async def _has_space(self, etcd: EtcdClient) -> None:
+        """etcd past its quota raises the NOSPACE alarm and refuses every write until it is disarmed,
+        while logins and reads still work: the tenant's API server could not write."""
+        alarms = (await etcd.call("maintenance/alarm", {"action": "GET"})).get("alarms") or []
+        if any(a.get("alarm") == "NOSPACE" for a in alarms):
+            raise DatastoreFull(f"etcd at {self.endpoint} is out of space (its NOSPACE alarm is raised: \"database "
+                                f"space exceeded\"), so the tenant's API server cannot write; {FREE_SPACE}")
 
     async def ensure(self, tenant: str, current: DatastoreCredentials | None) -> DatastoreCredentials:
         user = role = user_name(tenant)
         password = current.password if current and current.driver == self.name and current.username == user else ""
         password = password or secrets.token_urlsafe(24)
         etcd = await self._as_root()
+        await self._has_space(etcd)
         try:
             await etcd.call("auth/user/add", {"name": user, "password": password})
         except EtcdError as exc:

@@ -30,11 +30,12 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import nats
+import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from tessera.controlplane.credentials import DatastoreCredentials
-from tessera.controlplane.datastores import DatastoreUnavailable
+from tessera.controlplane.datastores import DatastoreAuthFailed, DatastoreUnavailable
 from tessera.controlplane.settings import ControlPlaneSettings
 from tessera.shared import identities
 from tessera.shared.bus import Bus
@@ -207,29 +208,56 @@ class NatsKvDriver:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + RELOAD_TIMEOUT
         while True:
-            ok = await connect_ok(self.tenant_url, user, password, inbox_prefix(tenant))
-            if ok == accepted:
+            error = await connect_error(self.tenant_url, user, password, inbox_prefix(tenant))
+            if (error is None) == accepted:
                 return
             if loop.time() > deadline:
-                state = "accept" if accepted else "refuse"
-                raise DatastoreUnavailable(f"nats-server did not {state} user {user} after reload")
+                break
             await asyncio.sleep(0.01)
+        if not accepted:
+            raise DatastoreUnavailable(f"nats-server at {self.tenant_url} still accepts user {user} "
+                                       f"{RELOAD_TIMEOUT:.0f}s after its account was removed: {RELOAD_HINT}")
+        if refused_login(error):
+            where = getattr(self.users, "path", None) or "the users Secret (TESSERA_CP_NATS_USERS_SECRET)"
+            raise DatastoreAuthFailed(f"nats-server at {self.tenant_url} refuses tenant user {user} ({error}) "
+                                      f"{RELOAD_TIMEOUT:.0f}s after its account was written to {where}: "
+                                      f"{RELOAD_HINT}")
+        raise DatastoreUnavailable(f"cannot reach nats-server at {self.tenant_url} as tenant user {user} "
+                                   f"({error!r}): TESSERA_CP_NATS_TENANT_URL (else TESSERA_NATS_URL) must name "
+                                   "where the tenants reach it")
+
+
+RELOAD_HINT = ("the server's configuration must include that file (TESSERA_CP_NATS_AUTH_FILE) inside its "
+               "accounts block, and TESSERA_CP_NATS_PID_FILE must be its pid file (the manager signals it to reload)")
+
+
+def refused_login(error: BaseException | None) -> bool:
+    """Whether nats-server answered and refused the user (not: could not be reached)."""
+    return isinstance(error, nats.errors.AuthorizationError) or "authorization" in str(error).lower()
 
 
 async def connect_ok(url: str, user: str, password: str, inbox: str) -> bool:
     """Whether nats-server accepts these credentials right now."""
-    async def quiet(_: Exception) -> None:
-        return None
+    return await connect_error(url, user, password, inbox) is None
+
+
+async def connect_error(url: str, user: str, password: str, inbox: str) -> BaseException | None:
+    """None if nats-server accepts these credentials right now; else why not (the server's own
+    refusal where it sent one, which nats-py reports to the error callback)."""
+    said: list[Exception] = []
+
+    async def heard(exc: Exception) -> None:
+        said.append(exc)
 
     nc = NatsClient()
     try:
         await nc.connect(
             servers=[url], user=user, password=password, inbox_prefix=inbox, allow_reconnect=False,
-            connect_timeout=2, error_cb=quiet, max_reconnect_attempts=1,
+            connect_timeout=2, error_cb=heard, max_reconnect_attempts=1,
         )
-        return True
-    except Exception:
-        return False
+        return None
+    except Exception as exc:
+        return next((e for e in said if refused_login(e)), exc)
     finally:
         await _close_quietly(nc)
 

@@ -18,9 +18,11 @@ from urllib.parse import quote
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from tessera.controlplane.credentials import DatastoreCredentials
-from tessera.controlplane.datastores import DatastoreUnavailable
+from tessera.controlplane.datastores import (CertificateMismatch, DatastoreAuthFailed, DatastoreFault, DatastoreFull,
+                                             DatastoreUnavailable)
 
 
 def database_name(tenant: str) -> str:
@@ -29,6 +31,28 @@ def database_name(tenant: str) -> str:
 
 def role_name(tenant: str) -> str:
     return "tessera_t_" + tenant.replace("-", "_")
+
+
+def fault(exc: psycopg.Error, server: str) -> DatastoreFault:
+    """What PostgreSQL's refusal means, by its SQLSTATE where the server sent one (a refused
+    connection has none: libpq's text says it)."""
+    text = " ".join(str(exc).split())
+    state = exc.sqlstate or ""
+    if state.startswith("28") or "password authentication failed" in text or "no pg_hba.conf entry" in text:
+        return DatastoreAuthFailed(f"PostgreSQL at {server} refuses the manager's administrator login ({text}): set "
+                                   "TESSERA_CP_POSTGRES_DSN to a role and password the server accepts, or set that "
+                                   "role's password back")
+    if state.startswith("53") or "too many connections" in text or "connection slots" in text:
+        return DatastoreFull(f"PostgreSQL at {server} is full ({text}): free connections (close idle clients, lower "
+                             "TESSERA_CP_POSTGRES_CONNECTION_LIMIT) or raise the server's max_connections; if its "
+                             "disk is full, free space there")
+    if "certificate" in text or "SSL" in text:
+        return CertificateMismatch(f"TLS to PostgreSQL at {server} failed ({text}): the sslrootcert in "
+                                   "TESSERA_CP_POSTGRES_DSN must be the CA that signed the server's certificate")
+    if isinstance(exc, psycopg.OperationalError):
+        return DatastoreUnavailable(f"cannot reach PostgreSQL at {server} ({text}): start it, or set "
+                                    "TESSERA_CP_POSTGRES_DSN to where it answers")
+    return DatastoreFault(f"PostgreSQL at {server} refused the manager's statement ({text})")
 
 
 class PostgresDriver:
@@ -40,14 +64,22 @@ class PostgresDriver:
         self.admin_dsn = admin_dsn
         self.tenant_host = tenant_host  # host:port the tenants' control planes use
         self.connection_limit = connection_limit  # per tenant role, enforced by PostgreSQL
+        where = conninfo_to_dict(admin_dsn)
+        self.server = f"{where.get('host', 'localhost')}:{where.get('port', 5432)}"  # (no password in messages)
 
     async def _admin(self) -> psycopg.AsyncConnection:
         try:
             return await psycopg.AsyncConnection.connect(self.admin_dsn, autocommit=True, connect_timeout=5)
-        except psycopg.OperationalError as exc:
-            raise DatastoreUnavailable(f"cannot reach PostgreSQL as administrator: {exc}") from exc
+        except psycopg.Error as exc:
+            raise fault(exc, self.server) from exc
 
     async def ensure(self, tenant: str, current: DatastoreCredentials | None) -> DatastoreCredentials:
+        try:
+            return await self._ensure(tenant, current)
+        except psycopg.Error as exc:
+            raise fault(exc, self.server) from exc
+
+    async def _ensure(self, tenant: str, current: DatastoreCredentials | None) -> DatastoreCredentials:
         db, role = database_name(tenant), role_name(tenant)
         password = current.password if current and current.driver == self.name and current.username == role else ""
         password = password or secrets.token_urlsafe(24)
@@ -76,8 +108,11 @@ class PostgresDriver:
         db, role = database_name(tenant), role_name(tenant)
         conn = await self._admin()
         async with conn:
-            await conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db)))
-            await conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+            try:
+                await conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db)))
+                await conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+            except psycopg.Error as exc:
+                raise fault(exc, self.server) from exc
 
     async def close(self) -> None:
         return None
