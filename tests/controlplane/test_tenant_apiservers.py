@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 
+import msgspec
 import psycopg
 import pytest
 from nats.js.errors import BucketNotFoundError
@@ -112,19 +113,46 @@ async def test_tenant_api_servers_serve_on_their_own_datastore(planes: Planes, t
 @pytest.mark.parametrize("planes", DATASTORES, indirect=True)
 async def test_deleting_a_tenant_leaves_nothing_behind(planes: Planes):
     await planes.create("gamma")
-    plane = planes.host._read("gamma")
-    assert isinstance(plane, PlaneRecord) and plane.pids
-    ports = [plane.apiserver_port, plane.shim_port]
-    creds = await planes.credentials("gamma")
-    before = await planes.leftovers("gamma", ports, creds)
-    assert before["processes"] and before["files"]
+    await _deleting_leaves_nothing(planes, "gamma")
 
-    removal = await planes.manager.api.remove("gamma")
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("planes", [("etcd", {"etcd_mode": "dedicated"})], indirect=True)
+async def test_a_tenant_on_its_own_etcd_logs_in_with_its_certificate(planes: Planes, tmp_path):
+    await planes.create("delta")  # Ready: /readyz and a read through to its etcd and back
+    kubeconfig = await planes.kubeconfig("delta", tmp_path)
+    listed = await planes.kubectl(kubeconfig, "get", "ns")
+    assert listed.returncode == 0 and "kube-system" in listed.stdout, listed.stderr
+    creds = await planes.credentials("delta")
+    assert creds.endpoint.startswith("https://") and creds.client_cert, creds.endpoint
+    own = await etcdctl(creds, tmp_path / "own", "get", "--prefix", "--count-only", "--write-out=fields",
+                        etcd_store.prefix("delta"))
+    assert own.returncode == 0 and '"Count" : 0' not in own.stdout, own.stdout + own.stderr
+    # another tenant's certificate (its own etcd, from the same manager) is refused by delta's etcd
+    driver = planes.manager.drivers["etcd"]
+    other = await driver.ensure("stranger", None)
+    try:
+        crossed = msgspec.structs.replace(creds, client_cert=other.client_cert, client_key=other.client_key)
+        refused = await etcdctl(crossed, tmp_path / "crossed", "get", "--prefix", "--keys-only",
+                                etcd_store.prefix("delta"))
+        assert refused.returncode != 0 and "registry" not in refused.stdout, refused.stdout + refused.stderr
+    finally:
+        await driver.remove("stranger")
+    await _deleting_leaves_nothing(planes, "delta")
+
+
+async def _deleting_leaves_nothing(planes: Planes, name: str) -> None:
+    """Delete the tenant; each kind of thing it had (processes, ports, files, and its datastore's
+    database, role, prefix, users, bucket, account or server) is listed before, and empty after."""
+    plane = planes.host._read(name)
+    assert isinstance(plane, PlaneRecord) and plane.pids
+    ports = planes.ports(name)
+    creds = await planes.credentials(name)
+    before = await planes.leftovers(name, ports, creds)
+    assert all(before.values()), before  # the listing sees each kind while the tenant has it
+
+    removal = await planes.manager.api.remove(name)
     assert not removal.pending
 
-    left = await planes.leftovers("gamma", ports, creds)
-    empty = {"processes": [], "ports": [], "files": []}
-    empty.update({"postgres": {"databases": [], "roles": []},
-                  "etcd": {"prefix_keys": 0, "users": [], "roles": []},
-                  "nats": {"accounts": [], "user_accepted": False}}[planes.driver])
-    assert left == empty
+    left = await planes.leftovers(name, ports, creds)
+    assert left == {kind: type(found)() for kind, found in before.items()}

@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import ssl
 import time
 from dataclasses import asdict, dataclass, field
@@ -336,7 +335,7 @@ class LocalControlPlanes:
                                        f"kube-binaries` (kube-*) or `make kine` (kine), or set the manager's "
                                        f"TESSERA_CP_KUBE_BIN_DIR / TESSERA_CP_KINE_BIN_DIR")
                 raise seen.fault
-            if process.listens and not _port_free(process.listens):
+            if process.listens and not processes.port_free(process.listens):
                 seen.fault = HostFault("PortInUse", f"{process.name}: port {process.listens} on 127.0.0.1 is "
                                        "taken by another process; the tenant gets a new port on the next resync")
                 self._move_port(tenant, record, process.listens)
@@ -366,7 +365,7 @@ class LocalControlPlanes:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + SHIM_START_TIMEOUT
         owner = self.owner(tenant, name)
-        while _port_free(record.shim_port):
+        while processes.port_free(record.shim_port):
             if not processes.running(record.pids[name], owner):
                 raise HostFault("DatastoreRefused", f"{name} exited: {self.log_tail(tenant, name)}")
             if loop.time() > deadline:
@@ -446,12 +445,3 @@ def default_bin_dirs() -> tuple[Path, Path]:
     fallback = _cache() / "kubernetes" / "missing"
     return ((supported or kube or [fallback])[-1] / "bin", (kine or [_cache() / "kine" / "missing"])[-1] / "bin")
 
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Go's listeners: TIME_WAIT is no owner
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True

@@ -138,12 +138,20 @@ class PkiAuthority:
         cert = self._leaf(ca_pem, ca_key_pem, key, subject, ExtendedKeyUsageOID.CLIENT_AUTH, None)
         return _pem_cert(cert), _pem_key(key)
 
-    def issue_serving(self, ca_pem: str, ca_key_pem: str, cn: str, dns: list[str], ips: list[str]) -> tuple[str, str]:
+    def issue_serving(self, ca_pem: str, ca_key_pem: str, cn: str, dns: list[str], ips: list[str],
+                      *, client_too: bool = False) -> tuple[str, str]:
         """A serving certificate (PEM) and its key from the tenant's CA (the virtual node's kubelet
-        endpoint, tenantpods.logs)."""
+        endpoint, tenantpods.logs). ``client_too``: usable as a client as well (an etcd's: its gateway
+        dials its own gRPC with it, as kubeadm's etcd server certificate allows)."""
         key = _key()
-        cert = self._leaf(ca_pem, ca_key_pem, key, _name(cn), ExtendedKeyUsageOID.SERVER_AUTH, (dns, ips))
+        usage = [ExtendedKeyUsageOID.SERVER_AUTH] + ([ExtendedKeyUsageOID.CLIENT_AUTH] if client_too else [])
+        cert = self._leaf(ca_pem, ca_key_pem, key, _name(cn), usage, (dns, ips))
         return _pem_cert(cert), _pem_key(key)
+
+    def new_ca(self, cn: str) -> tuple[str, str]:
+        """A CA of its own (PEM certificate and key): a datastore server's, apart from every tenant's."""
+        key = _key()
+        return _pem_cert(self._ca_cert(key, cn)), _pem_key(key)
 
     def current(self, cert_pem: str, ca_pem: str, cn: str) -> bool:
         """Whether ``cert_pem`` is for ``cn``, from that CA, and not yet due for renewal."""
@@ -197,7 +205,7 @@ class PkiAuthority:
             .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=self.cert_days))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.KeyUsage(True, False, True, False, False, False, False, False, False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage(usage if isinstance(usage, list) else [usage]), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         )
         if sans is not None:

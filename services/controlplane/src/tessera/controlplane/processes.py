@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 from pathlib import Path
 
 MARK = "TESSERA_OWNER"
@@ -105,3 +106,15 @@ def rss_bytes(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server of the manager's could listen on ``port`` now (before one is started there:
+    a port taken by another process is a fault the tenant's status names)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Go's listeners: TIME_WAIT is no owner
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
