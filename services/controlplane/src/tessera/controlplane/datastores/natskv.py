@@ -223,7 +223,7 @@ class NatsKvDriver:
                                       f"{RELOAD_TIMEOUT:.0f}s after its account was written to {where}: "
                                       f"{RELOAD_HINT}")
         raise DatastoreUnavailable(f"cannot reach nats-server at {self.tenant_url} as tenant user {user} "
-                                   f"({error!r}): TESSERA_CP_NATS_TENANT_URL (else TESSERA_NATS_URL) must name "
+                                   f"({type(error).__name__}: {error}): TESSERA_CP_NATS_TENANT_URL (else TESSERA_NATS_URL) must name "
                                    "where the tenants reach it")
 
 
@@ -257,7 +257,7 @@ async def connect_error(url: str, user: str, password: str, inbox: str) -> BaseE
         )
         return None
     except Exception as exc:
-        return next((e for e in said if refused_login(e)), exc)
+        return next((e for e in said if refused_login(e)), said[0] if said else exc)  # the cause, not NoServers
     finally:
         await _close_quietly(nc)
 
