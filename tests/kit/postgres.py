@@ -16,9 +16,11 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from tessera.shared.natsserver import free_port, wait_for_port
@@ -88,10 +90,25 @@ def start_postgres() -> tuple[Postgres, subprocess.Popen]:
     log.close()
     try:
         wait_for_port(port, 30, proc)
+        _wait_accepting(Postgres(port, datadir), proc)
     except Exception:
         stop_postgres(Postgres(port, datadir), proc)
         raise
     return Postgres(port, datadir), proc
+
+
+def _wait_accepting(server: Postgres, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """The port opens before recovery ends: until then every login is "the database system is
+    starting up" (a test that connects first in its session saw it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            psycopg.connect(server.admin_url, connect_timeout=5).close()
+            return
+        except psycopg.OperationalError as exc:
+            if "starting up" not in str(exc) or proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"PostgreSQL did not accept connections: {exc}") from None
+            time.sleep(0.1)
 
 
 def stop_postgres(server: Postgres, proc: subprocess.Popen) -> None:
