@@ -97,6 +97,16 @@ async def test_a_refused_admin_password_is_named_the_others_stay_ready_and_resyn
             await PostgresDriver(postgres.admin_url, postgres.host).remove("victim")
 
 
+async def test_a_datastore_this_manager_does_not_offer_is_named(manager):
+    """(The `manager` fixture offers NATS only.)"""
+    for name, driver in (("steady", "nats"), ("elsewhere", "postgres")):
+        await call(manager, "create", {"name": name, "spec": {"datastore": {"driver": driver}}})
+    elsewhere = await status(manager, "elsewhere")
+    assert (elsewhere.phase, elsewhere.reason) == ("NotReady", "DatastoreNotConfigured"), elsewhere
+    assert "TESSERA_CP_DRIVERS" in elsewhere.message and "nats" in elsewhere.message, elsewhere.message
+    assert (await status(manager, "steady")).phase == "Ready"
+
+
 async def call(mgr: Manager, verb: str, payload: dict) -> dict:
     return msgspec.json.decode(await mgr.api.handlers()[verb](msgspec.json.encode(payload), {}))
 

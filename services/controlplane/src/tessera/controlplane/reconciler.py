@@ -165,9 +165,10 @@ class Reconciler:
         before = msgspec.json.encode(secrets)
         driver = self.drivers.get(record.spec.datastore.driver)
         if driver is None:
-            return ("NotReady", "DatastoreUnavailable",
-                    f"datastore driver {record.spec.datastore.driver!r} is not configured on this manager",
-                    "", "", 0.0)
+            return ("NotReady", "DatastoreNotConfigured",
+                    f"datastore driver {record.spec.datastore.driver!r} is not configured on this manager: add it to "
+                    f"its TESSERA_CP_DRIVERS (with that driver's settings), or choose one it offers: "
+                    f"{', '.join(sorted(self.drivers)) or 'none'}", "", "", 0.0)
         try:
             secrets.datastore = await driver.ensure(name, secrets.datastore)
         except DatastoreFault as exc:  # the driver knows what is wrong: the status names it
