@@ -1,5 +1,5 @@
 """Faults of a tenant's control plane: a binary missing, its port taken, its datastore password
-changed behind the manager's back. The tenant's status names what is wrong, the other tenant is
+changed behind the manager's back, its datastore full. The tenant's status names what is wrong, the other tenant is
 not harmed, and a later resync repairs what can be repaired."""
 
 from __future__ import annotations
@@ -15,7 +15,13 @@ from psycopg import sql
 
 from controlplane.planes import Planes
 from kit import eventually
+from tessera.controlplane.datastores import DatastoreAuthFailed, DatastoreFull
+from tessera.controlplane.datastores import etcd as etcd_store
 from tessera.controlplane.datastores import postgres as pg_store
+from tessera.controlplane.datastores.etcd_dedicated import DedicatedEtcdDriver
+
+QUOTA = 16 * 1024 * 1024  # a dedicated etcd's: room for a control plane, soon filled on purpose
+VALUE = b"x" * (64 * 1024)
 
 
 @pytest.mark.timeout(900)
@@ -90,6 +96,49 @@ async def test_a_changed_datastore_password_is_repaired(planes: Planes, tmp_path
     await planes.wait_phase("victim", "Ready")
     assert (await planes.kubectl(kubeconfig, "get", "ns")).returncode == 0
     assert (await planes.record("steady")).status.phase == "Ready"  # type: ignore[union-attr]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("planes", [("etcd", {"etcd_mode": "dedicated", "etcd_quota_bytes": QUOTA})], indirect=True)
+async def test_a_full_datastore_is_named_and_freeing_it_repairs(planes: Planes, tmp_path):
+    await planes.create("steady")
+    await planes.create("filler")
+    driver = planes.manager.drivers["etcd"]
+    assert isinstance(driver, DedicatedEtcdDriver)
+    creds = await planes.credentials("filler")
+    tenant = driver.gateway("filler")
+    root = driver.gateway("filler")
+    try:
+        await tenant.authenticate(creds.username, creds.password)
+        for i in range(4 * QUOTA // len(VALUE)):  # the tenant writes past its own etcd's quota
+            try:
+                await tenant.put(f"{etcd_store.prefix('filler')}fill/{i}", VALUE)
+            except DatastoreAuthFailed:  # (each reconcile's auth change ends etcd's tokens)
+                await tenant.authenticate(creds.username, creds.password)
+            except DatastoreFull:
+                break
+        else:
+            raise AssertionError("etcd never refused a write")
+
+        record = await planes.wait_phase("filler", "NotReady", "DatastoreFull", timeout=60)
+        assert "alarm disarm" in record.status.message, record.status.message
+        assert (await planes.record("steady")).status.phase == "Ready"  # type: ignore[union-attr]
+
+        # what the message says: free space, compact, defragment, disarm; the next resync repairs
+        await root.authenticate("root", driver._read("filler").root_password)  # type: ignore[union-attr]
+        await root.delete_prefix(f"{etcd_store.prefix('filler')}fill/")
+        revision = int((await root.call("maintenance/status", {}))["header"]["revision"])
+        await root.call("kv/compaction", {"revision": revision, "physical": True})
+        await root.call("maintenance/defragment", {})
+        member = (await root.call("maintenance/status", {}))["header"]["member_id"]
+        await root.call("maintenance/alarm", {"action": "DEACTIVATE", "memberID": member, "alarm": "NOSPACE"})
+        await planes.wait_phase("filler", "Ready")
+        kubeconfig = await planes.kubeconfig("filler", tmp_path)
+        made = await planes.kubectl(kubeconfig, "create", "namespace", "after-the-fill")
+        assert made.returncode == 0, made.stderr  # it writes again
+    finally:
+        await tenant.close()
+        await root.close()
 
 
 def planes_spec(planes: Planes):
