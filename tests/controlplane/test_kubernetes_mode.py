@@ -248,6 +248,16 @@ async def test_a_sleeping_tenant_is_scaled_to_zero_on_the_host_and_wakes_with_it
         assert reasons[slept:].index("Waking") < reasons[slept:].index("Ready"), reasons
         print(f"wake in Kubernetes mode: {woken.status.wake_seconds:.2f} s until Ready")
 
+        # the idle timeout (TESSERA_CP_IDLE_SECONDS, which the host reads as it goes) scales it to zero
+        # the same way, although the tenant's syncer keeps its virtual node Ready (a lease every 10 s,
+        # the node's status every minute: the platform's own doing, not the tenant's use)
+        local.idle_seconds = 70.0
+        try:
+            await planes.wait_phase(tenant, "NotReady", "Sleeping", timeout=200)
+        finally:
+            local.idle_seconds = 0.0
+        assert (await admin.get(deployment))["spec"]["replicas"] == 0 and local.pids(tenant) == {}
+
         # a sleep while a wake is in flight wins, and the wake says so
         assert (await planes.call("sleep", tenant)).ok
         waking = asyncio.create_task(planes.call("wake", tenant))

@@ -51,6 +51,9 @@ PROBE_TIMEOUT = 3.0
 # The datastore round trip of a readiness probe: a list, which the API server serves from storage.
 PROBE_PATH = "/api/v1/namespaces/kube-system/resourcequotas"
 _BACKGROUND = {"", "leases", "resourcequotas"}  # what an idle control plane asks for by itself
+# ...and what its nodes report by themselves (a kubelet's, or the manager's own virtual node's, status
+# once a minute: counted, it would keep a tenant with a GPU pod syncer awake for ever)
+_BACKGROUND_SUBRESOURCES = {("nodes", "status")}
 
 
 @dataclass
@@ -271,7 +274,8 @@ class LocalControlPlanes:
     async def _requests(self, tenant: str, record: PlaneRecord) -> float:
         """Requests the API server served for its users: the sum of ``apiserver_request_total`` less
         what runs by itself in an idle control plane (leader-election leases, discovery, watches
-        re-established) and the manager's own probes (``PROBE_PATH``'s resource)."""
+        re-established, nodes' heartbeats and status reports) and the manager's own probes
+        (``PROBE_PATH``'s resource)."""
         try:
             text = await self._get(tenant, record, "/metrics")
         except Exception:
@@ -281,7 +285,9 @@ class LocalControlPlanes:
             if not line.startswith("apiserver_request_total{") or 'verb="WATCH"' in line:
                 continue
             labels = dict(part.split("=", 1) for part in line[line.index("{") + 1:line.rindex("}")].split(","))
-            if labels.get("resource", '""').strip('"') in _BACKGROUND:
+            resource = labels.get("resource", '""').strip('"')
+            if resource in _BACKGROUND or (resource, labels.get("subresource", '""').strip('"')) in \
+                    _BACKGROUND_SUBRESOURCES:
                 continue
             total += float(line.rsplit(" ", 1)[1])
         return total
