@@ -119,7 +119,9 @@ class Manager:
         """The manager's own loops: periodic resync, and in Kubernetes mode the readiness watch and
         the TenantControlPlane objects."""
         tasks: dict[str, Coroutine] = {"resync": self.resync_forever(on_first)}
-        if hasattr(self.host, "watch"):
+        if hasattr(self.host, "watches"):  # (several loops, each a root task of its own)
+            tasks.update(self.host.watches(self._on_host_change))
+        elif hasattr(self.host, "watch"):
             tasks["readiness-watch"] = self.follow_host()
         if self.resources is not None:
             tasks["tenantcontrolplanes"] = self.resources.run()
