@@ -105,7 +105,7 @@ async def test_tenant_commands_connect_as_the_user_the_environment_names(tmp_pat
         srv.stop()
 
 
-async def test_kubeconfig_prints_the_tenants_admin_kubeconfig_and_sleep_needs_local_control_planes(served, capsys):
+async def test_kubeconfig_prints_the_tenants_admin_kubeconfig(served, capsys):
     url = served
     args = parse("tenant", "kubeconfig", "nobody", "--nats", url)
     assert await args.func(args) != 0
@@ -118,9 +118,32 @@ async def test_kubeconfig_prints_the_tenants_admin_kubeconfig_and_sleep_needs_lo
     config = yaml.safe_load(capsys.readouterr().out)
     assert config["current-context"] == "tessera-alpha"
     assert config["users"][0]["user"]["client-certificate-data"]
+
+
+async def test_sleep_and_wake_show_in_tenant_get(served, capsys):
+    # (a manager that runs no control plane: the record and the status say it all the same; the
+    # Deployment scaled to zero on a host: test_kubernetes_mode.py)
+    url = served
+    args = parse("tenant", "create", "alpha", "--nats", url)
+    assert await args.func(args) == 0
     args = parse("tenant", "sleep", "alpha", "--nats", url)
+    assert await args.func(args) == 0
+    assert "tenant alpha: NotReady (Sleeping)" in capsys.readouterr().out
+    args = parse("tenant", "get", "alpha", "--nats", url)
+    assert await args.func(args) == 0
+    shown = dict(line.split(None, 1) if " " in line else (line, "") for line in capsys.readouterr().out.splitlines())
+    assert shown["Phase"].strip() == "NotReady" and shown["Reason"].strip() == "Sleeping", shown
+    assert shown["Replicas"].strip() == "0 (asleep; a wake scales it to 2)", shown
+    args = parse("tenant", "wake", "alpha", "--nats", url)
+    assert await args.func(args) == 0
+    assert "tenant alpha: Ready (Ready)" in capsys.readouterr().out
+    args = parse("tenant", "get", "alpha", "--nats", url)
+    assert await args.func(args) == 0
+    shown = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    assert shown["Last"].startswith("wake") and shown["Last"].endswith(" s until Ready"), shown
+    args = parse("tenant", "wake", "nobody", "--nats", url)
     assert await args.func(args) != 0
-    assert "TESSERA_CP_HOST is not `local`" in capsys.readouterr().err
+    assert "tenant 'nobody' does not exist" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("syncer", "shown"), [("", "-"), ("Syncing", "Syncing"),

@@ -19,6 +19,7 @@ import aiohttp
 import pytest
 
 from tessera.cli.client import Client
+from tessera.cli.tenant import render_detail
 from tessera.cli.cluster import LocalCluster
 from tessera.controlplane import crd, manifests
 from tessera.controlplane.app import Manager, make_host
@@ -173,6 +174,112 @@ async def test_the_pod_the_host_cluster_stores_serves_the_tenant(kube_mode: Plan
         assert refused == []
     finally:
         await admin.close()
+CONFIGMAP = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: dream, namespace: default}\ndata: {kept: 'yes'}\n"
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("kube_mode", ["nats"], indirect=True)
+async def test_a_sleeping_tenant_is_scaled_to_zero_on_the_host_and_wakes_with_its_data(kube_mode: Planes, kube_plane,
+                                                                                        tmp_path):
+    planes = kube_mode
+    await asyncio.to_thread(apply, kube_plane, deployed("controlplane/tenant-pods.yaml"))  # (its pod syncer's RBAC)
+    tenant = f"k{uuid.uuid4().hex[:8]}"
+    ns = manifests.namespace(tenant)
+    admin = KubeApi.for_kubeconfig(str(kube_plane.admin_kubeconfig))
+    deployment = object_path("apps/v1", "deployments", f"{tenant}-control-plane", ns)
+    try:
+        record = await planes.create(tenant)
+        local = planes.host
+        plane = local._read(tenant)
+        service = f"{tenant}-apiserver.{ns}.svc"
+        kubeconfig = await planes.kubeconfig(tenant, tmp_path)
+        forwarded = (f"--server=https://127.0.0.1:{plane.apiserver_port}", f"--tls-server-name={service}")
+        made = await planes.kubectl(kubeconfig, *forwarded, "apply", "-f", "-", stdin=CONFIGMAP)
+        assert made.returncode == 0, made.stderr
+
+        async def syncing() -> bool:
+            return (await planes.record(tenant)).status.gpu_pods == "Syncing"  # type: ignore[union-attr]
+
+        await eventually(syncing, timeout=120, what="the tenant's GPU pod syncer")
+
+        # `tessera tenant sleep`: the Deployment on the host is scaled to zero, the real ReplicaSet
+        # controller removes its pods, and the manager, in the kubelet's part, stops the processes
+        asleep = await planes.call("sleep", tenant)
+        assert asleep.ok, asleep.error
+        shown = asleep.result["tenant"]
+        assert (shown["phase"], shown["reason"], shown["gpu_pods"]) == ("NotReady", "Sleeping", ""), shown
+        assert (await admin.get(deployment))["spec"]["replicas"] == 0
+        assert local.pids(tenant) == {} and processes_marked(str(local.home(tenant))) == []
+
+        async def no_pods() -> bool:
+            return (await admin.list(object_path("v1", "pods", None, ns)))[0] == []
+
+        await eventually(no_pods, timeout=60, what="the ReplicaSet controller removing the pods")
+        refused = await planes.kubectl(kubeconfig, *forwarded, "get", "ns")
+        assert refused.returncode != 0 and "refused" in refused.stderr, refused.stderr
+        # `tessera tenant get` says so
+        got = await planes.call("get", tenant)
+        assert got.ok and got.result["asleep"] is True, got
+        assert "Sleeping" in render_detail(got.result) and "0 (asleep" in render_detail(got.result)
+
+        # a resync leaves a sleeping tenant's Deployment as it is
+        version = (await admin.get(deployment))["metadata"]["resourceVersion"]
+        await planes.manager.reconciler.resync()
+        after = await admin.get(deployment)
+        assert (after["spec"]["replicas"], after["metadata"]["resourceVersion"]) == (0, version)
+        assert local.pids(tenant) == {}
+
+        # `tessera tenant wake`: back to the spec's replicas, Ready once its API server answers with
+        # the tenant's CA and reads through its datastore; the objects made before the sleep are there
+        awake = await planes.call("wake", tenant)
+        assert awake.ok, awake.error
+        assert awake.result["tenant"]["phase"] == "Ready" and awake.result["seconds"] > 0, awake.result
+        woken = await planes.record(tenant)
+        assert woken is not None and woken.status.wake_seconds > 0, woken
+        assert (await admin.get(deployment))["spec"]["replicas"] == record.spec.kubernetes.replicas
+        plane = local._read(tenant)
+        forwarded = (f"--server=https://127.0.0.1:{plane.apiserver_port}", f"--tls-server-name={service}")
+        kept = await planes.kubectl(kubeconfig, *forwarded, "get", "configmap", "dream", "-o",
+                                    "jsonpath={.data.kept}")
+        assert kept.stdout == "yes", kept.stderr
+        await eventually(syncing, timeout=120, what="the syncer running again after a wake")
+        reasons = await planes.reasons(tenant)
+        slept = reasons.index("Sleeping")
+        assert reasons[slept:].index("Waking") < reasons[slept:].index("Ready"), reasons
+        print(f"wake in Kubernetes mode: {woken.status.wake_seconds:.2f} s until Ready")
+
+        # the idle timeout (TESSERA_CP_IDLE_SECONDS, which the host reads as it goes) scales it to zero
+        # the same way, although the tenant's syncer keeps its virtual node Ready (a lease every 10 s,
+        # the node's status every minute: the platform's own doing, not the tenant's use)
+        local.idle_seconds = 70.0
+        try:
+            await planes.wait_phase(tenant, "NotReady", "Sleeping", timeout=200)
+        finally:
+            local.idle_seconds = 0.0
+        assert (await admin.get(deployment))["spec"]["replicas"] == 0 and local.pids(tenant) == {}
+
+        # a sleep while a wake is in flight wins, and the wake says so
+        assert (await planes.call("sleep", tenant)).ok
+        waking = asyncio.create_task(planes.call("wake", tenant))
+
+        async def marked() -> bool:
+            return (await planes.record(tenant)).status.reason == "Waking"  # type: ignore[union-attr]
+
+        await eventually(marked, timeout=60, what="the wake under way")
+        assert (await planes.call("sleep", tenant)).ok
+        interrupted = await waking
+        assert not interrupted.ok and interrupted.error.code == "conflict", interrupted
+        assert "put to sleep" in interrupted.error.message
+        assert (await admin.get(deployment))["spec"]["replicas"] == 0
+
+        # a deleted tenant cannot be woken
+        assert not (await planes.manager.api.remove(tenant)).pending
+        gone = await planes.call("wake", tenant)
+        assert not gone.ok and gone.error.code == "not-found", gone
+    finally:
+        await admin.close()
+
+
 # --- deleting a TenantControlPlane whose tenant still has claims ----------------------------------
 
 GPUMEM = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}

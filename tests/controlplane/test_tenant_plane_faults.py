@@ -56,8 +56,7 @@ async def test_a_taken_port_is_named_and_the_tenant_moves(planes: Planes, tmp_pa
     try:
         await eventually(lambda: _bound(squatter, port), timeout=30, what=f"port {port} to be free")
         squatter.listen()
-        await planes.host.wake("mover")
-        await planes.manager.reconciler.reconcile("mover")
+        await planes.call("wake", "mover")  # (its reply waits for the resync that moves the port)
         assert "PortInUse" in await planes.reasons("mover")
         record = await planes.wait_phase("mover", "Ready")
         assert f":{port}" not in record.status.endpoint  # a new port, and its kubeconfig says so

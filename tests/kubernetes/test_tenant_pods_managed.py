@@ -81,13 +81,11 @@ async def test_the_manager_runs_a_ready_tenants_pod_syncer_and_removes_it_with_t
                 and e["objectRef"].get("resource") == "pods" and e["objectRef"].get("namespace") == namespace]
         assert {e["user"]["username"] for e in made} == {f"system:serviceaccount:{namespace}:{ACCOUNT}"}, made
 
-        # asleep (what `tessera tenant sleep` does: the processes stopped, a reconcile): the syncer
-        # stops with its API server; awake again, it runs again and adopts what it had made
-        await planes.host.sleep(tenant)
-        asleep = await planes.manager.reconciler.reconcile(tenant)
-        assert asleep is not None and asleep.status.reason == "Sleeping" and asleep.status.gpu_pods == "", asleep.status
-        await planes.host.wake(tenant)
-        await planes.manager.reconciler.reconcile(tenant)
+        # asleep (`tessera tenant sleep`: the Deployment scaled to zero, the processes stopped): the
+        # syncer stops with its API server; awake again, it runs again and adopts what it had made
+        asleep = (await planes.call("sleep", tenant)).result["tenant"]
+        assert (asleep["reason"], asleep["gpu_pods"]) == ("Sleeping", ""), asleep
+        assert (await planes.call("wake", tenant)).ok
         await eventually(syncing, timeout=120, what="the syncer running again after a wake")
         assert (await admin.get(hosted))["metadata"]["uid"] == mirrored["metadata"]["uid"]
 

@@ -4,7 +4,8 @@ Requests are user input (the CLI, outside tools): they are decoded strictly and 
 reply that names the field, never an exception that reaches the bus. Create and delete only record
 the desired state (compare-and-set on the controlplanes bucket) and then run one reconcile pass, so
 the reply already reports the phase the tenant reached; a repeated create with the same spec
-changes nothing.
+changes nothing. Sleep and wake record the tenant's ``asleep`` the same way (its Deployment is then
+rendered with zero replicas, or the spec's again); a wake replies once the tenant is Ready.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import builtins
 import logging
+import time
 import uuid
-from typing import Awaitable, Callable, Mapping, Protocol
+from typing import Awaitable, Callable, Mapping
 
 import msgspec
 
@@ -36,12 +38,7 @@ from tessera.shared.events import GpuQuota
 log = logging.getLogger("tessera.controlplane.api")
 
 WAKE_TIMEOUT = 120.0  # how long a wake waits for the API server to answer before it replies
-
-
-class Sleeper(Protocol):
-    async def sleep(self, tenant: str) -> None: ...
-    async def wake(self, tenant: str) -> None: ...
-    async def probe(self, tenant: str) -> str | None: ...
+WAKE_POLL = 0.1  # how often a wake asks the host whether the control plane serves (its figure's grain)
 
 _request_decoder = msgspec.json.Decoder(TenantRequest)
 
@@ -66,6 +63,8 @@ class TenantView(msgspec.Struct, kw_only=True):
     observed_generation: int
     created: float
     deleting: bool = False
+    asleep: bool = False  # scaled to zero (`tessera tenant sleep`, the idle timeout) until a wake
+    wake_seconds: float = 0.0  # the last wake, until Ready
     gpu_pods: str = ""  # Kubernetes mode: its GPU pod syncer's state (Starting, Syncing, Failed: why)
     spec: dict = {}
 
@@ -87,6 +86,8 @@ def view(record: TenantControlPlane) -> TenantView:
         observed_generation=record.status.observed_generation,
         created=record.created,
         deleting=record.deleting,
+        asleep=record.asleep,
+        wake_seconds=record.status.wake_seconds,
         gpu_pods=record.status.gpu_pods,
         spec=msgspec.to_builtins(record.spec),
     )
@@ -100,12 +101,10 @@ class Removal(msgspec.Struct, frozen=True):
 
 
 class TenantApi:
-    def __init__(self, store: TenantStore, reconciler: Reconciler, capacity: HostCapacity,
-                 planes: Sleeper | None = None) -> None:
+    def __init__(self, store: TenantStore, reconciler: Reconciler, capacity: HostCapacity) -> None:
         self.store = store
         self.reconciler = reconciler
         self.capacity = capacity
-        self.planes = planes  # a host that runs the control planes itself (local mode): sleep and wake
         self._admission = asyncio.Lock()  # one capacity decision at a time in this process
 
     def handlers(self) -> dict[str, Handler]:
@@ -194,33 +193,45 @@ class TenantApi:
         return await self._guard(data, act)
 
     async def sleep(self, data: bytes, headers: Mapping[str, str]) -> bytes:
-        """Stop the tenant's control-plane processes, keeping its data (scale to zero)."""
+        """Scale the tenant's control plane to zero, keeping its data."""
         return await self._guard(data, lambda req: self._sleep_or_wake(req, asleep=True))
 
     async def wake(self, data: bytes, headers: Mapping[str, str]) -> bytes:
-        """Start them again and wait until its API server answers; the reply says how long it took."""
+        """Scale it back and wait until it is Ready; the reply says how long it took."""
         return await self._guard(data, lambda req: self._sleep_or_wake(req, asleep=False))
+
+    async def set_asleep(self, name: str, asleep: bool) -> TenantControlPlane | None:
+        """Record that the tenant sleeps (or is to wake), then one reconcile pass, which scales its
+        Deployment; what is stored now (None: no such tenant). Also the idle timeout's way in."""
+        def change(record: TenantControlPlane | None) -> TenantControlPlane | None:
+            if record is None or record.asleep == asleep:
+                return None
+            if record.deleting:
+                raise ConflictError(f"tenant {name!r} is being deleted: it is not put to sleep or woken")
+            return msgspec.structs.replace(record, asleep=asleep, waking_since=0.0 if asleep else time.time())
+
+        current, _ = await self.store.controlplanes.modify(name, change)
+        if current is None:
+            return None
+        return await self.reconciler.reconcile(name)
 
     async def _sleep_or_wake(self, req: TenantRequest, *, asleep: bool) -> bytes:
         name = check_name(req.name)
-        if self.planes is None:
-            return api.error("this manager does not run control planes itself (TESSERA_CP_HOST is not `local`):"
-                             " nothing to put to sleep or wake", code="invalid")
-        if await self.store.controlplanes.get(name) is None:
-            return api.error(f"tenant {name!r} does not exist", field="name", code="not-found")
         loop = asyncio.get_running_loop()
         started = loop.time()
-        if asleep:
-            await self.planes.sleep(name)
-            record = await self.reconciler.reconcile(name)
-        else:
-            await self.planes.wake(name)
-            await self.reconciler.reconcile(name)  # starts the processes
-            while await self.planes.probe(name) is not None and loop.time() < started + WAKE_TIMEOUT:
-                await asyncio.sleep(0.1)
-            record = await self.reconciler.reconcile(name)
+        record = await self.set_asleep(name, asleep)
         if record is None:
             return api.error(f"tenant {name!r} does not exist", field="name", code="not-found")
+        while not asleep and not record.asleep and record.status.phase != "Ready":
+            if loop.time() > started + WAKE_TIMEOUT:
+                break  # the reply shows where it stands (Waking, or what is wrong)
+            await asyncio.sleep(WAKE_POLL)
+            record = await self.reconciler.look(name)
+            if record is None:
+                return api.error(f"tenant {name!r} was deleted while it was waking", field="name", code="not-found")
+        if not asleep and record.asleep:
+            return api.error(f"tenant {name!r} was put to sleep again before its API server answered (`tessera "
+                             f"tenant sleep`, or the idle timeout); wake it again", code="conflict")
         return api.ok({"tenant": view(record), "seconds": round(loop.time() - started, 3)})
 
     async def _admit(self, name: str, spec: TenantControlPlaneSpec, resource: ResourceRef | None = None,

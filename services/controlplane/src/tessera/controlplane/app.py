@@ -79,8 +79,7 @@ class Manager:
         reconciler = Reconciler(store, publish, drivers, pki, host, settings.platform_namespace, claims=drain,
                                 teardown_wait=settings.teardown_wait_seconds, pods=pods)
         capacity = HostCapacity(settings.host_cpu_millis, settings.host_memory_mib)
-        planes = host if isinstance(host, LocalControlPlanes) else None  # it sleeps and wakes tenants
-        tenants = TenantApi(store, reconciler, capacity, planes=planes)
+        tenants = TenantApi(store, reconciler, capacity)
         resources = None
         if hasattr(host, "tenant_control_planes"):  # a Kubernetes host: serve its TenantControlPlane objects
             from tessera.controlplane.resources import TenantResources
@@ -89,6 +88,9 @@ class Manager:
         manager = cls(store, reconciler, tenants, drivers, host, settings, resources)
         if pods is not None:  # a change in a syncer's state is a reconcile: the tenant's status shows it
             pods.on_change = manager._pods_changed
+        planes = host if isinstance(host, LocalControlPlanes) else getattr(host, "planes", None)
+        if isinstance(planes, LocalControlPlanes):  # it sees which tenants are idle: they are put to sleep
+            planes.on_idle = manager._idle
         return manager
 
     async def resync_forever(self, on_first: Callable[[], None] | None = None) -> None:
@@ -117,7 +119,9 @@ class Manager:
         """The manager's own loops: periodic resync, and in Kubernetes mode the readiness watch and
         the TenantControlPlane objects."""
         tasks: dict[str, Coroutine] = {"resync": self.resync_forever(on_first)}
-        if hasattr(self.host, "watch"):
+        if hasattr(self.host, "watches"):  # (several loops, each a root task of its own)
+            tasks.update(self.host.watches(self._on_host_change))
+        elif hasattr(self.host, "watch"):
             tasks["readiness-watch"] = self.follow_host()
         if self.resources is not None:
             tasks["tenantcontrolplanes"] = self.resources.run()
@@ -134,6 +138,9 @@ class Manager:
                 await self.resources.report(tenant)
         except Exception as exc:  # the next event or resync tries again
             log.warning("reconcile %s after host change failed: %s", tenant, exc)
+
+    async def _idle(self, tenant: str) -> None:
+        await self.api.set_asleep(tenant, True)  # (as `tessera tenant sleep`: its Deployment scaled to zero)
 
     def _pods_changed(self, tenant: str) -> None:
         task = asyncio.get_running_loop().create_task(self._on_host_change(tenant), name=f"pods-changed-{tenant}")

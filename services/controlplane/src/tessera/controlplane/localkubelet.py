@@ -14,8 +14,7 @@ loopback ports of the tenant's, as a port-forward to the Service would.
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Coroutine
 
 from tessera.controlplane import manifests
 from tessera.controlplane.kube import KubeHost, TenantControlPlanes
@@ -59,11 +58,12 @@ class LocalKubelet:
         await self.planes.remove(tenant)
         await self.kube.remove(tenant)
 
-    async def watch(self, on_change: Callable[[str], Awaitable[None]]) -> None:
-        """The Deployments on the host and the processes here: a change to either is a reconcile."""
-        async with asyncio.TaskGroup() as group:  # (one that fails takes the other down with it)
-            group.create_task(self.kube.watch(on_change), name="deployment-watch")
-            group.create_task(self.planes.watch(on_change), name="process-watch")
+    def watches(self, on_change: Callable[[str], Awaitable[None]]) -> dict[str, Coroutine[Any, Any, None]]:
+        """The Deployments on the host and the processes here: a change to either is a reconcile. Two
+        of the manager's root tasks rather than one task group: each is then stopped for sure on its
+        own (a TaskGroup cancels its children once, and Python 3.11's ``wait_for`` can eat that
+        cancel, `tessera.shared.cancelling`: a watch went on after its manager had stopped)."""
+        return {"deployment-watch": self.kube.watch(on_change), "process-watch": self.planes.watch(on_change)}
 
     async def close(self) -> None:
         try:

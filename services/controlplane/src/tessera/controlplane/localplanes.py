@@ -12,9 +12,11 @@ that died is started again on the next apply (the watch loop notices within a se
 one); what stops answering is NotReady with the reason. The processes outlive the manager, like
 dedicated etcd servers: a restarted manager finds them from ``plane.json`` (`processes.running`).
 
-Sleeping (scale to zero) stops the processes and keeps the directory, the ports and the datastore;
-waking starts them again. An idle tenant (no request through its API server for the idle timeout,
-read from the API server's own request counter) is put to sleep by the watch loop.
+Sleeping (scale to zero) is the rendered Deployment's zero replicas: ``apply`` then stops the
+processes and keeps the directory, the ports and the datastore; replicas again start them. Whether a
+tenant sleeps is the tenant's record (the reconciler's to render), so the watch loop only reports an
+idle tenant (no request through its API server for the idle timeout, read from the API server's own
+request counter) to ``on_idle``, which puts it to sleep the way `tessera tenant sleep` does.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ PROBE_TIMEOUT = 3.0
 # The datastore round trip of a readiness probe: a list, which the API server serves from storage.
 PROBE_PATH = "/api/v1/namespaces/kube-system/resourcequotas"
 _BACKGROUND = {"", "leases", "resourcequotas"}  # what an idle control plane asks for by itself
+# ...and what its nodes report by themselves (a kubelet's, or the manager's own virtual node's, status
+# once a minute: counted, it would keep a tenant with a GPU pod syncer awake for ever)
+_BACKGROUND_SUBRESOURCES = {("nodes", "status")}
 
 
 @dataclass
@@ -89,6 +94,8 @@ class LocalControlPlanes:
         self._seen: dict[str, _Seen] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._session: aiohttp.ClientSession | None = None
+        # Told of a tenant idle for ``idle_seconds`` (the manager puts it to sleep); unset: none is.
+        self.on_idle: Callable[[str], Awaitable[None]] | None = None
 
     # --- where things are --------------------------------------------------------------------
 
@@ -135,12 +142,18 @@ class LocalControlPlanes:
     async def apply(self, tenant: str, objects: list[dict[str, Any]]) -> None:
         async with self._locks.setdefault(tenant, asyncio.Lock()):
             record = self._record(tenant)
-            if record.asleep:
-                return
             try:
                 pod = translate(objects, self.home(tenant), Ports(record.apiserver_port, record.shim_port))
             except PodError as exc:
                 raise HostFault("InvalidPod", str(exc)) from None
+            if pod.replicas == 0:  # scaled to zero: asleep
+                if record.pids or not record.asleep:
+                    await self._sleep(tenant, record)
+                return
+            if record.asleep:
+                record.asleep = False
+                self._write(tenant, record)
+                self._seen.pop(tenant, None)
             changed = self._write_files(pod)
             await self._run(tenant, record, pod, restart=changed)
 
@@ -149,8 +162,7 @@ class LocalControlPlanes:
         if record is None:
             return False, "control plane not started yet"
         if record.asleep:
-            raise HostFault("Sleeping", "the control plane sleeps (tessera tenant wake, or any request through"
-                                        " the manager, wakes it)")
+            raise HostFault("Sleeping", "the control plane sleeps, scaled to zero (`tessera tenant wake` starts it)")
         seen = self._seen.setdefault(tenant, _Seen())
         if seen.fault is not None:
             raise seen.fault
@@ -205,21 +217,11 @@ class LocalControlPlanes:
 
     # --- sleeping ------------------------------------------------------------------------------
 
-    async def sleep(self, tenant: str) -> None:
-        async with self._locks.setdefault(tenant, asyncio.Lock()):
-            record = self._record(tenant)
-            await self._stop_all(tenant, record)
-            record.asleep = True
-            self._write(tenant, record)
-            self._seen.pop(tenant, None)
-
-    async def wake(self, tenant: str) -> None:
-        """Mark it awake; the next apply (which the caller runs: a reconcile) starts it."""
-        async with self._locks.setdefault(tenant, asyncio.Lock()):
-            record = self._record(tenant)
-            record.asleep = False
-            self._write(tenant, record)
-            self._seen.pop(tenant, None)
+    async def _sleep(self, tenant: str, record: PlaneRecord) -> None:
+        await self._stop_all(tenant, record)
+        record.asleep = True
+        self._write(tenant, record)
+        self._seen.pop(tenant, None)
 
     def asleep(self, tenant: str) -> bool:
         record = self._read(tenant)
@@ -249,10 +251,11 @@ class LocalControlPlanes:
             return ("asleep",)
         alive = tuple(sorted(n for n, p in record.pids.items() if processes.running(p, self.owner(tenant, n))))
         answers = await self.probe(tenant, record, round_trip=False) is None
-        if answers and self.idle_seconds > 0 and await self._idle(tenant, record):
+        if answers and self.idle_seconds > 0 and self.on_idle is not None and await self._idle(tenant, record):
             log.info("tenant %s: idle for %.0f s, putting its control plane to sleep", tenant, self.idle_seconds)
-            await self.sleep(tenant)
-            return ("asleep",)
+            await self.on_idle(tenant)
+            self._seen.pop(tenant, None)  # (counted afresh once it is awake again)
+            return ("idle",)
         return (alive, answers)
 
     async def _idle(self, tenant: str, record: PlaneRecord) -> bool:
@@ -270,7 +273,8 @@ class LocalControlPlanes:
     async def _requests(self, tenant: str, record: PlaneRecord) -> float:
         """Requests the API server served for its users: the sum of ``apiserver_request_total`` less
         what runs by itself in an idle control plane (leader-election leases, discovery, watches
-        re-established) and the manager's own probes (``PROBE_PATH``'s resource)."""
+        re-established, nodes' heartbeats and status reports) and the manager's own probes
+        (``PROBE_PATH``'s resource)."""
         try:
             text = await self._get(tenant, record, "/metrics")
         except Exception:
@@ -280,7 +284,9 @@ class LocalControlPlanes:
             if not line.startswith("apiserver_request_total{") or 'verb="WATCH"' in line:
                 continue
             labels = dict(part.split("=", 1) for part in line[line.index("{") + 1:line.rindex("}")].split(","))
-            if labels.get("resource", '""').strip('"') in _BACKGROUND:
+            resource = labels.get("resource", '""').strip('"')
+            if resource in _BACKGROUND or (resource, labels.get("subresource", '""').strip('"')) in \
+                    _BACKGROUND_SUBRESOURCES:
                 continue
             total += float(line.rsplit(" ", 1)[1])
         return total

@@ -11,7 +11,8 @@ may take for granted is moved, and only that: the pod-local addresses (``127.0.0
 port the pod serves: the API server's secure port, which its controllers dial, and the datastore
 shim's ``127.0.0.1:2379``) become ports of the tenant's own on loopback, the API server binds and
 advertises loopback, and the controller manager's and scheduler's health ports (the same number in
-every pod) are off.
+every pod) are off. Replicas are not processes here: the pod runs once, or not at all when the
+Deployment is scaled to zero (a sleeping tenant).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ class LocalProcess:
 class LocalPod:
     files: dict[Path, bytes]
     processes: list[LocalProcess]
+    # The Deployment's replicas: 0 is scaled to zero (asleep), where a kubelet would see the
+    # ReplicaSet's pods deleted and stop their containers; any other number runs the pod once here.
+    replicas: int = 1
 
 
 class PodError(ValueError):
@@ -80,10 +84,10 @@ def _secrets(objects: list[dict[str, Any]]) -> dict[str, dict[str, bytes]]:
             for o in objects if o.get("kind") == "Secret"}
 
 
-def _pod_spec(objects: list[dict[str, Any]]) -> dict[str, Any]:
+def _deployment(objects: list[dict[str, Any]]) -> dict[str, Any]:
     for o in objects:
         if o.get("kind") == "Deployment":
-            return o["spec"]["template"]["spec"]
+            return o
     raise PodError("the rendered objects hold no Deployment")
 
 
@@ -112,7 +116,8 @@ def _pod_local(pod: dict[str, Any], ports: Ports) -> dict[str, str]:
 def translate(objects: list[dict[str, Any]], root: Path, ports: Ports) -> LocalPod:
     """The pod of ``objects`` as files under ``root`` and processes to start, on ``ports``."""
     secrets = _secrets(objects)
-    pod = _pod_spec(objects)
+    deployment = _deployment(objects)
+    pod = deployment["spec"]["template"]["spec"]
     files: dict[Path, bytes] = {}
     volumes: dict[str, Path] = {}
     for volume in pod.get("volumes", []):
@@ -163,4 +168,4 @@ def translate(objects: list[dict[str, Any]], root: Path, ports: Ports) -> LocalP
         processes.append(process)
     # the shim first: the API server's storage is behind it
     processes.sort(key=lambda p: p.listens != ports.shim)
-    return LocalPod(files, processes)
+    return LocalPod(files, processes, deployment["spec"].get("replicas", 1))

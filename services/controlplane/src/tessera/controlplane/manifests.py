@@ -256,7 +256,7 @@ def render(record: TenantControlPlane, secrets: TenantSecrets, platform_namespac
             "kind": "Deployment",
             "metadata": {"name": f"{t}-control-plane", "namespace": ns, "labels": lab},
             "spec": {
-                "replicas": spec.kubernetes.replicas,
+                "replicas": 0 if record.asleep else spec.kubernetes.replicas,  # asleep: scaled to zero
                 "selector": {"matchLabels": lab},
                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
                 "template": {

@@ -5,6 +5,10 @@ Reconcile, don't remember: every pass starts from the controlplanes bucket and t
 second create is harmless, a manager restarted from empty memory converges on its first resync, and
 a deletion interrupted half-way is finished by the next pass. A per-tenant lock only keeps one
 process from racing itself; replicas are kept apart by compare-and-set on the record.
+
+A tenant put to sleep (``asleep`` on its record) is rendered with zero replicas and shown
+NotReady/Sleeping, whatever its host makes of zero replicas; a woken one is NotReady/Waking until its
+first Ready pass, which records how long the wake took (``status.wake_seconds``).
 """
 
 from __future__ import annotations
@@ -108,6 +112,11 @@ class Reconciler:
             left = await self.store.controlplanes.get(name)
             return left.value if left is not None else None
         phase, reason, message, endpoint, scope, not_after = await self._converge(record)
+        phase, reason, message = _sleeping_or_waking(record, phase, reason, message)
+        waking_since, wake_seconds = record.waking_since, record.status.wake_seconds
+        if waking_since and phase == "Ready":  # woken: how long it took, from the wake asked for
+            waking_since, wake_seconds = 0.0, time.time() - record.waking_since
+            log.info("tenant %s: awake, Ready %.2f s after the wake", name, wake_seconds)
         if self.pods is not None:  # the syncer needs the tenant's API server: it runs while that is Ready
             if phase == "Ready":
                 await self.pods.start(record)
@@ -123,6 +132,7 @@ class Reconciler:
             certificates_not_after=not_after,
             last_transition=record.status.last_transition,
             gpu_pods=self.pods.status(name) if self.pods is not None else "",
+            wake_seconds=wake_seconds,
         )
         first = record.status.observed_generation == 0
         changed = (
@@ -135,9 +145,9 @@ class Reconciler:
             status.last_transition = time.time()
         quota = record.spec.quota.to_quota()
         await self._publish_record(name, TenantRecord(tenant=name, quota=quota, phase=phase, created=record.created))
-        if not changed and record.status == status:
+        if not changed and record.status == status and record.waking_since == waking_since:
             return record
-        updated = msgspec.structs.replace(record, status=status)
+        updated = msgspec.structs.replace(record, status=status, waking_since=waking_since)
         await self.store.controlplanes.put(name, updated, revision=stored.revision)
         if first:
             await self.publish(
@@ -149,9 +159,24 @@ class Reconciler:
             await self.publish(
                 subjects.tenant(name, "updated"),
                 TenantUpdated(tenant=name, quota=quota, phase=phase, reason=reason),
-                f"{name}.{record.uid}.g{record.generation}.{phase}.{reason}",
+                # (the transition's time too: a tenant put to sleep and woken goes through the same
+                # phases again, which are new events, not repeats for the stream to drop)
+                f"{name}.{record.uid}.g{record.generation}.{phase}.{reason}.{status.last_transition:.3f}",
             )
         return updated
+
+    async def look(self, name: str) -> TenantControlPlane | None:
+        """The tenant as stored, after a pass if it is waking and its host says it serves now: a wake's
+        wait asks the host (a cheap look) often, and runs the full pass only when it will say Ready."""
+        stored = await self.store.controlplanes.get(name)
+        record = stored.value if stored is not None else None
+        if record is None or record.asleep or record.status.phase == "Ready":
+            return record
+        try:
+            ready, _ = await self.host.ready(name)
+        except Exception:  # (a fault: the pass that comes with the next change or resync names it)
+            ready = False
+        return await self.reconcile(name) if ready else record
 
     async def _converge(self, record: TenantControlPlane) -> tuple[Phase, str, str, str, str, float]:
         name = record.name
@@ -284,3 +309,18 @@ class Reconciler:
             return msgspec.structs.replace(record, status=status)
 
         await self.store.controlplanes.modify(name, change)
+
+
+SLEEPING = "scaled to zero, its data kept (`tessera tenant wake` starts it)"
+
+
+def _sleeping_or_waking(record: TenantControlPlane, phase: Phase, reason: str, message: str) -> tuple[Phase, str, str]:
+    """What a sleeping or waking tenant's status says where the host only reports "not serving": a
+    sleeping tenant is NotReady/Sleeping (its host may call zero replicas rolled out and ready), a
+    waking one NotReady/Waking until Ready. A fault the pass found (the datastore, the host) is shown
+    as it is."""
+    if record.asleep and (phase != "NotReady" or reason == "Sleeping"):
+        return "NotReady", "Sleeping", SLEEPING
+    if record.waking_since and not record.asleep and phase in ("Provisioning", "Upgrading"):
+        return "NotReady", "Waking", message
+    return phase, reason, message

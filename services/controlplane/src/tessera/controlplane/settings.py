@@ -50,8 +50,9 @@ class ControlPlaneSettings(FromEnv):
         "TESSERA_CP_KINE_BIN_DIR", "`local`: the directory of kine (PostgreSQL and NATS datastores)", "",
         shown="`~/.cache/tessera/kine/<pinned version>/bin` (`make kine`)")
     idle_seconds: float = setting(
-        "TESSERA_CP_IDLE_SECONDS", "`local`: a tenant control plane that served no request for this long is put to "
-        "sleep (its processes stopped, its data kept; `tessera tenant wake` starts it); `0`: never", 0.0,
+        "TESSERA_CP_IDLE_SECONDS", "`local`, and Kubernetes with `TESSERA_CP_KUBE_PODS=local`: a tenant control plane "
+        "that served no request for this long is put to sleep (its Deployment scaled to zero, its processes stopped, "
+        "its data kept; `tessera tenant wake` starts it); `0`: never", 0.0,
         minimum=0)
     stop_planes_on_exit: bool = setting(
         "TESSERA_CP_STOP_PLANES_ON_EXIT", "`local`: stop every tenant's control-plane processes when the manager "

@@ -132,6 +132,7 @@ class TenantControlPlaneStatus(Struct, kw_only=True, rename="camel"):
     certificates_not_after: float = 0.0
     last_transition: float = field(default_factory=now)
     gpu_pods: str = ""  # Kubernetes mode: the tenant's pod syncer (Syncing, Starting, Failed: why)
+    wake_seconds: float = 0.0  # the last wake: from `tessera tenant wake` until Ready again
     # Only on the TenantControlPlane object (the status subresource): Ready, and Valid naming the
     # field of a spec the manager refused.
     conditions: list[Condition] = []
@@ -157,6 +158,11 @@ class TenantControlPlane(Struct, kw_only=True, rename="camel"):
     created: float = field(default_factory=now)
     # Set when a TenantControlPlane object owns the tenant: its deletion deletes the tenant.
     resource: ResourceRef | None = None
+    # Put to sleep (`tessera tenant sleep`, the idle timeout): its Deployment is rendered with zero
+    # replicas until a wake. Not part of the spec: sleeping changes no generation and is no object's
+    # to undo. ``waking_since``: when a wake was asked for, until the tenant is Ready again.
+    asleep: bool = False
+    waking_since: float = 0.0
 
 
 class _NameOnly(Struct, forbid_unknown_fields=True):
