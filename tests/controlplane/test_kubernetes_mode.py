@@ -14,6 +14,7 @@ import signal
 import ssl
 import uuid
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -258,16 +259,30 @@ async def test_a_sleeping_tenant_is_scaled_to_zero_on_the_host_and_wakes_with_it
             local.idle_seconds = 0.0
         assert (await admin.get(deployment))["spec"]["replicas"] == 0 and local.pids(tenant) == {}
 
-        # a sleep while a wake is in flight wins, and the wake says so
+        # a sleep while a wake is in flight wins, and the wake says so. The API server's answer is
+        # held back until the second sleep is sent, so the wake cannot finish first by chance.
         assert (await planes.call("sleep", tenant)).ok
-        waking = asyncio.create_task(planes.call("wake", tenant))
+        answering = local.probe
+        slept_again = asyncio.Event()
 
-        async def marked() -> bool:
-            return (await planes.record(tenant)).status.reason == "Waking"  # type: ignore[union-attr]
+        async def held_probe(name: str, *args: Any, **kwargs: Any) -> str | None:
+            if name == tenant and not slept_again.is_set():
+                return "held back by the test until the tenant is put to sleep again"
+            return await answering(name, *args, **kwargs)
 
-        await eventually(marked, timeout=60, what="the wake under way")
-        assert (await planes.call("sleep", tenant)).ok
-        interrupted = await waking
+        local.probe = held_probe  # type: ignore[method-assign]
+        try:
+            waking = asyncio.create_task(planes.call("wake", tenant))
+
+            async def marked() -> bool:
+                return (await planes.record(tenant)).status.reason == "Waking"  # type: ignore[union-attr]
+
+            await eventually(marked, timeout=60, what="the wake under way")
+            assert (await planes.call("sleep", tenant)).ok
+            slept_again.set()
+            interrupted = await waking
+        finally:
+            local.probe = answering  # type: ignore[method-assign]
         assert not interrupted.ok and interrupted.error.code == "conflict", interrupted
         assert "put to sleep" in interrupted.error.message
         assert (await admin.get(deployment))["spec"]["replicas"] == 0
