@@ -38,6 +38,8 @@ from tessera.shared.kubeclaims import DRIVER
 from tessera.shared.kubeapi import KubeApi
 from tessera.shared.natsserver import free_port, wait_for_port
 
+from kit import processes
+
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "tools" / "kube" / "build.sh"
 CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
@@ -349,9 +351,7 @@ class KubeControlPlane:
 
     def _spawn(self, name: str, argv: list[str], append: bool = False) -> None:
         self.argv[name] = argv
-        log = open(self.workdir / f"{name}.log", "ab" if append else "wb")
-        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
+        self.procs[name] = processes.spawn(argv, self.workdir / f"{name}.log", append=append)
 
     def log(self, name: str) -> str:
         return (self.workdir / f"{name}.log").read_text(errors="replace")
