@@ -20,6 +20,7 @@ from kit.kubecluster import (breakable_plane, kube_cluster, kube_namespace, kube
 from kit.kubenode import kube_node, kube_session_node  # noqa: F401 - fixtures, registered by being here
 from kit.postgres import postgres  # noqa: F401 - a fixture, registered by being here
 from kit.leaks import _task_census, no_leaked_tasks, pytest_configure  # noqa: F401 - the leak check
+from kit.processes import pytest_sessionstart  # noqa: F401 - SIGTERM interrupts a run as Ctrl-C does
 
 
 # --- `make test-fast`: the edit-test loop -----------------------------------------------------
@@ -33,7 +34,8 @@ SLOW_DIRS = ("containers", "ui", "reliability", "faults", "e2e", "metrics", "com
              "cli", "enforcer", "controlplane", "kubernetes", "capacity", "properties")
 # Files elsewhere whose tests spawn processes of their own (the linters, the compiled core, nats-server).
 SLOW_FILES = ("layering/test_make_lint.py", "placement/test_compiled_core.py", "placement/test_natsbench.py",
-              "deploy/test_compose_nats_cluster.py", "kit/test_leak_check.py", "shared/test_claim_pruning.py")
+              "deploy/test_compose_nats_cluster.py", "kit/test_leak_check.py", "kit/test_interrupted_run.py",
+              "shared/test_claim_pruning.py")
 
 
 def pytest_addoption(parser):

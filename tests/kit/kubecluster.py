@@ -16,6 +16,7 @@ import ipaddress
 import json
 import os
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -37,6 +38,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from tessera.shared.kubeclaims import DRIVER
 from tessera.shared.kubeapi import KubeApi
 from tessera.shared.natsserver import free_port, wait_for_port
+
+from kit import processes
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "tools" / "kube" / "build.sh"
@@ -258,8 +261,19 @@ class KubeControlPlane:
     # --- faults a test produces on its own control plane -----------------------------------------
 
     def stop_apiserver(self) -> None:
-        """The API server goes away (open watches are cut, connections refused); etcd keeps the state."""
-        terminate(self.procs.pop("kube-apiserver"))
+        """The API server goes away (open watches are cut, connections refused); etcd keeps the state.
+
+        SIGTERM first (it cleans up its lease and stops listening at once), then SIGKILL as soon as
+        it no longer listens: left alone it would keep the open watches of the controllers (and of
+        the services under test) for up to a minute while it drains them, and the test would wait
+        for ``terminate``'s grace, 15 s, before its fault had even begun."""
+        proc = self.procs.pop("kube-apiserver")
+        proc.terminate()
+        deadline = time.monotonic() + 15
+        while proc.poll() is None and _listening(self.port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.kill()  # (no error if it is gone already)
+        proc.wait()
 
     def start_apiserver(self) -> None:
         """The API server back on the same address, with the same state (its watch cache new); a
@@ -349,9 +363,7 @@ class KubeControlPlane:
 
     def _spawn(self, name: str, argv: list[str], append: bool = False) -> None:
         self.argv[name] = argv
-        log = open(self.workdir / f"{name}.log", "ab" if append else "wb")
-        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
+        self.procs[name] = processes.spawn(argv, self.workdir / f"{name}.log", append=append)
 
     def log(self, name: str) -> str:
         return (self.workdir / f"{name}.log").read_text(errors="replace")
@@ -380,9 +392,20 @@ class KubeControlPlane:
         self._stopping.set()
         with self._lock:
             pass  # (a restart under way is done)
-        for name in reversed(list(self.procs)):
+        # clients before servers, whatever order restarts left them in: an API server stopped while
+        # the controllers still watch it drains their watches for up to a minute (`stop_apiserver`)
+        servers = ("kube-apiserver-2", "kube-apiserver", "etcd")
+        for name in sorted(self.procs, key=lambda n: servers.index(n) if n in servers else -1):
             terminate(self.procs[name])
         self.procs.clear()
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
 
 
 def terminate(proc: subprocess.Popen, grace: float = 15) -> None:

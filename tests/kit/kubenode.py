@@ -39,6 +39,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kit import processes
 from kit.kubecluster import ROOT, KubeControlPlane, delete_driver_slices, ensure_binaries, terminate
 from tessera.shared.natsserver import free_port
 
@@ -222,10 +223,7 @@ class KubeNode:
         return self
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
-        log = open(self.workdir / f"{name}.log", "wb")
-        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                            env=env)
-        log.close()
+        self.procs[name] = processes.spawn(argv, self.workdir / f"{name}.log", env=env)
 
     def log(self, name: str) -> str:
         path = self.workdir / f"{name}.log"

@@ -25,6 +25,8 @@ import pytest
 
 from tessera.shared.natsserver import free_port, wait_for_port
 
+from kit import processes
+
 INSTALL = "make datastore-tools"
 
 
@@ -81,13 +83,11 @@ def start_postgres() -> tuple[Postgres, subprocess.Popen]:
         "host all all 127.0.0.1/32 scram-sha-256\n"
     )
     port = free_port()
-    log = open(datadir / "postgres.log", "wb")
-    proc = subprocess.Popen(
+    proc = processes.spawn(
         [str(bindir / "postgres"), "-D", str(datadir / "data"), "-p", str(port), "-h", "127.0.0.1",
          "-k", str(datadir), "-c", "fsync=off", "-c", "max_connections=200", "-c", "log_min_messages=warning"],
-        stdout=log, stderr=log, start_new_session=True, **as_user,
+        datadir / "postgres.log", **as_user,
     )
-    log.close()
     try:
         wait_for_port(port, 30, proc)
         _wait_accepting(Postgres(port, datadir), proc)
