@@ -47,6 +47,10 @@ class PlacementSettings(FromEnv):
         "states): their processes get SIGTERM, SIGKILL after `TESSERA_RELEASE_GRACE_SECONDS`, and the claim is "
         "placed once they are gone and their ledger entries with them; on Kubernetes the victims' pods are "
         "evicted (all or none; a PodDisruptionBudget can refuse, the pod's grace period applies)", False)
+    preemption_retry_seconds: float = setting(
+        "TESSERA_PLACEMENT_PREEMPTION_RETRY_SECONDS", "how long after an eviction refused (a PodDisruptionBudget "
+        "allowing no disruption now, or the API server failing) the waiting claims are tried again: nothing in "
+        "Tessera's ledger changes when a budget does, so no other change would wake them", 5.0, above=0)
     batch: int = setting("TESSERA_PLACEMENT_BATCH", "requested claims fetched and decided per batch", 256, minimum=1)
     # The reconciler (tessera.placement.reconcile): how often it checks placement's invariants, and
     # how old a record or ledger entry must be before it is repaired (younger: maybe mid-commit).
