@@ -39,8 +39,12 @@ class PlacementSettings(FromEnv):
         "decision (`idlework`); `false` only to measure what that buys "
         "(`tessera bench placement-nats --models default,no-idle-work`)", True)
     # Preemption (`preemption`, `preempting`): off, a claim's priority only orders the waiting queue.
-    # Off by default: on Kubernetes the whole path (eviction, the kubelet stopping the pod, the
-    # enforcer's release, the preemptor's pod started) is not yet shown on real components together.
+    # The whole Kubernetes path holds on real components (tests/kubernetes/test_preemption_real_pods.py).
+    # Still off by default: a pod whose PriorityClass says `preemptionPolicy: Never` would preempt
+    # (Kubernetes forbids it), the room freed is not held for the preemptor (another waiting claim
+    # may take it, and the preemptor preempts again), and victims still stopping are not counted as
+    # room to come (a retry meanwhile may choose more of them): on by default, each evicts more than
+    # Kubernetes users expect.
     preemption: bool = setting(
         "TESSERA_PLACEMENT_PREEMPTION", "`true`: a claim that fits nowhere has strictly lower-priority, "
         "preemptible claims on one node released to make room (victims chosen as `tessera.placement.preemption` "
