@@ -426,7 +426,7 @@ def _run_priority_mix(args: argparse.Namespace, policies: list[str], loads: list
              "| load | policy | preemption | high wait p50 | high wait p99 | high never ran | all wait p99 "
              "| preemptions / 1,000 claims | work lost, GPU-s (% of allocated) | GPU allocated % | demand served % "
              "| fragmentation % of free | never ran |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for lv in loads:
         for p in policies:
             for m in modes:
