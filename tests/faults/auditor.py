@@ -64,11 +64,13 @@ class Accepted:
     claim: str
     tenant: str
     release_requested: bool = False
+    priority: int = 0  # its scheduling priority (a claim of lower priority may be preempted by it)
 
 
 @dataclass
 class Findings:
     lost: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)  # released for a higher-priority claim (not a finding)
     duplicated: list[str] = field(default_factory=list)
     overcommitted: list[str] = field(default_factory=list)
     inconsistent: list[str] = field(default_factory=list)
@@ -324,6 +326,16 @@ async def _bucket(js, name: str) -> dict[str, bytes]:
     return out
 
 
+def _preempted_by(reason: str, accepted: dict[str, Accepted], victim: Accepted) -> str | None:
+    """The accepted claim of higher priority that this one was released for (placement's reason,
+    "preempted by CLAIM of tenant T (priority P > Q)"), or None: then it was lost."""
+    words = reason.split()
+    if len(words) < 3 or words[:2] != ["preempted", "by"]:
+        return None
+    by = accepted.get(words[2])
+    return by.claim if by is not None and by.priority > victim.priority else None
+
+
 class Auditor:
     """``await Auditor.start(url)``; ``await auditor.audit(accepted)``; ``await auditor.close()``."""
 
@@ -385,13 +397,16 @@ class Auditor:
         # Every accepted claim reached a final state, and one its tenant asked for.
         for claim, a in accepted.items():
             record = records.get(claim)
+            by = _preempted_by(record.reason, accepted, a) if record is not None and record.state == "released" else None
+            if by is not None:
+                f.preempted.append(f"{claim}: by {by}")
             if record is None:
                 f.lost.append(f"{claim}: accepted but has no record")
             elif record.state not in RESTING:
                 f.lost.append(f"{claim}: still {record.state}")
             elif a.release_requested and record.state not in ENDED:
                 f.lost.append(f"{claim}: release requested but still {record.state}")
-            elif record.state == "released" and not a.release_requested:
+            elif record.state == "released" and not a.release_requested and by is None:
                 f.lost.append(f"{claim}: released ({record.reason}) without its tenant asking")
             else:
                 f.completed += 1

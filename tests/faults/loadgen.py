@@ -9,7 +9,9 @@ wait" takes seconds), and SIGKILL / restart / SIGSTOP of any one process or of n
 tenant's client would: two tenants with quotas, a steady stream of valid claims (one or two GPUs,
 memory and cores that vary) and invalid ones (out-of-range values, a misspelt resource, an unknown
 tenant), each valid claim released after a short hold, a few kept (never more than half a
-tenant's quota, so claims keep being placed all through a long run). A submit or release that fails
+tenant's quota, so claims keep being placed all through a long run); with ``high``, that share of the
+valid claims asks for scheduling priority `HIGH` and `HIGH_MEMORY_MIB` on each of two GPUs (placement with preemption on may then release
+lower ones: the auditor counts those as preempted, not lost). A submit or release that fails
 as unavailable or times out is retried with the same claim id (the API's idempotent retry), so a
 fault never makes the client itself lose a claim; what the system loses, the auditor finds.
 """
@@ -44,6 +46,8 @@ ACK_WAIT_SECONDS = 4.0
 FAULT_SERVICE_ENV = {"TESSERA_ACK_WAIT": str(ACK_WAIT_SECONDS), "TESSERA_MAX_DELIVER": "5",
                      "TESSERA_STREAM_STORAGE": "file", "TESSERA_LEDGER_HISTORY": "64"}
 TENANTS = {"alpha": GpuQuota(gpus=6), "beta": GpuQuota(gpus=3)}
+HIGH = 100  # the scheduling priority of a priority mix's high share (the others: unset, 0)
+HIGH_MEMORY_MIB = 60000  # what each of a high claim's two GPUs asks (of 81,559 MiB in tiny.yaml)
 _encoder = msgspec.json.Encoder()
 
 
@@ -141,8 +145,9 @@ class Load:
     """``await load.setup()``; ``load.start()``; ``await load.stop()`` (submits end, claims finish)."""
 
     def __init__(self, client: Client, *, seed: int, interval: float = 0.12, keep_every: int = 8,
-                 hold: tuple[float, float] = (0.2, 1.0), claim_deadline: float = 60.0) -> None:
+                 hold: tuple[float, float] = (0.2, 1.0), claim_deadline: float = 60.0, high: float = 0.0) -> None:
         self.client = client
+        self.high = high  # a priority mix: this share of the valid claims has scheduling priority HIGH
         self.rng = random.Random(seed)
         self.interval = interval
         self.keep_every = keep_every
@@ -202,8 +207,11 @@ class Load:
                 claim = f"{self._prefix}-{self._n}"
                 tenant = self.rng.choice(list(TENANTS))
                 resources = _valid_resources(self.rng)
+                priority = HIGH if self.high and self.rng.random() < self.high else None
+                if priority:  # large: room for it is rarely free, so it preempts
+                    resources.update({"nvidia.com/gpu": 2, "nvidia.com/gpumem": HIGH_MEMORY_MIB})
                 task = asyncio.create_task(self._valid(claim, tenant, resources,
-                                                       self._keeps(tenant, resources["nvidia.com/gpu"])))
+                                                       self._keeps(tenant, resources["nvidia.com/gpu"]), priority))
             self._claims.add(task)
             task.add_done_callback(self._claims.discard)
             await asyncio.sleep(self.interval)
@@ -227,8 +235,8 @@ class Load:
         else:
             self.tally.rejected += 1
 
-    async def _valid(self, claim: str, tenant: str, resources: dict, keep: bool) -> None:
-        request = api.SubmitRequest(tenant=tenant, resources=resources, claim=claim)
+    async def _valid(self, claim: str, tenant: str, resources: dict, keep: bool, priority: int | None = None) -> None:
+        request = api.SubmitRequest(tenant=tenant, resources=resources, claim=claim, scheduling_priority=priority)
         try:
             reply = await self._retry(lambda: self.client.bus.request(
                 subjects.API_SUBMIT, _encoder.encode(request), timeout=5))
@@ -238,7 +246,7 @@ class Load:
         if not reply.ok:
             self.tally.accepted_invalid.append(f"valid {claim} refused: {reply.error}")
             return
-        accepted = self.accepted[claim] = Accepted(claim, tenant)
+        accepted = self.accepted[claim] = Accepted(claim, tenant, priority=priority or 0)
         end = time.monotonic() + self.claim_deadline
         while time.monotonic() < end:  # until placement has decided
             try:

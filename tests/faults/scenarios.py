@@ -35,6 +35,7 @@ class Row:
     recover_seconds: float | None = None
     revisions: int = 0  # ledger revisions the auditor checked
     dead_letters: int = 0
+    preempted: int = 0  # claims released for higher-priority ones (a priority mix, preemption on)
     findings: list[str] = field(default_factory=list)
 
     @property
@@ -164,6 +165,7 @@ def _figures(row: Row, load: Load, findings: Findings) -> None:
     row.sent = load.tally.sent
     row.accepted = len(load.accepted)
     row.completed = findings.completed
+    row.preempted = len(findings.preempted)
     row.lost = len(findings.lost) + len(load.tally.unconfirmed)
     row.duplicated = findings.duplicated_total
     row.overcommitted = findings.overcommitted_total
@@ -171,9 +173,11 @@ def _figures(row: Row, load: Load, findings: Findings) -> None:
         + [f"api: {x}" for x in load.tally.accepted_invalid]
 
 
-async def run(name: str, workdir: Path, form: Form, seed: int = 1) -> Row:
-    """One scenario from a fresh cluster to its final audit."""
-    cluster = FaultCluster(workdir=workdir, profile=profile_path())
+async def run(name: str, workdir: Path, form: Form, seed: int = 1, high: float = 0.0) -> Row:
+    """One scenario from a fresh cluster to its final audit; ``high``: that share of the load's
+    claims has a high scheduling priority, and placement preempts (``TESSERA_PLACEMENT_PREEMPTION``)."""
+    cluster = FaultCluster(workdir=workdir, profile=profile_path(),
+                           extra_env={"TESSERA_PLACEMENT_PREEMPTION": "true"} if high else {})
     row = Row(name)
     await asyncio.to_thread(cluster.start)
     try:
@@ -181,7 +185,7 @@ async def run(name: str, workdir: Path, form: Form, seed: int = 1) -> Row:
         client = await connect(cluster.url)
         auditor = await Auditor.start(cluster.url)
         try:
-            load = Load(client, seed=seed)
+            load = Load(client, seed=seed, high=high)
             await load.setup()
             await auditor.refresh_reference()
             ctx = {"client": client, "load": load, "expected_letters": set(), "unrecorded": set(),

@@ -95,3 +95,21 @@ async def test_a_claim_on_two_nodes_a_lost_claim_and_an_orphan_entry_are_found(s
     assert findings.lost == ["gone: accepted but has no record"]
     assert any("orphan" in i for i in findings.inconsistent)
     assert len(findings.dead_letters_without_reason) == 2  # the empty reason, the missing letter
+
+
+
+async def test_a_claim_released_for_a_higher_priority_one_is_preempted_any_other_release_lost(system):
+    bus, auditor = system
+    claims = await bus.kv(subjects.KV_CLAIMS)
+    for claim, reason in (("high", "released by its tenant"),
+                          ("low", "preempted by high of tenant alpha (priority 100 > 0)"),
+                          ("peer", "preempted by low of tenant alpha (priority 0 > 0)"),
+                          ("stray", "preempted by nobody of tenant alpha (priority 100 > 0)")):
+        record = ClaimRecord(claim=claim, tenant="alpha", state="released", spec=ClaimSpec(), reason=reason)
+        await claims.put(claim, msgspec.json.encode(record))
+    accepted = {"high": Accepted("high", "alpha", release_requested=True, priority=100),
+                "low": Accepted("low", "alpha"), "peer": Accepted("peer", "alpha"), "stray": Accepted("stray", "alpha")}
+    findings = await auditor.audit(accepted)
+    assert findings.preempted == ["low: by high"]
+    assert sorted(f.split(":")[0] for f in findings.lost) == ["peer", "stray"], findings.lost
+    assert findings.completed == 2

@@ -11,6 +11,7 @@ from tessera.shared.events import ClaimSpec, GpuQuota
 
 from tessera.cli.client import Client
 
+import scenarios
 from auditor import Accepted, Auditor
 
 PREEMPTION = {"TESSERA_PLACEMENT_PREEMPTION": "true", "TESSERA_RECLAIM_SECONDS": "2",
@@ -89,3 +90,15 @@ async def test_a_non_preemptible_claim_is_never_preempted_and_the_waiting_claim_
         assert not (await client.claim(kept)).release_requested
     finally:
         await client.close()
+
+
+async def test_under_a_priority_mix_and_a_fault_no_claim_is_lost_duplicated_or_overcommitted(tmp_path):
+    """The fault suite's audit with preemption on and a fifth of the load at a high priority, one
+    placement replica killed meanwhile: claims released for higher-priority ones are preempted,
+    not lost, and no ledger revision holds a GPU twice."""
+    row = await scenarios.run("kill-placement-replica", tmp_path / "run", scenarios.Form.short(), high=0.2)
+    assert row.accepted > 0 and row.revisions > 0, "the load did not reach the system"
+    assert row.findings == []
+    assert (row.lost, row.duplicated, row.overcommitted) == (0, 0, 0)
+    assert row.recover_seconds is not None
+    print(f"accepted {row.accepted}, preempted {row.preempted}, ledger revisions {row.revisions}")

@@ -67,10 +67,10 @@ class TesseraOnNode:
 
     @contextlib.asynccontextmanager
     async def running(self, tenant: str, quota: GpuQuota, enforcer_env: dict[str, str] | None = None,
-                      slices: bool = False):
+                      slices: bool = False, env: dict[str, str] | None = None):
         """Start Tessera with a tenant of ``quota`` owning the namespace; yields self (with
         ``image``, ``client``, ``dirs``, ``cluster``, ``identities`` and ``enforcer_log`` set);
-        ``enforcer_env``: more of the enforcer's environment; ``slices``: the capacity publisher
+        ``enforcer_env``: more of the enforcer's environment; ``env``: more of every service's; ``slices``: the capacity publisher
         acts as its DaemonSet pod on the node (``node_bound_identity``), so that the
         tessera-node-slices policy lets it write the node's ResourceSlice."""
         plane, node = self.kube_cluster, self.kube_node
@@ -89,7 +89,7 @@ class TesseraOnNode:
             self.workdir / "tessera", self.nats_url, profile=profile(self.workdir / "fleet.yaml", node.name),
             services=SERVICES, kubeconfigs=identities, kubelets={node.name: self.dirs}, enforcer_env=enforcer_env,
             env={"TESSERA_WEBHOOK_PORT": str(port), "TESSERA_WEBHOOK_HOST": node.ip,
-                 "TESSERA_WEBHOOK_CERT": str(cert), "TESSERA_WEBHOOK_KEY": str(key)})
+                 "TESSERA_WEBHOOK_CERT": str(cert), "TESSERA_WEBHOOK_KEY": str(key), **(env or {})})
         self.client = None
         webhook = webhook_configuration(ca)
         try:

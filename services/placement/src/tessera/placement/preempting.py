@@ -20,6 +20,7 @@ where they stand until their processes are gone).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING
 
@@ -58,6 +59,7 @@ def eligible(spec: ClaimSpec, devices: list[GpuDevice]) -> list[GpuDevice]:
 class Preemptions:
     def __init__(self, svc: "PlacementService") -> None:
         self.svc = svc
+        self._retry: asyncio.TimerHandle | None = None
 
     def choose(self, claim: str, spec: ClaimSpec) -> tuple[str, Victims] | NoVictims:
         """The node and victims that cost least for this claim, or why there are none."""
@@ -99,7 +101,8 @@ class Preemptions:
         node, victims = chosen
         refused = await self._evict(victims.claims)
         if refused:
-            return f"nothing preempted: {refused}"
+            self._retry_later()
+            return f"nothing preempted: {refused}; tried again in {self.svc.settings.preemption_retry_seconds:g}s"
         ledger, _ = self.svc.view.ledger_of(node)
         route = ReleaseRoute("enforcer", node)
         for victim in victims.claims:
@@ -119,6 +122,13 @@ class Preemptions:
                 decided(marked or entry, "preempted", reason, span=None, **{NODE: node, PREEMPTED_BY: event.claim})
         log.info("%s (priority %d) preempts %s on %s", event.claim, event.spec.priority, victims.claims, node)
         return f"preempting {', '.join(victims.claims)} on {node}: placed once they are released"
+
+    def _retry_later(self) -> None:
+        """Wake the waiting claims' retry once the refusal may be over (one timer at a time): a
+        budget's change is not in Tessera's ledger, so nothing else would wake them."""
+        loop = asyncio.get_running_loop()
+        if self._retry is None or self._retry.when() <= loop.time():
+            self._retry = loop.call_later(self.svc.settings.preemption_retry_seconds, self.svc.retry_waiting)
 
     async def _evict(self, victims: list[str]) -> str:
         """On Kubernetes, the victims' pods go through the Eviction API first (`evict_all`)."""

@@ -657,6 +657,10 @@ class PlacementService:
     async def cancel(self, event: ClaimReleaseRequested, addressed: bool = False) -> None:
         await self.releases.cancel(event, addressed)
 
+    def retry_waiting(self) -> None:
+        """Have the waiting (unschedulable) claims tried again soon."""
+        self._retry_wanted.set()
+
     async def _retry_loop(self) -> None:
         """Retry unschedulable claims whenever something that could make them fit has changed."""
         while True:

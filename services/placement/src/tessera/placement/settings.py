@@ -39,14 +39,22 @@ class PlacementSettings(FromEnv):
         "decision (`idlework`); `false` only to measure what that buys "
         "(`tessera bench placement-nats --models default,no-idle-work`)", True)
     # Preemption (`preemption`, `preempting`): off, a claim's priority only orders the waiting queue.
-    # Off by default: on Kubernetes the whole path (eviction, the kubelet stopping the pod, the
-    # enforcer's release, the preemptor's pod started) is not yet shown on real components together.
+    # The whole Kubernetes path holds on real components (tests/kubernetes/test_preemption_real_pods.py).
+    # Still off by default: a pod whose PriorityClass says `preemptionPolicy: Never` would preempt
+    # (Kubernetes forbids it), the room freed is not held for the preemptor (another waiting claim
+    # may take it, and the preemptor preempts again), and victims still stopping are not counted as
+    # room to come (a retry meanwhile may choose more of them): on by default, each evicts more than
+    # Kubernetes users expect.
     preemption: bool = setting(
         "TESSERA_PLACEMENT_PREEMPTION", "`true`: a claim that fits nowhere has strictly lower-priority, "
         "preemptible claims on one node released to make room (victims chosen as `tessera.placement.preemption` "
         "states): their processes get SIGTERM, SIGKILL after `TESSERA_RELEASE_GRACE_SECONDS`, and the claim is "
         "placed once they are gone and their ledger entries with them; on Kubernetes the victims' pods are "
         "evicted (all or none; a PodDisruptionBudget can refuse, the pod's grace period applies)", False)
+    preemption_retry_seconds: float = setting(
+        "TESSERA_PLACEMENT_PREEMPTION_RETRY_SECONDS", "how long after an eviction refused (a PodDisruptionBudget "
+        "allowing no disruption now, or the API server failing) the waiting claims are tried again: nothing in "
+        "Tessera's ledger changes when a budget does, so no other change would wake them", 5.0, above=0)
     batch: int = setting("TESSERA_PLACEMENT_BATCH", "requested claims fetched and decided per batch", 256, minimum=1)
     # The reconciler (tessera.placement.reconcile): how often it checks placement's invariants, and
     # how old a record or ledger entry must be before it is repaired (younger: maybe mid-commit).

@@ -354,8 +354,9 @@ def run_placement(args: argparse.Namespace) -> int:
 
 
 def _dyn_job(args: tuple) -> dynamic.ReplayResult:
-    policy, load, seed = args
-    return dynamic.replay(_nodes, _pods, policy, load, seed, fleet_of=build_fleet)
+    policy, load, seed, high, preemption = args
+    return dynamic.replay(_nodes, _pods, policy, load, seed, fleet_of=build_fleet, high=high, preemption=preemption,
+                          frag_of=cluster_fragmentation if high else None)
 
 
 def run_dynamic(args: argparse.Namespace) -> int:
@@ -369,8 +370,15 @@ def run_dynamic(args: argparse.Namespace) -> int:
         print(f"--load takes numbers separated by commas (offered load x the fleet's GPUs), got {args.load!r}",
               file=sys.stderr)
         return 2
+    modes = [m.strip() for m in args.preemption.split(",") if m.strip()]
+    if not modes or set(modes) - {"off", "on"} or not 0 <= args.high <= 1:
+        print(f"--preemption takes off, on or off,on and --high a share from 0 to 1, got {args.preemption!r} and "
+              f"{args.high!r}", file=sys.stderr)
+        return 2
+    if args.high:
+        return _run_priority_mix(args, policies, loads, [m == "on" for m in modes])
     _load(args.nodes, args.pods)
-    jobs = [(p, lv, args.seed) for lv in loads for p in sorted(policies, key=lambda p: p != PAPER_FGD)]
+    jobs = [(p, lv, args.seed, 0.0, False) for lv in loads for p in sorted(policies, key=lambda p: p != PAPER_FGD)]
     t0 = time.perf_counter()
     n_jobs = max(1, min(args.jobs or os.cpu_count() or 1, len(jobs)))
     got = {}
@@ -395,6 +403,40 @@ def run_dynamic(args: argparse.Namespace) -> int:
                          f"| {r.never_ran:,} |")
     lines.append("")
     lines.append("(waits in median pod lifetimes; waited = pods that ran after waiting)")
+    print("\n".join(lines))
+    if args.json:
+        Path(args.json).write_text(json.dumps([vars(r) for r in got.values()], indent=1))
+    return 0
+
+
+def _run_priority_mix(args: argparse.Namespace, policies: list[str], loads: list[float], modes: list[bool]) -> int:
+    """`dynamic --high SHARE`: the replay with a priority mix, each policy with and without preemption."""
+    _load(args.nodes, args.pods)
+    jobs = [(p, lv, args.seed, args.high, m) for lv in loads for m in modes
+            for p in sorted(policies, key=lambda p: p != PAPER_FGD)]
+    t0 = time.perf_counter()
+    got = {}
+    for r in _pool_map(_dyn_job, jobs, max(1, min(args.jobs or os.cpu_count() or 1, len(jobs)))):
+        got[(r.policy, r.load, r.preemption)] = r
+        print(f"[{len(got)}/{len(jobs)} {time.perf_counter() - t0:6.1f}s] {r.policy} load {r.load:g} preemption "
+              f"{'on' if r.preemption else 'off'}: served {r.served_pct:.2f}%", file=sys.stderr, flush=True)
+    lines = [f"Dynamic replay with {100 * args.high:g}% of arrivals at priority {dynamic.HIGH} (the rest 0, drawn with "
+             f"seed {args.seed}): {len(_nodes):,} nodes, {sum(n.gpus for n in _nodes):,} GPUs, "
+             f"{next(iter(got.values())).pods:,} pod arrivals ({time.perf_counter() - t0:.0f}s)", "",
+             "| load | policy | preemption | high wait p50 | high wait p99 | high never ran | all wait p99 "
+             "| preemptions / 1,000 claims | work lost, GPU-s (% of allocated) | GPU allocated % | demand served % "
+             "| fragmentation % of free | never ran |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for lv in loads:
+        for p in policies:
+            for m in modes:
+                r = got[(p, lv, m)]
+                lines.append(f"| {lv:g} | {p} | {'on' if m else 'off'} | {r.high_wait_p50:.3f} | {r.high_wait_p99:.3f} "
+                             f"| {r.high_never_ran:,} | {r.wait_p99:.3f} | {r.preemptions_per_1000:.2f} "
+                             f"| {r.lost_gpu_seconds:,.0f} ({r.lost_pct:.2f}) | {r.alloc_mean:.2f} | {r.served_pct:.2f} "
+                             f"| {r.frag_pct:.2f} | {r.never_ran:,} |")
+    lines += ["", "(waits in median pod lifetimes, counted at a pod's first start; work lost: the GPU-seconds of "
+              "trace time the victims had run)"]
     print("\n".join(lines))
     if args.json:
         Path(args.json).write_text(json.dumps([vars(r) for r in got.values()], indent=1))
@@ -527,6 +569,10 @@ def main(argv: list[str] | None = None) -> int:
     dy.add_argument("--policy", default="all", help="a policy, a comma list, or all")
     dy.add_argument("--load", default="0.8,1.1", help="offered loads, x the fleet's GPUs (default %(default)s)")
     dy.add_argument("--seed", type=int, default=42)
+    dy.add_argument("--high", type=float, default=0.0,
+                    help="a priority mix: this share of the arrivals (0-1) has a high priority (default none)")
+    dy.add_argument("--preemption", default="off,on",
+                    help="with --high: off, on, or off,on (each policy both ways; default %(default)s)")
     dy.add_argument("--jobs", type=int, default=0, help="worker processes (default: CPU count)")
     dy.add_argument("--json")
     sp = sub.add_parser("speed", help="place() decisions/s and RSS at fleet sizes")
