@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -35,59 +34,20 @@ from tessera.shared.events import GpuQuota
 from tessera.shared.hami_names import GPU_POLICY
 from tessera.shared.kubeapi import KubeApi, Rejected
 
-from controlplane.planes import Planes, cross_kubeconfig, kube_manager
 from gpupods import hami_pod
 from kit import eventually
-from kit.kubecluster import apply, manifests as deployed
 from kubetessera import create_tenant, ledgers
 from realpods import OUT_OF_MEMORY, TesseraOnNode
+from tenantpodsync import tenant_name as _name, tenant_plane as _tenant_plane
 
 MEMORY_MIB, CORES = 1024, 30
 QUOTA = GpuQuota(gpus=2, memory_mib=8192, cores=200)
 
 
-@pytest.fixture
-async def manager(binaries, secured_nats, postgres, kube_cluster, tmp_path):
-    """The control-plane manager in Kubernetes mode on this run's host (``kube_cluster``), with
-    tenant-pods.yaml's ClusterRole as the operator installs it."""
-    await asyncio.to_thread(apply, kube_cluster, deployed("controlplane/tenant-pods.yaml"))
-    (tmp_path / "manager").mkdir()
-    async for made in kube_manager("etcd", kube_cluster, secured_nats, binaries, postgres, tmp_path / "manager"):
-        yield made
-
-
-def _name(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex[:8]}"  # (the session's host outlives each test and its namespaces)
-
-
-async def _tenant_plane(planes: Planes, name: str, directory: Path) -> tuple:
-    """A tenant made through the manager, its syncer Syncing (the manager started it) and its
-    default service account made (a pod is refused until it exists): (kubeconfig, kubectl as the
-    tenant, as JSON)."""
-    record = await planes.create(name)
-
-    async def syncing():
-        now = await planes.record(name)
-        return now if now is not None and now.status.gpu_pods == "Syncing" else None
-    try:
-        await eventually(syncing, timeout=120, what=f"{name}'s status: GpuPods Syncing")
-    except AssertionError:
-        raise AssertionError(f"{(await planes.record(name)).status}") from None
-    pki = await planes.pki(name)
-    conf = cross_kubeconfig(directory / f"{name}.kubeconfig", planes.host.endpoint(record), pki["ca.crt"], pki)
-
-    async def tenant_json(*args: str) -> dict | None:
-        done = await planes.kubectl(conf, *args, "-o", "json")
-        return json.loads(done.stdout) if done.returncode == 0 else None
-
-    await eventually(lambda: tenant_json("get", "serviceaccount", "default"), timeout=120,
-                     what=f"{name}'s default service account")
-    return conf, tenant_json
-
-
 @pytest.mark.timeout(900)
 async def test_a_tenants_gpu_pod_runs_on_the_shared_fleet_and_is_given_back(
-        manager, kube_cluster, kube_node, nats_url, tmp_path):
+        syncing_manager, kube_cluster, kube_node, nats_url, tmp_path):
+    manager = syncing_manager
     tenant = _name("a")
     namespace = manifests.namespace(tenant)  # the manager made it, Pod Security "restricted" enforced
     conf, tenant_json = await _tenant_plane(manager, tenant, tmp_path)
@@ -153,7 +113,8 @@ async def test_a_tenants_gpu_pod_runs_on_the_shared_fleet_and_is_given_back(
 
 @pytest.mark.timeout(900)
 async def test_two_tenants_pods_share_one_gpu_each_held_to_its_own_memory(
-        manager, kube_cluster, kube_node, nats_url, tmp_path):
+        syncing_manager, kube_cluster, kube_node, nats_url, tmp_path):
+    manager = syncing_manager
     alpha, beta = _name("a"), _name("b")
     memory = {alpha: 1024, beta: 2048}
     tenants = {name: await _tenant_plane(manager, name, tmp_path) for name in memory}
@@ -213,3 +174,94 @@ async def _identity(plane, namespace: str) -> Path:
     for its syncer (TokenRequest, as the manager asks for one)."""
     token = await asyncio.to_thread(plane.service_account_token, namespace, ACCOUNT)
     return await asyncio.to_thread(plane.token_kubeconfig, f"{ACCOUNT}-{namespace}", token)
+
+
+def _claim_spec(memory_mib: int) -> dict:
+    return {"devices": {"requests": [{"name": "card", "exactly": {
+        "deviceClassName": "gpu.tessera.dev", "count": 1,
+        "capacity": {"requests": {"memory": f"{memory_mib}Mi", "cores": str(CORES)}}}}]}}
+
+
+def _claiming_pod(name: str, image: str, claim: dict) -> dict:
+    """The probe's pod with its GPU as a DRA claim, nothing of HAMi's names (``claim``: the pod's
+    resourceClaims entry)."""
+    pod = hami_pod(name, "default", image, 0, CORES)
+    pod["spec"]["securityContext"] = {"runAsUser": 65532}
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", **claim}]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    return pod
+
+
+@pytest.mark.timeout(900)
+async def test_a_tenants_dra_claim_runs_on_the_fleet_under_its_limits_and_is_cleared(
+        syncing_manager, kube_cluster, kube_node, nats_url, tmp_path):
+    """A pod with a ResourceClaimTemplate of Tessera's class, and one with a ResourceClaim of it,
+    in the tenant's own cluster: the syncer binds each to the virtual node (the tenant's scheduler
+    has no devices of the host's to allocate), the host pod asks for what the claim asks in HAMi's
+    names, the host's own flow makes and allocates its claim (the host takes no hand-made claim of
+    the class), the container stops at exactly the claim's memory, and the tenant's claim shows
+    the host's allocation, reserved for its pod. Deleted: the ledger is empty, the template's claim
+    gone with its pod, the standalone claim no longer allocated."""
+    manager = syncing_manager
+    tenant = _name("d")
+    namespace = manifests.namespace(tenant)
+    conf, tenant_json = await _tenant_plane(manager, tenant, tmp_path)
+    memory = {"templated": 1024, "claimed": 512}
+    on = TesseraOnNode(kube_cluster, kube_node, namespace, nats_url, tmp_path)
+    async with on.running(tenant, QUOTA):
+        objects = [
+            {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+             "metadata": {"name": "one-gpu", "namespace": "default"}, "spec": {"spec": _claim_spec(memory["templated"])}},
+            {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "my-gpu", "namespace": "default"}, "spec": _claim_spec(memory["claimed"])},
+            _claiming_pod("templated", on.image, {"resourceClaimTemplateName": "one-gpu"}),
+            _claiming_pod("claimed", on.image, {"resourceClaimName": "my-gpu"}),
+        ]
+        for obj in objects:
+            applied = await manager.kubectl(conf, "apply", "-f", "-", stdin=json.dumps(obj))
+            assert applied.returncode == 0, applied.stderr
+        claim_names = {}
+        for name, mib in memory.items():
+            async def running(name=name):
+                got = await tenant_json("get", "pod", name)
+                return got if got["status"].get("phase") == "Running" else None
+            hosted = hostpod.host_name("default", name)
+            try:
+                got = await eventually(running, timeout=180, what=f"{name} Running in the tenant's API server")
+            except AssertionError:
+                host = await on.kubectl("describe", "-n", namespace, "pod", hosted, check=False)
+                raise AssertionError(f"{await tenant_json('get', 'pod', name)}\nhost:\n{host.stdout[-3000:]}") from None
+            assert got["spec"]["nodeName"] == node_name(tenant)
+            host = await on.get(f"pod/{hosted}")
+            assert host["spec"]["nodeName"] == kube_node.name
+            reply = await on.probed(hosted, "main")
+            assert (reply["allocated_mib"], reply["stopped_by"]) == (mib, OUT_OF_MEMORY), (name, reply)
+            [status] = host["status"]["resourceClaimStatuses"]
+            host_claim = await on.get(f"resourceclaim/{status['resourceClaimName']}")
+            [result] = host_claim["status"]["allocation"]["devices"]["results"]
+            # the tenant's claim: the host's device, under its own request, reserved for its pod
+            claim_names[name] = "my-gpu" if name == "claimed" else got["status"]["resourceClaimStatuses"][0][
+                "resourceClaimName"]
+
+            async def allocated(claim=claim_names[name]):
+                got = await tenant_json("get", "resourceclaim", claim)
+                return got if (got.get("status") or {}).get("allocation") else None
+            tenant_claim = await eventually(allocated, timeout=30, what=f"{name}'s claim allocated in the tenant's API")
+            [copied] = tenant_claim["status"]["allocation"]["devices"]["results"]
+            assert (copied["request"], copied["driver"], copied["pool"], copied["device"]) == (
+                "card", result["driver"], result["pool"], result["device"]), copied
+            assert [r["uid"] for r in tenant_claim["status"]["reservedFor"]] == [got["metadata"]["uid"]]
+
+        for name in memory:
+            gone = await manager.kubectl(conf, "delete", "pod", name, "--timeout=120s")
+            assert gone.returncode == 0, gone.stderr
+        assert await eventually(lambda: on.given_back(tenant), timeout=60, what="the ledger given back")
+        await eventually(lambda: _absent(tenant_json, "resourceclaim", claim_names["templated"]), timeout=60,
+                         what="the template's claim gone with its pod")
+        standalone = await tenant_json("get", "resourceclaim", "my-gpu")
+        assert not (standalone.get("status") or {}).get("allocation"), standalone["status"]
+    await manager.call("delete", tenant)
+
+
+async def _absent(tenant_json, *what: str) -> bool:
+    return await tenant_json("get", *what) is None
