@@ -1,8 +1,9 @@
 """The per-tenant syncer: the tenant's pods on its virtual node, run as pods of its host namespace.
 
 Level-triggered, so that a restart loses nothing: a watch on each side (the tenant's pods, the
-host namespace's mirrored pods and their events) only names a tenant pod, and `reconcile` reads
-both API servers afresh and makes the host agree with the tenant — create the host pod (with copies
+host namespace's mirrored pods and their events) names a tenant pod and keeps what it last saw (an
+informer's cache, rebuilt by each watch's list: the host is watched, never polled), and
+`reconcile` makes the host agree with the tenant as both watches see them — create the host pod (with copies
 of the ConfigMaps and Secrets it reads, owned by it), delete a host pod whose tenant pod is gone or
 was replaced, copy the host pod's status and events back, and finish a tenant pod's deletion once
 its host pod is gone (as a kubelet does, with grace 0). A pod with DRA claims of Tessera's class
@@ -55,6 +56,11 @@ class PodSync:
         self.tenant, self.host_namespace, self.node = tenant, host_namespace, node
         self._queue: asyncio.Queue[Key] = asyncio.Queue()
         self._queued: set[Key] = set()
+        # what the two pod watches last delivered (an informer's cache: reconcile reads these, not the
+        # API servers); filled by each watch's list before anything is reconciled
+        self._tenant_pods: dict[Key, dict] = {}
+        self._host_pods: dict[str, dict] = {}
+        self._tenant_listed, self._host_listed = asyncio.Event(), asyncio.Event()
         self.ready = asyncio.Event()  # set once the node and its policy are in force
 
     # --- the loops ---------------------------------------------------------------------------------
@@ -87,18 +93,31 @@ class PodSync:
             self._queue.put_nowait(key)
 
     async def _watch_tenant(self) -> None:
-        async for _, pod in self.tenant_api.watch("/api/v1/pods"):
+        async for change, pod in self.tenant_api.watch("/api/v1/pods", listed=self._tenant_listed.set):
             meta = pod["metadata"]
-            self._enqueue((meta["namespace"], meta["name"]))
+            key = (meta["namespace"], meta["name"])
+            if change == "DELETED":
+                self._tenant_pods.pop(key, None)
+            else:
+                self._tenant_pods[key] = pod
+            self._enqueue(key)
 
     async def _watch_host(self) -> None:
         path = f"/api/v1/namespaces/{self.host_namespace}/pods"
-        async for _, pod in self.host_api.watch(path, label_selector=f"{hostpod.TENANT}={self.tenant}"):
+        async for change, pod in self.host_api.watch(path, label_selector=f"{hostpod.TENANT}={self.tenant}",
+                                                      listed=self._host_listed.set):
+            if change == "DELETED":
+                self._host_pods.pop(pod["metadata"]["name"], None)
+            else:
+                self._host_pods[pod["metadata"]["name"]] = pod
             notes = pod["metadata"].get("annotations") or {}
             if hostpod.NAMESPACE in notes and hostpod.NAME in notes:
                 self._enqueue((notes[hostpod.NAMESPACE], notes[hostpod.NAME]))
 
     async def _work(self) -> None:
+        # nothing is decided on half a picture: a tenant pod not yet listed would look deleted
+        await self._tenant_listed.wait()
+        await self._host_listed.wait()
         while True:
             key = await self._queue.get()
             self._queued.discard(key)
@@ -111,10 +130,12 @@ class PodSync:
     # --- one tenant pod ------------------------------------------------------------------------------
 
     async def reconcile(self, namespace: str, name: str) -> None:
-        """Make the host agree with the tenant pod ``namespace/name`` (present or not)."""
-        tenant_pod = await self.tenant_api.get(_pod_path(namespace, name))
-        host_path = _pod_path(self.host_namespace, hostpod.host_name(namespace, name))
-        host_pod = await self.host_api.get(host_path)
+        """Make the host agree with the tenant pod ``namespace/name`` (present or not), as the two
+        watches last saw them: a stale view costs a refused write (AlreadyExists, a uid or
+        resourceVersion precondition), never a wrong one, and the watch event that follows the
+        write brings the pod back."""
+        tenant_pod = self._tenant_pods.get((namespace, name))
+        host_pod = self._host_pods.get(hostpod.host_name(namespace, name))
         uid = tenant_pod["metadata"]["uid"] if tenant_pod else None
         if host_pod is not None and (host_pod["metadata"].get("annotations") or {}).get(hostpod.UID) != uid:
             await self._delete_host(host_pod)  # its tenant pod is gone, or is another pod of that name now
@@ -334,11 +355,13 @@ class PodSync:
                 await self._relay(event)
 
     async def _relay(self, event: dict) -> None:
-        host_pod = await self.host_api.get(_pod_path(self.host_namespace, event["involvedObject"]["name"]))
+        await self._host_listed.wait()
+        await self._tenant_listed.wait()
+        host_pod = self._host_pods.get(event["involvedObject"]["name"])
         notes = (host_pod or {}).get("metadata", {}).get("annotations") or {}
         if (host_pod or {}).get("metadata", {}).get("labels", {}).get(hostpod.TENANT) != self.tenant:
-            return  # not a pod of this tenant's
-        tenant_pod = await self.tenant_api.get(_pod_path(notes[hostpod.NAMESPACE], notes[hostpod.NAME]))
+            return  # not a pod of this tenant's (the host watch holds only this tenant's)
+        tenant_pod = self._tenant_pods.get((notes[hostpod.NAMESPACE], notes[hostpod.NAME]))
         if tenant_pod is None or tenant_pod["metadata"]["uid"] != notes.get(hostpod.UID):
             return
         try:
