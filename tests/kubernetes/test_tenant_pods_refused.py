@@ -64,22 +64,27 @@ async def test_a_field_that_reaches_the_host_is_refused_and_named(field, tenant_
         made = json.loads((await asyncio.to_thread(tenant_cluster.kubectl, "create", "-f", "-", "-o", "json",
                                                    stdin=json.dumps(pod))).stdout)
         try:
-            async def refused():
-                events = json.loads((await asyncio.to_thread(
-                    tenant_cluster.kubectl, "get", "events", "-n", "default", "-o", "json",
-                    "--field-selector", "involvedObject.name=asks-too-much")).stdout)["items"]
-                return [e for e in events
-                        if e["reason"] == REFUSED and e["involvedObject"]["uid"] == made["metadata"]["uid"]]
-
-            [event] = await eventually(refused, timeout=30, what=f"the {REFUSED} event")
-            assert field in event["message"], event["message"]
+            event = await _refused_and_not_hosted(tenant_cluster, kube_plane, plane_namespace, made, field)
             assert event["type"] == "Warning"
-            hosted = json.loads((await asyncio.to_thread(kube_plane.kubectl, "get", "pods", "-n", plane_namespace,
-                                                         "-o", "json")).stdout)["items"]
-            assert not hosted, [p["metadata"]["name"] for p in hosted]
         finally:
             await asyncio.to_thread(tenant_cluster.kubectl, "delete", "pod", "asks-too-much", "--grace-period=0",
                                     "--force", "--ignore-not-found", check=False)
+
+
+async def _refused_and_not_hosted(tenant_cluster, kube_plane, plane_namespace: str, made: dict, field: str) -> dict:
+    """The HostPodRefused event on the tenant's pod ``made``, naming ``field``; no host pod made."""
+    async def refused():
+        events = json.loads((await asyncio.to_thread(
+            tenant_cluster.kubectl, "get", "events", "-n", "default", "-o", "json",
+            "--field-selector", f"involvedObject.name={made['metadata']['name']}")).stdout)["items"]
+        return [e for e in events if e["reason"] == REFUSED and e["involvedObject"]["uid"] == made["metadata"]["uid"]]
+
+    [event] = await eventually(refused, timeout=30, what=f"the {REFUSED} event")
+    assert field in event["message"], event["message"]
+    hosted = json.loads((await asyncio.to_thread(kube_plane.kubectl, "get", "pods", "-n", plane_namespace,
+                                                 "-o", "json")).stdout)["items"]
+    assert not hosted, [p["metadata"]["name"] for p in hosted]
+    return event
 
 
 # A DRA claim written in the tenant's cluster: what the host must not take, by the claim's field.
@@ -123,18 +128,7 @@ async def test_a_claim_the_host_must_not_take_is_refused_and_named(field, tenant
         made = json.loads((await asyncio.to_thread(tenant_cluster.kubectl, "create", "-f", "-", "-o", "json",
                                                    stdin=json.dumps(pod))).stdout)
         try:
-            async def refused():
-                events = json.loads((await asyncio.to_thread(
-                    tenant_cluster.kubectl, "get", "events", "-n", "default", "-o", "json",
-                    "--field-selector", "involvedObject.name=claims-too-much")).stdout)["items"]
-                return [e for e in events
-                        if e["reason"] == REFUSED and e["involvedObject"]["uid"] == made["metadata"]["uid"]]
-
-            [event] = await eventually(refused, timeout=30, what=f"the {REFUSED} event")
-            assert field in event["message"], event["message"]
-            hosted = json.loads((await asyncio.to_thread(kube_plane.kubectl, "get", "pods", "-n", plane_namespace,
-                                                         "-o", "json")).stdout)["items"]
-            assert not hosted, [p["metadata"]["name"] for p in hosted]
+            await _refused_and_not_hosted(tenant_cluster, kube_plane, plane_namespace, made, field)
             now = json.loads((await asyncio.to_thread(tenant_cluster.kubectl, "get", "pod", "claims-too-much",
                                                       "-o", "json")).stdout)
             assert not now["spec"].get("nodeName"), now["spec"]  # not bound to the virtual node either
