@@ -331,13 +331,20 @@ async def kube_mode(request, binaries, secured_nats, postgres, kube_plane, tmp_p
     ``request.param``, acting as deploy/k8s/controlplane/manager.yaml's ServiceAccount with that
     file's RBAC, the TenantControlPlane CRD installed as the operator installs it; no kubelet runs
     the tenants' pods, so the manager runs them from what the host stores (`LocalKubelet`)."""
-    await asyncio.to_thread(apply, kube_plane, manifests("crds/tenantcontrolplanes.yaml"))
-    identity = await asyncio.to_thread(service_identity, kube_plane, "controlplane/manager.yaml")
+    async for made in kube_manager(request.param, kube_plane, secured_nats, binaries, postgres, tmp_path):
+        yield made
+
+
+async def kube_manager(driver, plane, secured_nats, binaries, postgres, tmp_path):
+    """``kube_mode``'s manager on any real control plane ``plane`` (a test that pairs it with a
+    node of the session's plane of each version, say)."""
+    await asyncio.to_thread(apply, plane, manifests("crds/tenantcontrolplanes.yaml"))
+    identity = await asyncio.to_thread(service_identity, plane, "controlplane/manager.yaml")
     kube_bin, kine_bin = binaries
     host = LocalKubelet(KubeHost(KubeApi.for_kubeconfig(str(identity))),
                         LocalControlPlanes(tmp_path / "planes", kube_bin, kine_bin, stop_on_close=True))
     extra = {"host_mode": "kubernetes", "kube_pods": "local"}
-    async for made in _planes(request.param, extra, secured_nats, binaries, postgres, tmp_path, host=host):
+    async for made in _planes(driver, extra, secured_nats, binaries, postgres, tmp_path, host=host):
         yield made
 
 

@@ -472,6 +472,12 @@ class Auditor:
             f.dead_letters_without_reason.append(f"{subject}: malformed, but no dead letter")
         return f
 
+    async def ledger_claims(self) -> set[str]:
+        """The claims every node's ledger holds now (the tenant side's audit compares them with the
+        claims of the pods that are live: tests/faults/tenantaudit.py)."""
+        state = await _bucket(self.js, subjects.KV_LEDGER)
+        return {c for k, v in state.items() if k.startswith("node.") for c in _node_ledger.decode(v).entries}
+
     async def until_clean(self, accepted: dict[str, Accepted], timeout: float,
                           expected_letters: set[str] = frozenset()) -> tuple[Findings, float | None]:
         """Audit every half second until the state is right (``settled``: what past revisions did

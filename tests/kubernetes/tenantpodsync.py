@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import uuid
 from pathlib import Path
 
 from tessera.controlplane.pki import PkiAuthority
@@ -21,7 +22,9 @@ from tessera.shared.kubeapi import KubeApi
 
 import pytest
 
-from kit.kubecluster import KubeControlPlane, manifests, namespace_identity, remove, start_control_plane
+from controlplane.planes import Planes, cross_kubeconfig, kube_manager
+from kit import eventually
+from kit.kubecluster import KubeControlPlane, apply, manifests, namespace_identity, remove, start_control_plane
 
 ACCOUNT = "tessera-tenant-pods"
 
@@ -76,3 +79,44 @@ async def syncing(tenant_kubeconfig: Path, host_kubeconfig: Path, tenant: str, h
 def kubectl_json(result) -> dict:
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
+
+
+# --- the manager's own syncer (what runs) -------------------------------------------------------
+
+@pytest.fixture
+async def syncing_manager(binaries, secured_nats, postgres, kube_cluster, tmp_path):
+    """The control-plane manager in Kubernetes mode on this run's host (``kube_cluster``), with
+    tenant-pods.yaml's ClusterRole as the operator installs it."""
+    await asyncio.to_thread(apply, kube_cluster, manifests("controlplane/tenant-pods.yaml"))
+    (tmp_path / "manager").mkdir()
+    async for made in kube_manager("etcd", kube_cluster, secured_nats, binaries, postgres, tmp_path / "manager"):
+        yield made
+
+
+def tenant_name(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:8]}"  # (the session's host outlives each test and its namespaces)
+
+
+async def tenant_plane(planes: Planes, name: str, directory: Path) -> tuple:
+    """A tenant made through the manager, its syncer Syncing (the manager started it) and its
+    default service account made (a pod is refused until it exists): (kubeconfig, kubectl as the
+    tenant, as JSON)."""
+    record = await planes.create(name)
+
+    async def syncing():
+        now = await planes.record(name)
+        return now if now is not None and now.status.gpu_pods == "Syncing" else None
+    try:
+        await eventually(syncing, timeout=120, what=f"{name}'s status: GpuPods Syncing")
+    except AssertionError:
+        raise AssertionError(f"{(await planes.record(name)).status}") from None
+    pki = await planes.pki(name)
+    conf = cross_kubeconfig(directory / f"{name}.kubeconfig", planes.host.endpoint(record), pki["ca.crt"], pki)
+
+    async def tenant_json(*args: str) -> dict | None:
+        done = await planes.kubectl(conf, *args, "-o", "json")
+        return json.loads(done.stdout) if done.returncode == 0 else None
+
+    await eventually(lambda: tenant_json("get", "serviceaccount", "default"), timeout=120,
+                     what=f"{name}'s default service account")
+    return conf, tenant_json

@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--check", action="store_true", help="fail if the document is out of date")
     a.set_defaults(func=cmd_asyncapi)
 
-    b = sub.add_parser("bench", help="run a benchmark: all, placement, placement-families, placement-dynamic, placement-speed, placement-nats, tenants, tenant-planes, vgpu-launch, kubernetes")
+    b = sub.add_parser("bench", help="run a benchmark: all, placement, placement-families, placement-dynamic, placement-speed, placement-nats, tenants, tenant-planes, vgpu-launch, kubernetes, tenant-pods")
     b.add_argument("what")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments passed to the benchmark")
     b.set_defaults(func=cmd_bench)
@@ -132,11 +132,13 @@ def cmd_bench(args) -> int:
         # (on the real Kubernetes components: it runs the tests' kit, so it lives with the tests)
         "kubernetes": [sys.executable, "tests/kubernetes/kubebench.py"],
         "tenant-planes": [sys.executable, "-m", "tessera.controlplane.benchmarks.planes"],
+        # tenants' own API servers running GPU pods on the fleet (the tests' kit too: with the tests)
+        "tenant-pods": [sys.executable, "tests/kubernetes/tenantbench.py"],
     }
 
     def command(name: str, rest: list[str]) -> list[str]:
-        if name == "kubernetes":
-            return [sys.executable, str(checkout.require("tessera bench kubernetes") / targets[name][1]), *rest]
+        if name in ("kubernetes", "tenant-pods"):
+            return [sys.executable, str(checkout.require(f"tessera bench {name}") / targets[name][1]), *rest]
         if name in ("placement", "placement-speed", "placement-families", "placement-dynamic") and "--nodes" not in rest:
             openb = openb_dir()
             if not openb.exists():
@@ -150,7 +152,7 @@ def cmd_bench(args) -> int:
     if args.what == "all":
         code = 0
         for name in ("placement", "placement-families", "placement-speed", "placement-nats", "tenants", "vgpu-launch",
-                     "tenant-planes", "kubernetes"):
+                     "tenant-planes", "kubernetes", "tenant-pods"):
             err.print(f"[bold]== bench {name}[/]")
             # (the service with its compiled core against the Python engine, side by side)
             rest = ["--models", "default,python-core"] if name == "placement-nats" else []

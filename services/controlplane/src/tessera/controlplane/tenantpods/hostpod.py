@@ -80,9 +80,11 @@ def _volume_refusals(where: str, volume: dict) -> list[str]:
     return refused
 
 
-def mirror(pod: dict, tenant: str, host_namespace: str, names: dict[tuple[str, str], str]) -> dict:
+def mirror(pod: dict, tenant: str, host_namespace: str, names: dict[tuple[str, str], str],
+           claimed: dict[str, dict[str, str]] | None = None) -> dict:
     """The host pod for a tenant pod that `refusals` passed. ``names`` maps the (kind, name) of each
-    ConfigMap/Secret the pod references to its host copy's name."""
+    ConfigMap/Secret the pod references to its host copy's name; ``claimed``: container name -> the
+    HAMi limits its DRA claims stand for (`claims.container_limits`; the pod's claims are not copied)."""
     meta, spec = pod["metadata"], pod["spec"]
     dropped = {v["name"] for v in spec.get("volumes") or [] if _TENANT_TOKEN_VOLUME.match(v.get("name", ""))}
     host_spec = {k: spec[k] for k in _POD_FIELDS if k in spec}
@@ -90,7 +92,7 @@ def mirror(pod: dict, tenant: str, host_namespace: str, names: dict[tuple[str, s
     host_spec["securityContext"] = {**_RESTRICTED_POD, **(spec.get("securityContext") or {})}
     for kind in ("initContainers", "containers"):
         if spec.get(kind):
-            host_spec[kind] = [_container(c, dropped, names) for c in spec[kind]]
+            host_spec[kind] = [_container(c, dropped, names, (claimed or {}).get(c["name"])) for c in spec[kind]]
     volumes = [_volume(v, names) for v in spec.get("volumes") or [] if v["name"] not in dropped]
     if volumes:
         host_spec["volumes"] = volumes
@@ -133,8 +135,13 @@ def references(pod: dict) -> set[tuple[str, str]]:
     return found
 
 
-def _container(container: dict, dropped: set[str], names: dict[tuple[str, str], str]) -> dict:
+def _container(container: dict, dropped: set[str], names: dict[tuple[str, str], str],
+               claimed: dict[str, str] | None) -> dict:
     out = {k: container[k] for k in _CONTAINER_FIELDS if k in container}
+    if "resources" in out and ("claims" in out["resources"] or claimed):
+        resources = {k: v for k, v in out["resources"].items() if k != "claims"}
+        resources["limits"] = {**resources.get("limits", {}), **(claimed or {})}
+        out["resources"] = resources
     out["securityContext"] = {**_RESTRICTED_CONTAINER, **(container.get("securityContext") or {})}
     if "volumeMounts" in out:
         out["volumeMounts"] = [m for m in out["volumeMounts"] if m["name"] not in dropped]

@@ -192,6 +192,13 @@ class _Apis:
         self._made: list[KubeApi] = []
 
     async def __aenter__(self) -> tuple[KubeApi, KubeApi]:
+        try:
+            return await self._enter()
+        except BaseException:  # cancelled half-way (a stop while it starts) too: nothing left behind
+            await self.__aexit__()
+            raise
+
+    async def _enter(self) -> tuple[KubeApi, KubeApi]:
         self._dir = tempfile.TemporaryDirectory(prefix="tessera-tenant-pods-")
         stored = await self.pods.store.secrets.get(self.tenant)
         conf = yaml.safe_load(stored.value.kubeconfig) if stored and stored.value.kubeconfig else None
@@ -201,6 +208,7 @@ class _Apis:
         path.write_text(yaml.safe_dump(conf or {"apiVersion": "v1", "kind": "Config", "clusters": [], "users": [],
                                                  "contexts": []}))
         tenant_api = KubeApi.for_kubeconfig(str(path))
+        self._made = [tenant_api]
         host_api = self.pods.host_api
         if self.identity:  # a kubeconfig of the tenant's host identity: the manager's server and CA, its token
             await self.pods._identity(self.tenant)
@@ -215,11 +223,13 @@ class _Apis:
                 "users": [{"name": ACCOUNT, "user": {"token": token}}],
                 "contexts": [{"name": "host", "context": {"cluster": "host", "user": ACCOUNT}}]}))
             host_api = KubeApi.for_kubeconfig(str(host))
-        self._made = [tenant_api] + ([host_api] if self.identity else [])
+            self._made.append(host_api)
         return tenant_api, host_api
 
     async def __aexit__(self, *exc: object) -> None:
-        for api in self._made:
-            await api.close()
-        if self._dir is not None:
+        if self._dir is not None:  # (first: a second cancellation may cut the awaits below short)
             self._dir.cleanup()
+            self._dir = None
+        made, self._made = self._made, []
+        for api in made:
+            await api.close()
