@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -110,3 +111,40 @@ async def test_remove_deletes_keys_user_and_role(driver):
         assert "tenant-gamma" not in roles.get("roles", [])
     finally:
         await root.close()
+
+
+async def _auth_revision(endpoint: str) -> int:
+    root = EtcdClient(endpoint)
+    try:
+        await root.authenticate("root", ROOT_PASSWORD)
+        return int((await root.call("auth/status", {}))["authRevision"])
+    finally:
+        await root.close()
+
+
+async def test_a_resync_of_a_provisioned_tenant_leaves_etcds_auth_revision_alone(driver):
+    """Every change to etcd's users or roles bumps its auth revision, and a request that was
+    authorised under the old one is refused ("auth: revision in header is old"): each resync of
+    one tenant that rewrote its user and role made the other tenants' API servers answer 500."""
+    creds = await driver.ensure("delta", None)
+    before = await _auth_revision(driver.endpoint)
+    for _ in range(3):
+        assert await driver.ensure("delta", creds) == creds
+    assert await _auth_revision(driver.endpoint) == before
+    tenant = EtcdClient(creds.endpoint)
+    try:
+        await tenant.authenticate(creds.username, creds.password)  # the kept password still logs in
+        await tenant.put(prefix("delta") + "k", b"v")
+    finally:
+        await tenant.close()
+
+
+async def test_a_login_in_flight_leaves_other_calls_their_token(driver):
+    """The manager provisions tenants concurrently on one client: while one call logs in as root
+    again, another call on the same client must still carry the token ("user name is empty")."""
+    await driver.ensure("epsilon", None)
+    root = driver.client
+    relogin = asyncio.create_task(root.authenticate("root", ROOT_PASSWORD))
+    await asyncio.sleep(0)  # the login is now on the wire
+    assert await root.count_prefix(prefix("epsilon")) == 0
+    await relogin

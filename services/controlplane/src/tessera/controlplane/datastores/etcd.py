@@ -84,6 +84,7 @@ class EtcdClient:
         self._session = session
         self.tls = tls
         self.token: str | None = None
+        self._login: tuple[str, str] | None = None
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -97,7 +98,18 @@ class EtcdClient:
             self._session = None
 
     async def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        headers = {"Authorization": self.token} if self.token else {}
+        """One gateway call with this client's token; a token etcd has dropped (its TTL, 300 s
+        unused by default) is renewed with the login it came from, and the call made once more."""
+        try:
+            return await self._post(path, body, self.token)
+        except EtcdAuthFailed as exc:
+            if self._login is None or "invalid auth token" not in exc.message:
+                raise
+        await self.authenticate(*self._login)
+        return await self._post(path, body, self.token)
+
+    async def _post(self, path: str, body: dict[str, Any], token: str | None) -> dict[str, Any]:
+        headers = {"Authorization": token} if token else {}
         try:
             async with self.session.post(f"{self.endpoint}/v3/{path}", json=body, headers=headers,
                                          ssl=self.tls if self.tls is not None else True) as resp:
@@ -121,8 +133,36 @@ class EtcdClient:
         return data or {}
 
     async def authenticate(self, user: str, password: str) -> None:
-        self.token = None
-        self.token = (await self.call("auth/authenticate", {"name": user, "password": password}))["token"]
+        """Log in; the token in use stays in use until the new one is in hand (calls made meanwhile
+        on this client, by other tasks, keep theirs)."""
+        answer = await self._post("auth/authenticate", {"name": user, "password": password}, None)
+        self.token, self._login = answer["token"], (user, password)
+
+    async def logs_in(self, user: str, password: str) -> bool:
+        """Whether ``user`` logs in with ``password``: asked without touching this client's token."""
+        try:
+            await self._post("auth/authenticate", {"name": user, "password": password}, None)
+        except EtcdAuthFailed:
+            return False
+        return True
+
+    async def user_roles(self, user: str) -> list[str] | None:
+        """The roles of ``user``; None where etcd has no such user."""
+        try:
+            return list((await self.call("auth/user/get", {"name": user})).get("roles") or [])
+        except EtcdError as exc:
+            if "not found" in exc.message:
+                return None
+            raise
+
+    async def role_perms(self, role: str) -> list[dict[str, str]] | None:
+        """The permissions of ``role`` as the gateway writes them; None where there is no such role."""
+        try:
+            return list((await self.call("auth/role/get", {"role": role})).get("perm") or [])
+        except EtcdError as exc:
+            if "not found" in exc.message:
+                return None
+            raise
 
     async def put(self, key: str, value: bytes) -> None:
         await self.call("kv/put", {"key": b64(key), "value": b64(value)})
@@ -201,6 +241,8 @@ class EtcdDriver:
         self.client = EtcdClient(endpoint, tls=tls)
 
     async def _as_root(self) -> EtcdClient:
+        if self.client.token is not None:
+            return self.client
         try:
             await self.client.authenticate("root", self.root_password)
         except EtcdAuthFailed as exc:
@@ -223,23 +265,8 @@ class EtcdDriver:
         password = password or secrets.token_urlsafe(24)
         etcd = await self._as_root()
         await self._has_space(etcd)
-        try:
-            await etcd.call("auth/user/add", {"name": user, "password": password})
-        except EtcdError as exc:
-            if "already exists" not in exc.message:
-                raise
-            await etcd.call("auth/user/changepw", {"name": user, "password": password})
-        try:
-            await etcd.call("auth/role/add", {"name": role})
-        except EtcdError as exc:
-            if "already exists" not in exc.message:
-                raise
         key = prefix(tenant)
-        await etcd.call(
-            "auth/role/grant",
-            {"name": role, "perm": {"permType": "READWRITE", "key": b64(key), "range_end": b64(range_end(key))}},
-        )
-        await etcd.call("auth/user/grant", {"user": user, "role": role})
+        await self._grant(etcd, user, password, role, key)
         ca_cert = crt = private = ""
         if self.ca is not None:  # kube-apiserver logs in with a certificate: etcd takes its CN for the user
             ca_cert = self.ca.cert
@@ -251,6 +278,27 @@ class EtcdDriver:
             driver=self.name, endpoint=self.endpoint, username=user, password=password, scope=key,
             ca_cert=ca_cert, client_cert=crt, client_key=private,
         )
+
+    @staticmethod
+    async def _grant(etcd: EtcdClient, user: str, password: str, role: str, key: str) -> None:
+        """The tenant's user, its password, and a role over its prefix, written only where they
+        differ: each write to etcd's users or roles bumps its auth revision, and every other
+        tenant's API server then has a request refused ("auth: revision in header is old")."""
+        roles = await etcd.user_roles(user)
+        if roles is None:
+            await etcd.call("auth/user/add", {"name": user, "password": password})
+            roles = []
+        elif not await etcd.logs_in(user, password):
+            await etcd.call("auth/user/changepw", {"name": user, "password": password})
+        perm = {"permType": "READWRITE", "key": b64(key), "range_end": b64(range_end(key))}
+        perms = await etcd.role_perms(role)
+        if perms is None:
+            await etcd.call("auth/role/add", {"name": role})
+            perms = []
+        if perm not in perms:
+            await etcd.call("auth/role/grant", {"name": role, "perm": perm})
+        if role not in roles:
+            await etcd.call("auth/user/grant", {"user": user, "role": role})
 
     async def remove(self, tenant: str) -> None:
         etcd = await self._as_root()
