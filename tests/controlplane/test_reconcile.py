@@ -8,6 +8,7 @@ import yaml
 from tessera.controlplane.app import Manager
 from tessera.controlplane.datastores.natskv import account_is
 from tessera.controlplane.settings import ControlPlaneSettings
+from tessera.shared.kv import CasLost
 
 
 async def call(mgr: Manager, verb: str, payload: dict) -> dict:
@@ -83,3 +84,26 @@ async def test_capacity_refusal_through_the_api(platform_bus, secured_settings):
         assert await mgr.store.controlplanes.get("beta") is None
     finally:
         await mgr.close()
+
+
+async def test_a_delete_that_keeps_losing_the_race_to_mark_the_tenant_says_so(manager):
+    """Deleting first marks the tenant deleting by compare-and-set; a delete that lost every race
+    for that mark went on to reconcile an unmarked tenant and answered as if pending."""
+    assert (await call(manager, "create", {"name": "alpha"}))["ok"]
+    bucket = manager.store.controlplanes
+    writes = bucket.put
+
+    async def always_beaten(key, value, *, revision):
+        if key == "alpha":
+            raise CasLost(f"controlplanes/{key} changed since revision {revision}")
+        return await writes(key, value, revision=revision)
+
+    bucket.put = always_beaten
+    try:
+        reply = await call(manager, "delete", {"name": "alpha"})
+    finally:
+        bucket.put = writes
+    assert not reply["ok"] and "kept losing" in reply["error"]["message"], reply
+    stored = (await bucket.get("alpha")).value
+    assert not stored.deleting and stored.status.phase == "Ready"
+    assert manager.host.path("alpha").exists()

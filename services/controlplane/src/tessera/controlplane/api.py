@@ -129,16 +129,10 @@ class TenantApi:
         """Mark the tenant deleting and tear it down (also finishing an interrupted teardown and
         cleaning orphans): its claims are released first, waiting up to ``wait`` seconds (default:
         the teardown wait); whether it existed, and whether its deletion is still pending."""
-        for _ in range(20):
-            stored = await self.store.controlplanes.get(name)
-            if stored is None or stored.value.deleting:
-                break
-            marked = msgspec.structs.replace(stored.value, deleting=True)
-            try:
-                await self.store.controlplanes.put(name, marked, revision=stored.revision)
-                break
-            except ConflictError:
-                continue
+        def mark(record: TenantControlPlane | None) -> TenantControlPlane | None:
+            return record if record is None or record.deleting else msgspec.structs.replace(record, deleting=True)
+
+        stored, _ = await self.store.controlplanes.modify(name, mark)  # ConflictError if it never wins
         existed = stored is not None
         left = await self.reconciler.reconcile(name, wait=wait)
         if not existed and await self.store.tenants.get(name) is not None:
