@@ -147,3 +147,33 @@ def test_request_names_used_twice_are_refused():
         request_specs(spec)
     with pytest.raises(ValueError, match="distinct names"):
         dra.spec_from_parameters(dra.parameters(spec))
+
+
+@pytest.mark.parametrize(("policy", "may_preempt"), [("Never", False), ("PreemptLowerPriority", True), (None, True)])
+async def test_the_pod_claim_may_preempt_only_as_its_priority_class_allows(policy, may_preempt):
+    obj = pod([container("a", {"nvidia.com/gpu": "1"})])
+    obj["spec"]["priorityClassName"] = "batch"
+    obj["spec"]["priority"] = 1000
+    if policy is not None:  # what the API server's Priority admission copied from the PriorityClass
+        obj["spec"]["preemptionPolicy"] = policy
+    _, (claim,) = await _admit(obj)
+    assert claim.spec.may_preempt is may_preempt
+    params = claim.template["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+    assert dra.spec_from_parameters(params).may_preempt is may_preempt  # what the ResourceClaim gives back
+
+
+async def test_an_unknown_preemption_policy_is_refused_saying_which_are_known():
+    obj = pod([container("a", {"nvidia.com/gpu": "1"})])
+    obj["spec"]["preemptionPolicy"] = "Sometimes"
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+              "request": {"uid": "705ab4f5-6393-11e8-b7cc-42010a800003", "kind": {"group": "", "version": "v1",
+                          "kind": "Pod"}, "namespace": "team-a", "operation": "CREATE", "object": obj}}
+
+    async def hook(namespace, claims):
+        raise AssertionError("a refused pod has no claims written")
+
+    async with TestClient(TestServer(make_app(hook))) as client:
+        resp = await client.post("/mutate", json=review)
+        status, text = resp.status, await resp.text()
+    assert status == 400, text  # (as for any malformed pod: the API server's admission never sends one)
+    assert "spec.preemptionPolicy" in text and "PreemptLowerPriority" in text and "Never" in text, text

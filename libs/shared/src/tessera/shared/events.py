@@ -169,6 +169,10 @@ class ClaimSpec(Struct, frozen=True, kw_only=True):
     priority: Annotated[int, Meta(ge=0, le=MAX_PRIORITY)] = 0
     # False: never preempted, whatever asks.
     preemptible: bool = True
+    # False: never preempts, however high its priority; it waits like a claim of priority 0 would
+    # (on Kubernetes a PriorityClass with ``preemptionPolicy: Never``, the pod's
+    # ``spec.preemptionPolicy``).
+    may_preempt: bool = True
     # HAMi's runtime priority (``nvidia.com/priority``, HAMi-core's ``CUDA_TASK_PRIORITY``): 0 high,
     # 1 low; None unset (HAMi-core then reads 1). It says how the claim's processes share a GPU's
     # SMs with others at run time, never where or before whom the claim is placed.

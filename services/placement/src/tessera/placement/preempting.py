@@ -95,6 +95,9 @@ class Preemptions:
             return None
         if event.spec.priority <= 0:
             return "nothing to preempt: priority 0 is the lowest, and only lower priorities are preempted"
+        if not event.spec.may_preempt:
+            return ("nothing preempted: this claim may not preempt (its PriorityClass says preemptionPolicy: "
+                    "Never); it waits for room")
         chosen = self.choose(event.claim, event.spec)
         if isinstance(chosen, NoVictims):
             return f"nothing to preempt: {chosen.reason}"

@@ -303,7 +303,7 @@ class PlacementService:
             and event.claim not in seen
             and event.tenant in self.tenants_known
             and not has_limits(self.quotas.get(event.tenant))
-            and not (self.settings.preemption and event.spec.priority > 0)  # may preempt: the one-claim path
+            and not (self.settings.preemption and event.spec.priority > 0 and event.spec.may_preempt)  # the one-claim path
         )
 
     async def handle_batch(self, items: Sequence[tuple[ClaimEvent, Delivery]]) -> list[BaseException | None]:

@@ -159,6 +159,7 @@ _PARAMETER_KEYS = {
     "node_policy": "nodePolicy",
     "gpu_policy": "gpuPolicy",
     "priority": "priority",
+    "may_preempt": "mayPreempt",
     "task_priority": "taskPriority",
     "cpu_millis": "cpuMillis",
     "host_memory_mib": "hostMemoryMiB",
@@ -174,7 +175,11 @@ def _encode(obj: ClaimSpec | RequestSpec, keys: dict[str, str]) -> dict:
     params: dict = {}
     for field, key in keys.items():
         value = getattr(obj, field)
-        if field in _ALWAYS or field == "name" or value not in (None, [], 0) or (field == "task_priority" and value == 0):
+        if field == "may_preempt":  # written only where it is not the default (True)
+            if not value:
+                params[key] = False
+        elif (field in _ALWAYS or field == "name" or value not in (None, [], 0)
+              or (field == "task_priority" and value == 0)):
             params[key] = list(value) if isinstance(value, list) else value
     return params
 

@@ -220,7 +220,7 @@ def _translate_pod(pod: dict, namespace: str) -> tuple[list[PodClaim], Present]:
         present[i] = {k: v for k, v in present[i].items() if v}
     if not parts:
         return [], present
-    claim = msgspec.structs.replace(pod_spec(parts), priority=scheduling_priority(spec))
+    claim = msgspec.structs.replace(pod_spec(parts), priority=scheduling_priority(spec), may_preempt=may_preempt(spec))
     tname = template_name("-".join(name for name, _, _ in parts), claim)
     several = len(parts) > 1
     pod_claim = PodClaim(
@@ -260,6 +260,20 @@ def scheduling_priority(spec: dict) -> int:
     if isinstance(priority, bool) or not isinstance(priority, int) or not -(2**31) <= priority <= MAX_PRIORITY:
         raise Malformed(f"spec.priority must be a 32-bit integer, got {priority!r}")
     return max(0, priority)
+
+
+PREEMPTION_POLICIES = {"PreemptLowerPriority": True, "Never": False}
+
+
+def may_preempt(spec: dict) -> bool:
+    """Whether the claim may preempt: the pod's ``spec.preemptionPolicy``, which the Priority
+    admission copies from its PriorityClass (``Never``: it waits, whatever its priority)."""
+    policy = spec.get("preemptionPolicy")
+    if policy is None:
+        return True
+    if policy not in PREEMPTION_POLICIES:
+        raise Malformed(f"spec.preemptionPolicy must be one of {', '.join(PREEMPTION_POLICIES)}, got {policy!r}")
+    return PREEMPTION_POLICIES[policy]
 
 
 def _review(uid: str, response: dict) -> web.Response:
