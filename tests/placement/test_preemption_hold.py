@@ -1,5 +1,9 @@
 """What keeps preemption from evicting more than it must, on real buckets (issue 26): a claim
-whose PriorityClass says ``preemptionPolicy: Never`` preempts nothing."""
+whose PriorityClass says ``preemptionPolicy: Never`` preempts nothing; the room its victims free
+is held for the preemptor (its nomination, kept in its claim record) so that another waiting
+claim of no higher priority cannot take it first, also on a replica that starts afterwards; and a
+retry of the preemptor while its victims are still stopping waits for them instead of choosing
+more."""
 
 from __future__ import annotations
 
@@ -43,3 +47,45 @@ async def test_a_claim_whose_priority_class_never_preempts_waits_saying_so(nats_
         record, _ = await r0.svc.claims.get("polite")
         assert record.state == "unschedulable"
         assert "preemptionPolicy: Never" in record.reason, record.reason
+
+
+async def test_the_room_freed_is_held_for_the_preemptor_also_on_a_replica_started_later(nats_url):
+    async with replicas(nats_url, settings=ON) as [r0]:
+        low = await _full(r0.svc)
+        high = await requested(r0.svc.bus, "high", memory_mib=HALF, cores=0, priority=50)
+        assert not await r0.svc.place(high)
+        assert await _marked(r0.svc, low) == ["low7"]
+        await _stopped(r0.svc, "low7")
+
+        # A claim of lower priority asking after the victim is gone does not take its room ...
+        assert not await r0.svc.place(await requested(r0.svc.bus, "other", memory_mib=HALF, cores=0))
+        # ... nor on a replica that starts now (its nomination is read back from the claim record).
+        async with replicas(nats_url, settings=ON) as [late]:
+            await late.svc._load_pending()
+            assert not await late.svc.place(await requested(late.svc.bus, "later", memory_mib=HALF, cores=0))
+        record, _ = await r0.svc.claims.get("other")
+        assert record.state == "unschedulable", record
+
+        assert await r0.svc.place(high)
+        assert await _marked(r0.svc, low) == ["low7"]  # one victim, and the preemptor in its place
+
+
+async def test_a_retry_while_the_victims_are_stopping_chooses_no_more_of_them(nats_url):
+    async with replicas(nats_url, settings=ON) as [r0]:
+        low = await _full(r0.svc, priority=5)
+        high = await requested(r0.svc.bus, "high", memory_mib=HALF, cores=0, priority=50)
+        assert not await r0.svc.place(high)
+        assert await _marked(r0.svc, low) == ["low7"]
+        # Meanwhile low0 is released and a claim of lower priority takes its place: now the
+        # cheapest victim anywhere, but low7 is already stopping for the preemptor.
+        await _stopped(r0.svc, "low0")
+        assert await r0.svc.place(await requested(r0.svc.bus, "cheap", memory_mib=HALF, cores=0, priority=1))
+
+        assert not await r0.svc.place(high)  # its retry, low7 still stopping
+        assert await _marked(r0.svc, low + ["cheap"]) == ["low7"]
+        record, _ = await r0.svc.claims.get("high")
+        assert "waiting for low7" in record.reason, record.reason
+
+        await _stopped(r0.svc, "low7")
+        assert await r0.svc.place(high)
+        assert await _marked(r0.svc, low + ["cheap"]) == ["low7"]

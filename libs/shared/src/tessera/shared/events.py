@@ -260,6 +260,9 @@ class ClaimUnschedulable(ClaimEventBase, tag="unschedulable"):
     reason: str
     # constraint name -> number of nodes it ruled out, e.g. {"memory": 5, "gpu-type": 1}
     filtered: dict[str, int] = {}
+    # A preempting claim's nomination (as its record holds it), so that every placement replica
+    # holds the room its victims free for it at once.
+    nominated: Nomination | None = None
     ts: float = field(default_factory=now)
 
 
@@ -453,6 +456,9 @@ class ClaimRecord(Struct, kw_only=True):
     # Kubernetes mode: the nodes kube-scheduler took this claim's allocation back from (it could not
     # bind the pod there), latest last: placement places it elsewhere while another node fits.
     withdrawn: list[str] = []
+    # A waiting claim that preempted: where it goes once its victims are gone (placement holds the
+    # room they free for it meanwhile, and chooses no more victims while they are stopping).
+    nominated: Nomination | None = None
 
 
 class TenantRecord(Struct, kw_only=True):
@@ -479,6 +485,17 @@ class LedgerEntry(Struct, frozen=True, kw_only=True):
     # whether it may be preempted is read from the ledger alone (`placement.preemption`).
     priority: int = 0
     preemptible: bool = True
+
+
+class Nomination(Struct, frozen=True, kw_only=True):
+    """A preempting claim's place to come, like kube-scheduler's nominatedNodeName: the node, the
+    victims' ledger entries as they stood when chosen, and the claim's priority. Until the claim is
+    placed, what the victims hold stays counted for every claim of no higher priority, in the
+    ledger while they stop and in placement's view once they are gone."""
+
+    node: NodeName
+    victims: list[LedgerEntry]
+    priority: Annotated[int, Meta(ge=0, le=MAX_PRIORITY)] = 0
 
 
 class NodeLedger(Struct, kw_only=True):

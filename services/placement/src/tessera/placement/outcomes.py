@@ -18,7 +18,7 @@ import msgspec
 
 from tessera.shared import subjects
 from tessera.shared.bus import Outgoing
-from tessera.shared.events import ClaimAllocated, ClaimRecord, ClaimRequested, ClaimUnschedulable, LedgerEntry
+from tessera.shared.events import ClaimAllocated, ClaimRecord, ClaimRequested, ClaimUnschedulable, LedgerEntry, Nomination
 from tessera.shared.lifecycle import ON_NODE, UNPLACED, allocated_msg_id
 
 from tessera.placement.lease import unleased
@@ -133,7 +133,7 @@ class OutcomeWriter:
                 news.append(r)  # else nothing new to say
                 at.append(i)
         records = [msgspec.structs.replace(unleased(r.record), state="unschedulable", reason=r.reason, updated=now)
-                   for r in news]
+                   for r in news]  # (with the claim's nomination, if it preempted)
         fast = [(i, r.revision) for i, r in enumerate(news) if r.revision]  # (index, the revision it was read at)
         revisions = await svc.claims.replace_many([(records[i], read) for i, read in fast]) if fast else []
         written = {i for (i, _), rev in zip(fast, revisions) if rev is not None}
@@ -142,7 +142,8 @@ class OutcomeWriter:
         for i, r in enumerate(news):
             if i not in written:
                 try:
-                    done = await svc.claims.transition(r.event.claim, "unschedulable", _refused_because(r.reason))
+                    done = await svc.claims.transition(r.event.claim, "unschedulable",
+                                                       _refused_because(r.reason, r.record.nominated))
                 except Exception as exc:
                     out[at[i]] = exc
                     continue
@@ -152,13 +153,14 @@ class OutcomeWriter:
             svc._kube_unschedulable(r.event.claim, r.event.kube or r.record.kube, r.reason)
             announce.append(Outgoing(
                 subjects.claim(r.event.tenant, r.event.claim, "unschedulable"),
-                ClaimUnschedulable(claim=r.event.claim, tenant=r.event.tenant, reason=r.reason, filtered=r.filtered),
+                ClaimUnschedulable(claim=r.event.claim, tenant=r.event.tenant, reason=r.reason, filtered=r.filtered,
+                                   nominated=r.record.nominated),
                 None, r.headers))
         if announce:
             await svc.bus.publish_many(announce)
         return out
 
 
-def _refused_because(reason: str) -> Callable[[ClaimRecord], ClaimRecord]:
-    """The update that records a refusal: the record unleased, with its reason."""
-    return lambda rec: msgspec.structs.replace(unleased(rec), reason=reason)
+def _refused_because(reason: str, nominated: Nomination | None) -> Callable[[ClaimRecord], ClaimRecord]:
+    """The update that records a refusal: the record unleased, with its reason (and nomination)."""
+    return lambda rec: msgspec.structs.replace(unleased(rec), reason=reason, nominated=nominated)

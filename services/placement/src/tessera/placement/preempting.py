@@ -12,10 +12,15 @@ On Kubernetes the victims' pods are evicted first (the Eviction API, all or none
 so their PodDisruptionBudgets can refuse and the kubelet stops their containers with the pods' own
 grace period; the enforcer, which cannot signal a container's processes, waits for them to go.
 
-Not done here (yet): claims of several requests, host CPU and memory, holding the freed room for
-the preemptor (another waiting claim may take it first, and the preemptor preempts again), and
-counting victims already being stopped as room to come (each retry chooses again from the ledger,
-where they stand until their processes are gone).
+The preemptor is nominated (`Nomination`, in its claim record and its ``unschedulable`` event):
+every replica's view holds the room its victims free for it, against claims of no higher
+priority, until it is placed (`FleetView.nominate`). A victim is preempted for one claim only:
+it is marked release-requested by compare-and-set, and one already marked for another claim is
+never chosen again (a replica that loses that race chooses anew without it). While any of its
+victims is still stopping (its grace period running), a retry of the preemptor waits for them
+and chooses no more; only once they are all gone and it still fits nowhere does it choose again.
+
+Not done here (yet): claims of several requests, host CPU and memory.
 """
 
 from __future__ import annotations
@@ -24,10 +29,14 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from tessera.shared.errors import TemporaryError
-from tessera.shared.events import ClaimReleaseRequested, ClaimRequested, ClaimSpec, GpuDevice
+from tessera.shared.events import (
+    ClaimRecord, ClaimReleaseRequested, ClaimRequested, ClaimSpec, GpuDevice, LedgerEntry, Nomination, now,
+)
 from tessera.shared.kubeclaims import KubeClaimRef
-from tessera.shared.lifecycle import ReleaseRoute
+from tessera.shared.lifecycle import TERMINAL, ReleaseRoute
 from tessera.shared.telemetry import NODE, claim_attributes, decided
 
 from tessera.placement.mix import demand_of
@@ -40,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PREEMPTED_BY = "tessera.preempted_by"  # span attribute: the claim that took the victim's place
+RACES = 3  # how often a choice is made anew after a peer took one of its victims first
 
 
 def need_of(spec: ClaimSpec, devices: list[GpuDevice]) -> Need:
@@ -61,8 +71,9 @@ class Preemptions:
         self.svc = svc
         self._retry: asyncio.TimerHandle | None = None
 
-    def choose(self, claim: str, spec: ClaimSpec) -> tuple[str, Victims] | NoVictims:
-        """The node and victims that cost least for this claim, or why there are none."""
+    def choose(self, claim: str, spec: ClaimSpec, spared: set[str]) -> tuple[str, Victims] | NoVictims:
+        """The node and victims that cost least for this claim, or why there are none; none of
+        ``spared``, and the room held for other preemptors counted as taken (`FleetView`)."""
         if spec.requests:
             return NoVictims("a claim of several requests does not preempt (not supported yet)")
         if spec.cpu_millis or spec.host_memory_mib:
@@ -77,8 +88,9 @@ class Preemptions:
                 continue
             ledger, _ = self.svc.view.ledger_of(node)
             entries = {c: e for c, e in ledger.entries.items() if c != claim}
+            entries.update(self.svc.view.held_for_others(node, claim, spec.priority))
             got = choose_victims(need_of(spec, devices), devices, entries, spec.priority,
-                                 eligible={d.index for d in devices})
+                                 eligible={d.index for d in devices}, spared=spared)
             if isinstance(got, NoVictims):
                 reasons.append(f"{node}: {got.reason}")
             elif got.claims:  # (none: it fits there by GPU, and what the engine refused is not a GPU)
@@ -89,30 +101,93 @@ class Preemptions:
             return NoVictims("; ".join(reasons) or "no node has GPUs this claim may use")
         return best[1], best[2]
 
-    async def attempt(self, event: ClaimRequested) -> str | None:
-        """Release the cheapest victims for this claim; what to tell about it, or None when none."""
+    async def attempt(self, event: ClaimRequested) -> tuple[str | None, Nomination | None]:
+        """Release the cheapest victims for this claim, or wait for those already released for it:
+        what to tell about it (None: preemption is off) and its nomination (None: it has none)."""
         if not self.svc.settings.preemption:
-            return None
+            return None, None
         if event.spec.priority <= 0:
-            return "nothing to preempt: priority 0 is the lowest, and only lower priorities are preempted"
+            return "nothing to preempt: priority 0 is the lowest, and only lower priorities are preempted", None
         if not event.spec.may_preempt:
             return ("nothing preempted: this claim may not preempt (its PriorityClass says preemptionPolicy: "
-                    "Never); it waits for room")
-        chosen = self.choose(event.claim, event.spec)
-        if isinstance(chosen, NoVictims):
-            return f"nothing to preempt: {chosen.reason}"
-        node, victims = chosen
-        refused = await self._evict(victims.claims)
-        if refused:
-            self._retry_later()
-            return f"nothing preempted: {refused}; tried again in {self.svc.settings.preemption_retry_seconds:g}s"
-        ledger, _ = self.svc.view.ledger_of(node)
+                    "Never); it waits for room"), None
+        own = self.svc.view.nominations.get(event.claim)
+        if own is not None:
+            ledger, _ = self.svc.view.ledger_of(own.node)
+            stopping = [v.claim for v in own.victims if v.claim in ledger.entries]
+            if stopping:  # room on the way: no more victims meanwhile
+                return (f"waiting for {', '.join(stopping)} on {own.node} to stop (preempted for this claim): "
+                        "placed once they are released"), own
+        spared = self.svc.view.victims_taken(event.claim)
+        for _ in range(RACES):
+            chosen = self.choose(event.claim, event.spec, spared)
+            if isinstance(chosen, NoVictims):
+                return f"nothing to preempt: {chosen.reason}", None
+            node, victims = chosen
+            ledger, _ = self.svc.view.ledger_of(node)
+            entries = [ledger.entries[v] for v in victims.claims]
+            taken = await self._take(event, entries)
+            if taken:  # a peer preempted one of them for another claim first: choose without it
+                spared |= taken
+                continue
+            refused = await self._evict(victims.claims)
+            if refused:
+                await self._give_up(event, entries)
+                self._retry_later()
+                return (f"nothing preempted: {refused}; tried again in "
+                        f"{self.svc.settings.preemption_retry_seconds:g}s"), None
+            await self._release(event, node, entries)
+            nomination = Nomination(node=node, victims=entries, priority=event.spec.priority)
+            return f"preempting {', '.join(victims.claims)} on {node}: placed once they are released", nomination
+        return "nothing preempted: peers kept taking the victims chosen first; tried again with the next change", None
+
+    def _reason(self, event: ClaimRequested, entry: LedgerEntry) -> str:
+        return (f"preempted by {event.claim} of tenant {event.tenant} (priority {event.spec.priority} > "
+                f"{entry.priority})")
+
+    async def _take(self, event: ClaimRequested, entries: list[LedgerEntry]) -> set[str]:
+        """Mark each victim release-requested for this claim, by compare-and-set; the victims a
+        peer marked first (for another claim, or released otherwise) are given back as taken, and
+        then none stays marked for this claim."""
+        ours = f"preempted by {event.claim} "
+        taken: set[str] = set()
+        marked: list[LedgerEntry] = []
+        for entry in entries:
+            reason = self._reason(event, entry)
+
+            def mark(record: ClaimRecord | None, reason: str = reason) -> ClaimRecord | None:
+                if record is None or record.release_requested or record.state in TERMINAL:
+                    return None  # (ours already, from an attempt cut short, or a peer's)
+                return msgspec.structs.replace(record, release_requested=True, reason=reason, updated=now())
+
+            record, _ = await self.svc.claims.bucket.modify(entry.claim, mark)
+            if record is None or not record.reason.startswith(ours):
+                taken.add(entry.claim)
+            else:
+                marked.append(entry)
+        if taken:
+            await self._give_up(event, marked)
+        return taken
+
+    async def _give_up(self, event: ClaimRequested, entries: list[LedgerEntry]) -> None:
+        """Unmark the victims this claim marked and will not release after all (nothing was sent)."""
+        ours = f"preempted by {event.claim} "
+
+        def unmark(record: ClaimRecord | None) -> ClaimRecord | None:
+            if record is None or not record.release_requested or not record.reason.startswith(ours):
+                return None
+            return msgspec.structs.replace(record, release_requested=False, reason="", updated=now())
+
+        for entry in entries:
+            await self.svc.claims.bucket.modify(entry.claim, unmark)
+
+    async def _release(self, event: ClaimRequested, node: str, entries: list[LedgerEntry]) -> None:
+        """Send each marked victim's release to its node's enforcer, told in its own trace."""
         route = ReleaseRoute("enforcer", node)
-        for victim in victims.claims:
-            entry = ledger.entries[victim]
-            reason = (f"preempted by {event.claim} of tenant {event.tenant} (priority {event.spec.priority} > "
-                      f"{entry.priority})")
-            marked = await self.svc.claims.mark_release_requested(victim, reason)
+        for entry in entries:
+            victim = entry.claim
+            reason = self._reason(event, entry)
+            marked, _ = await self.svc.claims.get(victim)
             # In the victim's own trace (one claim, one trace): who took its place, and why.
             parent = {"traceparent": marked.traceparent} if marked is not None and marked.traceparent else None
             with self.svc.ctx.telemetry.span("placement preempt", parent_headers=parent,
@@ -123,8 +198,8 @@ class Preemptions:
                     msg_id=route.msg_id(victim),
                 )
                 decided(marked or entry, "preempted", reason, span=None, **{NODE: node, PREEMPTED_BY: event.claim})
-        log.info("%s (priority %d) preempts %s on %s", event.claim, event.spec.priority, victims.claims, node)
-        return f"preempting {', '.join(victims.claims)} on {node}: placed once they are released"
+        log.info("%s (priority %d) preempts %s on %s", event.claim, event.spec.priority,
+                 [e.claim for e in entries], node)
 
     def _retry_later(self) -> None:
         """Wake the waiting claims' retry once the refusal may be over (one timer at a time): a

@@ -5,7 +5,8 @@ why there are none) out. The service releases the victims the way any release tr
 the claim only once their ledger entries are gone, so the choice itself never over-commits.
 
 Who may be a victim: a ledger entry marked preemptible whose priority is strictly lower than the
-claim's; never one of equal or higher priority, never a non-preemptible one.
+claim's; never one of equal or higher priority, never a non-preemptible one, never one already
+preempted for another claim (``spared``: its room is that claim's).
 
 Among the victim sets that make the claim fit, the one chosen is, in this order:
 
@@ -62,12 +63,14 @@ class NoVictims:
 
 
 def choose_victims(need: Need, devices: Sequence[GpuDevice], entries: Mapping[str, LedgerEntry],
-                   priority: int, eligible: Collection[int] | None = None) -> Victims | NoVictims:
+                   priority: int, eligible: Collection[int] | None = None,
+                   spared: Collection[str] = ()) -> Victims | NoVictims:
     """The victims on this node that let a claim of ``priority`` needing ``need`` fit on the GPUs
-    in ``eligible`` (indexes; None: every healthy GPU), chosen in the module's stated order."""
+    in ``eligible`` (indexes; None: every healthy GPU), chosen in the module's stated order; none
+    of ``spared`` (claims that count where they are but may not be chosen)."""
     usable = {d.index: d for d in devices if d.healthy and (eligible is None or d.index in eligible)}
     touching = [e for e in entries.values() if any(s.index in usable for s in e.shares)]
-    allowed = [e for e in touching if e.preemptible and e.priority < priority]
+    allowed = [e for e in touching if e.preemptible and e.priority < priority and e.claim not in spared]
     if _fits(need, usable, entries, set()):
         return Victims(order=_order(need, ()))
     per_gpu = {i: _gpu_choices(need, device, entries, allowed) for i, device in usable.items()}
@@ -151,8 +154,12 @@ def _order(need: Need, group: Sequence[LedgerEntry]) -> tuple:
             tuple(sorted(e.claim for e in group)))
 
 
-def _describe(entry: LedgerEntry) -> str:
-    return f"{entry.claim} (non-preemptible)" if not entry.preemptible else f"{entry.claim} (priority {entry.priority})"
+def _describe(entry: LedgerEntry, priority: int) -> str:
+    if not entry.preemptible:
+        return f"{entry.claim} (non-preemptible)"
+    if entry.priority < priority:
+        return f"{entry.claim} (already preempted for another claim)"
+    return f"{entry.claim} (priority {entry.priority})"
 
 
 def _why_not(need: Need, priority: int, touching: Sequence[LedgerEntry], allowed: Sequence[LedgerEntry]) -> str:
@@ -163,5 +170,5 @@ def _why_not(need: Need, priority: int, touching: Sequence[LedgerEntry], allowed
     if allowed:
         parts.append(f"(at most {MAX_VICTIMS} victims, {MAX_PER_GPU} lowest-priority candidates per GPU, tried)")
     if kept:
-        parts.append("; it would also need " + ", ".join(_describe(e) for e in sorted(kept, key=lambda e: e.claim)))
+        parts.append("; it would also need " + ", ".join(_describe(e, priority) for e in sorted(kept, key=lambda e: e.claim)))
     return " ".join(parts)

@@ -243,7 +243,11 @@ class PlacementService:
         does not wait for the replica that first saw it (which may be gone). Duplicated retries are
         harmless: the claim record's compare-and-set lets one win."""
         def waiting(event, headers) -> None:
-            if isinstance(event, ClaimUnschedulable) and event.claim not in self.pending:
+            if not isinstance(event, ClaimUnschedulable):
+                return
+            if event.nominated is not None or event.claim in self.view.nominations:  # hold its victims' room
+                self.view.nominate(event.claim, event.nominated)
+            if event.claim not in self.pending:
                 self.pending[event.claim] = ClaimRequested(claim=event.claim, tenant=event.tenant, spec=ClaimSpec())
                 if "traceparent" in headers:
                     self.traces[event.claim] = headers["traceparent"]
@@ -258,6 +262,8 @@ class PlacementService:
                     claim=record.claim, tenant=record.tenant, spec=record.spec, kube=record.kube
                 )
                 self.traces[record.claim] = record.traceparent
+                if record.nominated is not None:
+                    self.view.nominate(record.claim, record.nominated)
             else:
                 self._kube_resume(record)
         if self.pending:
@@ -531,13 +537,23 @@ class PlacementService:
             await self._unschedulable(event, reason, {}, record, revision)
             return False
 
+        if record.state == "unschedulable" and (record.nominated is not None or event.claim in self.view.nominations):
+            self.view.nominate(event.claim, record.nominated)  # (a peer's, or from before a restart)
         started = time.perf_counter()
-        decision = self._decide(event.claim, event.tenant, event.spec, event.kube or record.kube, record.withdrawn)
+        with self.view.unheld(event.claim, event.spec.priority):  # the room held for it is its own
+            decision = self._decide(event.claim, event.tenant, event.spec, event.kube or record.kube,
+                                    record.withdrawn)
+            if isinstance(decision, Placement) and event.claim in self.view.nominations:
+                self.view.nominate(event.claim, None)  # placed: it takes the room, nothing more held
+                record = msgspec.structs.replace(record, nominated=None)
         self.metrics.decided_single.observe(time.perf_counter() - started)
         spans.decided(self.placer, event, decision)
         if isinstance(decision, Rejection):
-            preempting = await self.preemptions.attempt(event)
+            preempting, nominated = await self.preemptions.attempt(event)
             reason = decision.reason if preempting is None else f"{decision.reason}; {preempting}"
+            if nominated != record.nominated:
+                record = msgspec.structs.replace(record, nominated=nominated)
+                self.view.nominate(event.claim, nominated)
             await self._unschedulable(event, reason, decision.filtered, record, revision)
             return False
         assert isinstance(decision, Placement)
@@ -623,6 +639,8 @@ class PlacementService:
     def _forget(self, claim: str) -> None:
         self.pending.pop(claim, None)
         self.traces.pop(claim, None)
+        if claim in self.view.nominations:
+            self.view.nominate(claim, None)
 
     # --- the Kubernetes side (kubesync does the work, off this path) ---------------------------
 

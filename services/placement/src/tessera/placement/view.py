@@ -3,14 +3,22 @@
 Decisions are made in memory against this view, and the ledger's compare-and-set is what keeps a
 stale view from over-committing. The view also holds this process's *tentative* bookings (entries
 decided but not yet in the ledger), so that concurrent decisions here see them; a booking that does
-not make it into the ledger is undone with `restore`. One malformed value in a watched bucket is
+not make it into the ledger is undone with `restore`.
+
+It also holds the room promised to preempting claims (their `Nomination`s, read from their claim
+records and ``unschedulable`` events, so rebuilt by any replica after a restart): a victim's entry,
+once gone from the ledger, still counts here until its preemptor is placed, for every decision but
+the preemptor's own and those of claims of higher priority (`unheld`). One malformed value in a watched bucket is
 logged, counted and skipped (`tessera.shared.kv.Codec`): it must not stop the view from following.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from tessera.shared import subjects
-from tessera.shared.events import GpuQuota, LedgerEntry, NodeInventory, NodeLedger, TenantRecord
+from tessera.shared.events import GpuQuota, LedgerEntry, NodeInventory, NodeLedger, Nomination, TenantRecord
 from tessera.shared.inventory import is_lost
 from tessera.shared.kv import Codec
 
@@ -39,6 +47,8 @@ class FleetView:
         # tenant -> its ``tenant.<tenant>`` ledger value, undecoded: only the metrics read it
         # (HAMi's quota series), so the watch pays a dict write, not a decode.
         self.tenant_usage: dict[str, bytes] = {}
+        self.nominations: dict[str, Nomination] = {}  # waiting preemptor -> where its victims' room is held
+        self._unheld: frozenset[str] = frozenset()  # nominations not counted in the decision being made
 
     # --- the watchers: each returns whether a waiting claim might fit now ---------------------
 
@@ -109,11 +119,59 @@ class FleetView:
             self.claim_nodes[claim] = node
             if entry.pod_uid:
                 self.pod_nodes[entry.pod_uid] = node
+            if claim in self.nominations:  # the preemptor placed: nothing more to hold for it
+                del self.nominations[claim]
         self.node_ledgers[node] = (ledger, revision)
         self.apply_to_fleet(node, ledger)
 
     def ledger_of(self, node: str) -> tuple[NodeLedger, int | None]:
         return self.node_ledgers.get(node, (NodeLedger(node=node), None))
+
+    # --- nominations: the room preempting claims' victims free, held for them ----------------
+
+    def nominate(self, claim: str, nomination: Nomination | None) -> None:
+        """``claim`` waits for ``nomination``'s victims (None: for none any more)."""
+        old = self.nominations.pop(claim, None)
+        if nomination is not None and claim not in self.claim_nodes:
+            self.nominations[claim] = nomination
+        if old != self.nominations.get(claim):
+            for node in {n.node for n in (old, nomination) if n is not None}:
+                self.restore(node)
+
+    def victims_taken(self, claim: str) -> set[str]:
+        """The claims already preempted for others than ``claim``: never chosen again."""
+        return {v.claim for c, n in self.nominations.items() if c != claim for v in n.victims}
+
+    def held_for_others(self, node: str, claim: str, priority: int) -> dict[str, LedgerEntry]:
+        """The entries of victims gone from ``node``'s ledger whose room is held for a preemptor
+        other than ``claim`` of no lower priority than ``priority``: they count for ``claim``."""
+        ledger = self.ledger_of(node)[0].entries
+        return {v.claim: v for c, n in self.nominations.items()
+                if n.node == node and c != claim and n.priority >= priority
+                for v in n.victims if v.claim not in ledger}
+
+    @contextlib.contextmanager
+    def unheld(self, claim: str, priority: int) -> Iterator[None]:
+        """Within: the fleet without the room held for ``claim`` itself or for claims of lower
+        priority than ``priority`` (kube-scheduler's rule for nominated pods)."""
+        skip = frozenset(c for c, n in self.nominations.items() if c == claim or n.priority < priority)
+        if not skip:
+            yield
+            return
+        nodes = {self.nominations[c].node for c in skip}
+        self._unheld = skip
+        try:
+            for node in nodes:
+                self.restore(node)
+            yield
+        finally:
+            self._unheld = frozenset()
+            for node in nodes:
+                self.restore(node)
+
+    def _held(self, node: str, ledger: NodeLedger) -> dict[str, LedgerEntry]:
+        return {v.claim: v for c, n in self.nominations.items() if n.node == node and c not in self._unheld
+                for v in n.victims if v.claim not in ledger.entries}
 
     def book(self, node: str, entry: LedgerEntry) -> None:
         """Count ``entry`` on ``node`` in decisions made here before the ledger holds it."""
@@ -143,9 +201,11 @@ class FleetView:
         if node not in self.inventories:
             return
         extra = self.tentative.get(node)
-        if extra:
+        promised = self._held(node, ledger) if self.nominations else None
+        if extra or promised:
             entries = dict(ledger.entries)
-            entries.update(extra)
+            entries.update(promised or {})
+            entries.update(extra or {})
             ledger = NodeLedger(node=node, entries=entries)
         held = self.fleet.nodes.get(node)
         if held is not None and held.entries == ledger.entries:
