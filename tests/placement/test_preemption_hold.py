@@ -7,9 +7,18 @@ more."""
 
 from __future__ import annotations
 
-from tessera.placement.settings import PlacementSettings
-from tessera.shared.events import GpuQuota
+from types import SimpleNamespace
 
+from tessera.placement.clusternodes import ClusterNodes
+from tessera.placement.preemption import NoVictims
+from tessera.placement.service import PlacementService
+from tessera.placement.settings import PlacementSettings
+from tessera.shared.events import ClaimSpec, DeviceShare, GpuQuota, LedgerEntry, NodeLedger, encode
+from tessera.shared.podconstraints import PodConstraints
+from tessera.shared.runner import ServiceContext
+from tessera.shared.telemetry import Telemetry
+
+from fleetkit import inventory
 from kit import eventually
 from placementkit import replicas, requested, tenant
 
@@ -89,3 +98,25 @@ async def test_a_retry_while_the_victims_are_stopping_chooses_no_more_of_them(na
         await _stopped(r0.svc, "low7")
         assert await r0.svc.place(high)
         assert await _marked(r0.svc, low + ["cheap"]) == ["low7"]
+
+
+def test_victims_are_chosen_only_where_kube_scheduler_could_bind_the_preemptor():
+    """A pod that kube-scheduler can bind only to node ``a`` (its nodeSelector) has its victims
+    chosen on ``a``, though ``b``'s would cost less: evicted on ``b``, they would free room the pod
+    can never use."""
+    ctx = ServiceContext(settings=SimpleNamespace(instance="t", service="placement", metrics_legacy=True), bus=None,
+                         telemetry=Telemetry("placement", None))
+    svc = PlacementService(ctx, ON)
+    svc.cluster = ClusterNodes()
+    for name, prio in (("a", 5), ("b", 1)):
+        svc.view.on_inventory(name, encode(inventory(name, gpus=1)), 1, "PUT")
+        svc.cluster.set_node({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+                              "spec": {}, "status": {"allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"}}})
+        full = LedgerEntry(claim=f"low-{name}", tenant="a", priority=prio,
+                           shares=[DeviceShare(index=0, uuid=f"GPU-{name}-0", memory_mib=81920, cores=0)])
+        svc.view.remember(name, NodeLedger(node=name, entries={full.claim: full}), 1)
+    spec = ClaimSpec(memory_mib=HALF, priority=50, pod=PodConstraints(node_selector={"kubernetes.io/hostname": "a"}))
+    chosen = svc.preemptions.choose("high", spec, set(), svc.excluded_nodes(spec))
+    assert not isinstance(chosen, NoVictims), chosen
+    node, victims = chosen
+    assert (node, victims.claims) == ("a", ["low-a"])

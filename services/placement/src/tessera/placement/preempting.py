@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -71,9 +72,11 @@ class Preemptions:
         self.svc = svc
         self._retry: asyncio.TimerHandle | None = None
 
-    def choose(self, claim: str, spec: ClaimSpec, spared: set[str]) -> tuple[str, Victims] | NoVictims:
+    def choose(self, claim: str, spec: ClaimSpec, spared: set[str],
+               excluded: Collection[str] = ()) -> tuple[str, Victims] | NoVictims:
         """The node and victims that cost least for this claim, or why there are none; none of
-        ``spared``, and the room held for other preemptors counted as taken (`FleetView`)."""
+        ``spared``, none on the ``excluded`` nodes (where its pod cannot be bound), and the room
+        held for other preemptors counted as taken (`FleetView`)."""
         if spec.requests:
             return NoVictims("a claim of several requests does not preempt (not supported yet)")
         if spec.cpu_millis or spec.host_memory_mib:
@@ -81,7 +84,7 @@ class Preemptions:
         best: tuple[tuple, str, Victims] | None = None
         reasons: list[str] = []
         for node, inventory in sorted(self.svc.inventories.items()):
-            if spec.node is not None and node != spec.node:
+            if (spec.node is not None and node != spec.node) or node in excluded:
                 continue
             devices = eligible(spec, list(inventory.devices))
             if len(devices) < spec.gpus:
@@ -119,8 +122,9 @@ class Preemptions:
                 return (f"waiting for {', '.join(stopping)} on {own.node} to stop (preempted for this claim): "
                         "placed once they are released"), own
         spared = self.svc.view.victims_taken(event.claim)
+        excluded = self.svc.excluded_nodes(event.spec, event.kube)
         for _ in range(RACES):
-            chosen = self.choose(event.claim, event.spec, spared)
+            chosen = self.choose(event.claim, event.spec, spared, excluded)
             if isinstance(chosen, NoVictims):
                 return f"nothing to preempt: {chosen.reason}", None
             node, victims = chosen

@@ -59,7 +59,7 @@ from tessera.shared.telemetry import claim_attributes, inject
 from opentelemetry.trace import SpanKind
 
 from tessera.placement import idlework, lease, spans
-from tessera.placement.clusternodes import NO_EXCLUSIONS, ClusterNodes, refused
+from tessera.placement.clusternodes import NO_EXCLUSIONS, ClusterNodes, Exclusions, refused
 from tessera.placement.adoption import Adoptions
 from tessera.placement.deallocation import Deallocations
 from tessera.placement.engine import COMPILED_CORE, Placement, Placer, Rejection, ledger_entry
@@ -587,13 +587,7 @@ class PlacementService:
         cluster = self.cluster
         if (cluster is None or spec.pod is None) and not withdrawn:
             return self.placer.place(claim, tenant, spec)
-        out, live = NO_EXCLUSIONS, frozenset[str]()
-        if cluster is not None and spec.pod is not None:
-            roster = self.fleet.roster_generation
-            if self._live[0] != roster:
-                self._live = (roster, frozenset(name for name, node in self.fleet.nodes.items() if not node.lost))
-            live = self._live[1]
-            out = cluster.exclusions(spec.pod, live, self.view.pod_nodes, own_pod=_pod_uid(kube), roster=roster)
+        out, live = self._exclusions(spec, kube)
         avoid = out.nodes | {n for n in withdrawn if n in self.fleet.nodes}
         if avoid != out.nodes:
             first = self.placer.place(claim, tenant, spec, exclude_nodes=avoid)
@@ -603,6 +597,22 @@ class PlacementService:
             return self.placer.place(claim, tenant, spec)
         decision = self.placer.place(claim, tenant, spec, exclude_nodes=out.nodes)
         return refused(decision, out, len(live)) if isinstance(decision, Rejection) else decision
+
+    def _exclusions(self, spec: ClaimSpec, kube=None) -> tuple[Exclusions, frozenset[str]]:
+        """Kubernetes mode: the live nodes kube-scheduler would refuse the claim's pod on (its
+        filters, `clusternodes`), and the live nodes; none refused elsewhere."""
+        cluster = self.cluster
+        if cluster is None or spec.pod is None:
+            return NO_EXCLUSIONS, frozenset()
+        roster = self.fleet.roster_generation
+        if self._live[0] != roster:
+            self._live = (roster, frozenset(name for name, node in self.fleet.nodes.items() if not node.lost))
+        live = self._live[1]
+        return cluster.exclusions(spec.pod, live, self.view.pod_nodes, own_pod=_pod_uid(kube), roster=roster), live
+
+    def excluded_nodes(self, spec: ClaimSpec, kube=None) -> frozenset[str]:
+        """The nodes the claim's pod cannot be bound to: no victims are chosen there."""
+        return self._exclusions(spec, kube)[0].nodes
 
     def _requested_record(self, event: ClaimRequested) -> ClaimRecord:
         """The record a fresh ``requested`` event implies (the translator wrote it at ``record_revision``)."""
