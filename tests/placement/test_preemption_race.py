@@ -52,8 +52,8 @@ async def test_two_replicas_preempting_at_once_preempt_each_victim_for_one_claim
         assert [c for c in low if (await r0.svc.claims.get(c))[0].release_requested] == ["low6", "low7"]
 
 
-async def test_without_the_setting_nothing_is_preempted(nats_url):
-    async with replicas(nats_url) as [r0]:
+async def test_with_the_setting_off_nothing_is_preempted(nats_url):
+    async with replicas(nats_url, settings=PlacementSettings(preemption=False)) as [r0]:
         await tenant(r0.svc.bus, "a", GpuQuota())
         await eventually(lambda: "a" in r0.svc.tenants_known)
         low = [f"low{i}" for i in range(8)]

@@ -38,19 +38,20 @@ class PlacementSettings(FromEnv):
         "workload mix is republished and run the garbage collector's young passes, instead of inside a claim's "
         "decision (`idlework`); `false` only to measure what that buys "
         "(`tessera bench placement-nats --models default,no-idle-work`)", True)
-    # Preemption (`preemption`, `preempting`): off, a claim's priority only orders the waiting queue.
-    # The whole Kubernetes path holds on real components (tests/kubernetes/test_preemption_real_pods.py).
-    # Still off by default: a pod whose PriorityClass says `preemptionPolicy: Never` would preempt
-    # (Kubernetes forbids it), the room freed is not held for the preemptor (another waiting claim
-    # may take it, and the preemptor preempts again), and victims still stopping are not counted as
-    # room to come (a retry meanwhile may choose more of them): on by default, each evicts more than
-    # Kubernetes users expect.
+    # Preemption (`preemption`, `preempting`): on by default, as kube-scheduler's is. It evicts what
+    # Kubernetes users expect and no more: a claim whose PriorityClass says `preemptionPolicy: Never`
+    # never preempts, victims are chosen only where the pod could be bound, the room they free is held
+    # for the preemptor (its nomination), and a retry waits for the victims still stopping instead of
+    # choosing more (tests/placement/test_preemption_hold.py). Only claims of priority above 0 ever
+    # preempt, so a fleet that sets no priorities sees no change. `false`: priority only orders the
+    # waiting queue.
     preemption: bool = setting(
         "TESSERA_PLACEMENT_PREEMPTION", "`true`: a claim that fits nowhere has strictly lower-priority, "
         "preemptible claims on one node released to make room (victims chosen as `tessera.placement.preemption` "
         "states): their processes get SIGTERM, SIGKILL after `TESSERA_RELEASE_GRACE_SECONDS`, and the claim is "
         "placed once they are gone and their ledger entries with them; on Kubernetes the victims' pods are "
-        "evicted (all or none; a PodDisruptionBudget can refuse, the pod's grace period applies)", False)
+        "evicted (all or none; a PodDisruptionBudget can refuse, the pod's grace period applies); `false`: a "
+        "claim's priority only orders the waiting queue", True)
     preemption_retry_seconds: float = setting(
         "TESSERA_PLACEMENT_PREEMPTION_RETRY_SECONDS", "how long after an eviction refused (a PodDisruptionBudget "
         "allowing no disruption now, or the API server failing) the waiting claims are tried again: nothing in "
