@@ -148,17 +148,15 @@ class EtcdClient:
 
     async def user_roles(self, user: str) -> list[str] | None:
         """The roles of ``user``; None where etcd has no such user."""
-        try:
-            return list((await self.call("auth/user/get", {"name": user})).get("roles") or [])
-        except EtcdError as exc:
-            if "not found" in exc.message:
-                return None
-            raise
+        return await self._listed("auth/user/get", {"name": user}, "roles")
 
     async def role_perms(self, role: str) -> list[dict[str, str]] | None:
         """The permissions of ``role`` as the gateway writes them; None where there is no such role."""
+        return await self._listed("auth/role/get", {"role": role}, "perm")
+
+    async def _listed(self, path: str, body: dict[str, Any], field: str) -> list[Any] | None:
         try:
-            return list((await self.call("auth/role/get", {"role": role})).get("perm") or [])
+            return list((await self.call(path, body)).get(field) or [])
         except EtcdError as exc:
             if "not found" in exc.message:
                 return None
