@@ -392,5 +392,8 @@ async def _manager(driver, extra, secured_nats, binaries, etcd, postgres, tmp_pa
         finally:
             await cancel_and_wait(tasks)
             await manager.close()
+            dedicated = manager.drivers.get("etcd")
+            if isinstance(dedicated, DedicatedEtcdDriver):  # (its servers outlive a manager, by design)
+                await dedicated.stop_all()
 
 
