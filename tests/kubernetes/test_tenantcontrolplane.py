@@ -120,8 +120,9 @@ def start_manager(kube_plane, plane_namespace, admin, nats_url, binaries, tmp_pa
         users = UsersSecret("tessera-system/tessera-nats-users", kube=KubeApi.for_kubeconfig(identity))
         mgr = await Manager.start(bus, ControlPlaneSettings(host_mode="kubernetes"), host=host,
                                   drivers={"nats": NatsKvDriver(bus, nats_url, users)})
-        tasks = [asyncio.create_task(mgr.resources.run(), name="tenantcontrolplanes"),
-                 asyncio.create_task(mgr.follow_host(), name="readiness-watch")]
+        roots = mgr.root_tasks()  # the watches and the TenantControlPlane objects, as the manager runs them
+        roots.pop("resync").close()  # (not the periodic resync: what follows is driven by watches alone)
+        tasks = [asyncio.create_task(coro, name=name) for name, coro in roots.items()]
         try:
             yield mgr, tasks
         finally:
