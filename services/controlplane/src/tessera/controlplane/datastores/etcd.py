@@ -63,11 +63,11 @@ class EtcdError(DatastoreFault):
 
 
 class EtcdAuthFailed(EtcdError, DatastoreAuthFailed):
-    pass
+    """etcd refused a login or a token: the status reads DatastoreAuthFailed."""
 
 
 class EtcdFull(EtcdError, DatastoreFull):
-    pass
+    """etcd is past its quota (NOSPACE): the status reads DatastoreFull."""
 
 
 FREE_SPACE = ("compact and defragment it (etcdctl compact <revision>; etcdctl defrag), then etcdctl alarm disarm; "
