@@ -8,7 +8,11 @@
  * also name the workload's GPUs by UUID (CUDA_VISIBLE_DEVICES=<uuid>,...): the limits' indices then
  * refer to those GPUs in that order, whatever order (or none) the process's own CUDA_VISIBLE_DEVICES
  * gives the driver, and a GPU not in the list gets no memory at all. Only files can say so, the
- * node's first: the environment is the workload's. */
+ * node's first: the environment is the workload's. The same holds for runtime priority
+ * (CUDA_TASK_PRIORITY, HAMi's nvidia.com/priority: 0 high, 1 low): the lowest priority any source names
+ * applies; the environment can only say 1 (low), and so can TESSERA_VGPU_CONFIG where the node's file
+ * is a claim's (a container's); the GPUs' priority boards (priority.c) come from a config file only, the
+ * node's first. So a workload can neither lift its priority nor read a board of its own. */
 #define _GNU_SOURCE
 #include <ctype.h>
 #include <stdio.h>
@@ -62,6 +66,9 @@ typedef struct {
     char uuids[VGPU_MAX_DEVICES][48];
     int n_uuids; /* -1: the file's list was unusable (the file then denies every GPU) */
     int names_limits;      /* some limit or GPU list was set: this source is a claim's limits */
+    int priority;          /* CUDA_TASK_PRIORITY: -1 not named, 0 high, 1 low */
+    char boards[VGPU_MAX_DEVICES][512]; /* TESSERA_VGPU_PRIORITY_BOARD_<i> (files only) */
+    int names_boards;
     /* honoured in the node's file only: */
     int enforce_required;  /* TESSERA_VGPU_ENFORCE=required: no trusted claim limits, no memory */
     char claims_dir[4096]; /* TESSERA_VGPU_CLAIMS_DIR: where the enforcer's claim files live */
@@ -111,6 +118,27 @@ static void source_set(source *src, const char *key, const char *val, const char
     }
     if (!strcmp(key, "TESSERA_VGPU_CLAIMS_DIR")) {
         snprintf(src->claims_dir, sizeof src->claims_dir, "%s", val);
+        return;
+    }
+    if (!strcmp(key, "CUDA_TASK_PRIORITY")) {
+        if (strcmp(val, "0") && strcmp(val, "1")) {
+            vgpu_log(VGPU_LOG_ERROR, "%s: CUDA_TASK_PRIORITY=%s: want 0 (high) or 1 (low); ignored", origin, val);
+            return;
+        }
+        src->priority = val[0] - '0';
+        return;
+    }
+    const char *bp = "TESSERA_VGPU_PRIORITY_BOARD_";
+    if (!strncmp(key, bp, strlen(bp))) {
+        char *end;
+        long d = strtol(key + strlen(bp), &end, 10);
+        if (end == key + strlen(bp) || *end || d < 0 || d >= VGPU_MAX_DEVICES || strlen(val) >= sizeof src->boards[0]) {
+            vgpu_log(VGPU_LOG_ERROR, "%s: %s: want _<device index below %d> and a path shorter than %zu; ignored",
+                     origin, key, VGPU_MAX_DEVICES, sizeof src->boards[0]);
+            return;
+        }
+        snprintf(src->boards[d], sizeof src->boards[d], "%s", val);
+        src->names_boards = 1;
         return;
     }
     int is_mem = !strncmp(key, mp, ml), is_sm = !strncmp(key, sp, sl), is_ctx = !strncmp(key, cp, cl);
@@ -241,7 +269,13 @@ static const char *claim_file_untrusted(const char *path, const char *claims_dir
 void vgpu_config_load(vgpu_config *c)
 {
     memset(c, 0, sizeof *c);
-    source node = {0}, extra = {0}, env = {0};
+    /* static: three sources of 16 board paths would be a lot for the stack of whatever thread first
+     * calls CUDA; this runs once, under the initialisation lock */
+    static source node, extra, env;
+    memset(&node, 0, sizeof node);
+    memset(&extra, 0, sizeof extra);
+    memset(&env, 0, sizeof env);
+    node.priority = extra.priority = env.priority = -1;
     const char *node_path = NODE_CONFIG;
 #ifdef VGPU_TEST_HOOKS
     if (getenv("TESSERA_VGPU_TEST_NODE_CONFIG"))
@@ -276,9 +310,27 @@ void vgpu_config_load(vgpu_config *c)
         key[eq - *e] = 0;
         source_set(&env, key, eq + 1, "environment");
     }
+    const char *tp = getenv("CUDA_TASK_PRIORITY");
+    if (tp)
+        source_set(&env, "CUDA_TASK_PRIORITY", tp, "environment");
+    if (env.priority == 0) { /* the environment names no boards either: only CUDA_DEVICE_* keys are read */
+        vgpu_log(VGPU_LOG_INFO, "environment: CUDA_TASK_PRIORITY=0 ignored: only the claim's config can make it high");
+        env.priority = -1;
+    }
+    if (extra.priority == 0 && node.names_limits) {
+        /* a container's node file is its claim's file: the workload's own file cannot make it high */
+        vgpu_log(VGPU_LOG_INFO, "%.150s: CUDA_TASK_PRIORITY=0 ignored: the claim's file names the priority", extra_path);
+        extra.priority = -1;
+    }
     source_merge(c, &node);
     source_merge(c, &extra);
     source_merge(c, &env);
+    c->priority = -1;
+    for (const source *s = &node; s; s = s == &node ? &extra : s == &extra ? &env : NULL)
+        if (s->priority > c->priority)
+            c->priority = s->priority;
+    /* a node file that names a priority names its boards too: none there is none, not the workload's */
+    memcpy(c->boards, node.names_boards || node.priority >= 0 ? node.boards : extra.boards, sizeof c->boards);
     /* where enforcement is required the environment never chooses the budget's file */
     const char *cache = node.cache[0] ? node.cache : extra.cache[0] ? extra.cache : node.enforce_required ? "" : env.cache;
     snprintf(c->cache_path, sizeof c->cache_path, "%s", cache);

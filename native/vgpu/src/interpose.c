@@ -173,6 +173,7 @@ static void do_init(void)
     }
     resolve_imports();
     ledger_open(&vgpu_cfg);
+    priority_open(&vgpu_cfg);
     pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
 

@@ -12,7 +12,11 @@
  * A graph launch is metered the same way (its events bracket the whole graph), with an estimate of its
  * own per executable graph: a decode step's graph may run a hundred kernels, and charging it a single
  * kernel's estimate would let a burst of graphs far past the budget before the measurements arrive.
- * Work captured into a graph is not metered when captured; it is when the graph runs. */
+ * Work captured into a graph is not metered when captured; it is when the graph runs.
+ *
+ * Runtime priority (priority.c) works through the same clock: a high-priority process stamps its GPU's
+ * priority board at each launch; a low-priority one is metered at PRIORITY_FLOOR_PCT while a stamp is
+ * younger than PRIORITY_WINDOW_NS, and at its own share (or unmetered) again after. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <string.h>
@@ -24,6 +28,7 @@
                                     * CPU scheduling delays so the GPU queue does not run dry */
 #define RING 32                  /* metered launches in flight per device */
 #define MAX_SLEEP_NS (50 * 1000000LL)
+#define PRIORITY_POLL_SLEEP_NS (5 * 1000000LL)
 
 typedef struct {
     CUevent start, end;
@@ -77,17 +82,45 @@ static void tat_add(int dev, int64_t ns, uint32_t pct, int from_now)
     } while (!__atomic_compare_exchange_n(tat, &old, nv, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
 }
 
-static void wait_admission(int dev)
+/* Runtime priority (priority.c): a low-priority process meters at PRIORITY_FLOOR_PCT (or its own
+ * share, if lower) while a high-priority one launches on the GPU. The clock it ran up at that floor was
+ * a penalty, not its budget: when the high-priority one goes idle the clock is pulled back to now, so
+ * its own share resumes at once. */
+static int yielding[VGPU_MAX_DEVICES];
+
+static uint32_t share_now(int dev, uint32_t limit)
+{
+    int y = vgpu_cfg.priority == 1 && priority_yield(dev);
+    if (y) {
+        __atomic_store_n(&yielding[dev], 1, __ATOMIC_RELAXED);
+        return limit && limit < PRIORITY_FLOOR_PCT ? limit : PRIORITY_FLOOR_PCT;
+    }
+    if (__atomic_exchange_n(&yielding[dev], 0, __ATOMIC_RELAXED)) {
+        int64_t *tat = ledger_sm_tat(dev), now = vgpu_now_ns();
+        int64_t old = __atomic_load_n(tat, __ATOMIC_RELAXED);
+        while (old > now && !__atomic_compare_exchange_n(tat, &old, now, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+            ;
+    }
+    return limit;
+}
+
+/* waits until the clock lets a launch start; returns the share it starts under (0: unmetered, which a
+ * low-priority process without a share of its own is again once the high-priority one idles) */
+static uint32_t wait_admission(int dev, uint32_t limit, uint32_t pct)
 {
     int64_t *tat = ledger_sm_tat(dev);
     for (;;) {
         int64_t ahead = __atomic_load_n(tat, __ATOMIC_RELAXED) - vgpu_now_ns() - TAU_NS;
         if (ahead <= 0)
-            return;
+            return pct;
         if (ahead > MAX_SLEEP_NS)
             ahead = MAX_SLEEP_NS;
+        if (vgpu_cfg.priority == 1 && ahead > PRIORITY_POLL_SLEEP_NS)
+            ahead = PRIORITY_POLL_SLEEP_NS; /* a yielding process wakes to see the high one go idle */
         struct timespec ts = {.tv_sec = ahead / 1000000000LL, .tv_nsec = ahead % 1000000000LL};
         nanosleep(&ts, NULL);
+        if (vgpu_cfg.priority == 1)
+            pct = share_now(dev, limit);
     }
 }
 
@@ -189,14 +222,22 @@ static int metering_available(void)
 
 int limiter_begin(vgpu_launch *l, CUstream stream, int ptds, uint64_t key)
 {
-    if (!ledger_any_sm_limit() || !vgpu_ready())
+    int prio = vgpu_cfg.priority;
+    if ((!ledger_any_sm_limit() && prio < 0) || !vgpu_ready())
         return 0;
     int dev = vgpu_current_device();
-    uint32_t pct = dev >= 0 ? ledger_sm_limit(dev) : 0;
-    if (!pct || !metering_available())
+    if (dev < 0)
+        return 0;
+    uint32_t limit = ledger_sm_limit(dev);
+    uint32_t pct = prio == 1 ? share_now(dev, limit) : limit;
+    if (!pct && prio != 0)
         return 0;
     /* work captured into a graph does not run now; recording events there would break the capture */
     if (vgpu_capturing(stream, ptds))
+        return 0;
+    if (prio == 0)
+        priority_launched(dev); /* high priority: low-priority claims on this GPU see it launch */
+    if (!pct || !metering_available())
         return 0;
     pthread_once(&ds_once, ds_init);
     devstate *d = &ds[dev];
@@ -204,7 +245,9 @@ int limiter_begin(vgpu_launch *l, CUstream stream, int ptds, uint64_t key)
     while (settle_oldest(dev, d, 0))
         ;
     pthread_mutex_unlock(&d->mu);
-    wait_admission(dev);
+    pct = wait_admission(dev, limit, pct);
+    if (!pct)
+        return 0;
     l->dev = dev;
     l->ptds = ptds;
     l->pct = pct;

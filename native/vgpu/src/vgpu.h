@@ -92,6 +92,11 @@ typedef struct {
      * config file, never the environment's); n_uuids 0 = limits are numbered by CUDA ordinal. */
     char uuids[VGPU_MAX_DEVICES][48];
     int n_uuids;
+    /* Runtime priority (HAMi's nvidia.com/priority, CUDA_TASK_PRIORITY): -1 none, 0 high, 1 low. The
+     * lowest priority any source names (the environment may only say 1), and each device's priority
+     * board (priority.c), named by a config file only, the node's first. */
+    int priority;
+    char boards[VGPU_MAX_DEVICES][512];
     int test_hold_lock_ms;                /* only read in a VGPU_TEST_HOOKS build */
     char refusal[384];                    /* "" or why no allocation may be granted (fail closed) */
 } vgpu_config;
@@ -160,6 +165,13 @@ void pools_fork_child(void);
 void limiter_fork_prepare(void);
 void limiter_fork_parent(void);
 void limiter_fork_child(void);
+
+/* runtime priority between the claims of one GPU (priority.c) */
+#define PRIORITY_WINDOW_NS (50 * 1000000LL) /* a high-priority launch holds low ones back this long */
+#define PRIORITY_FLOOR_PCT 5u                /* the share of GPU time a yielding low-priority claim keeps */
+void priority_open(const vgpu_config *c);
+void priority_launched(int dev); /* high priority: stamp the device's board (at most once a ms) */
+int priority_yield(int dev);     /* low priority: has a high-priority process launched within the window? */
 
 /* memory pools (hooks_pool.c): settle what pools keep against the driver's figures */
 void vgpu_pools_settle(void);

@@ -143,6 +143,17 @@ run_case ctx-pool-keeps   "$L64" "TESSERA_SIM_CARD=$WORK/card-pool" -- "$T/t_ctx
 run_case ctx-two-claims-fill-card "${CARD[@]}" "TESSERA_SIM_CARD=$WORK/card-fill" TESSERA_SIM_GPU_MEMORY_MIB=2048 -- \
     "$T/t_ctx" fill 1024
 
+# Runtime priority: a low-priority claim yields to a high-priority one on the same GPU, and recovers
+PRIO=("$SM" "LD_PRELOAD=$TESTLIB" "VT_WORK=$WORK")
+run_case priority-yields   "${PRIO[@]}" -- "$T/t_priority" show
+run_case priority-high-killed "${PRIO[@]}" -- "$T/t_priority" kill
+run_case priority-future-stamp "${PRIO[@]}" -- "$T/t_priority" future
+# Every process's own environment and config file say "high": the claim's file (the node's) still says
+# low for the low claim, and the claim without a priority does not become high (it never stamps a board)
+printf 'CUDA_TASK_PRIORITY=0\nTESSERA_VGPU_PRIORITY_BOARD_0=%s\n' "$WORK/own.board" > "$WORK/own-high.conf"
+run_case attack-priority-self-high "${PRIO[@]}" CUDA_TASK_PRIORITY=0 "TESSERA_VGPU_CONFIG=$WORK/own-high.conf" -- \
+    sh -c '"$1" show && test ! -s "$2"' sh "$T/t_priority" "$WORK/own.board"
+
 run_case many-100         "CUDA_DEVICE_MEMORY_LIMIT_0=1g" -- "$T/t_many" 100
 
 echo

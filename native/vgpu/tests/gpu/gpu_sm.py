@@ -1,6 +1,8 @@
 """SM-share workload for run.sh: a fixed kernel (every block spins for a fixed number of cycles, four
 blocks per SM) launched through CuPy (cuLaunchKernel). `calibrate` picks the cycle count for ~1 ms
-per kernel on an idle GPU; `window SECONDS CAL` launches for SECONDS and prints kernels per second."""
+per kernel on an idle GPU; `window SECONDS CAL` launches for SECONDS and prints kernels per second;
+`timeline SECONDS CAL START FIRST LAST` launches from START+FIRST to START+LAST (wall-clock) and prints
+kernels per second in each 100 ms of SECONDS from START (a JSON list)."""
 
 import json
 import sys
@@ -57,8 +59,29 @@ def window(seconds, cal):
     print(f"{n / (time.perf_counter() - t0):.2f}")
 
 
+def timeline(seconds, cal, start, first, last):
+    """From wall-clock time `start` (so that two processes share one clock), launch from `first` to
+    `last` seconds and count kernels per 100 ms over `seconds`."""
+    cycles = json.load(open(cal))["cycles"]
+    k, sms, out = setup()
+    launch(k, sms, out, cycles)
+    cp.cuda.Device().synchronize()
+    time.sleep(max(0.0, start + first - time.time()))
+    buckets = [0] * int(seconds * 10)
+    while first <= (t := time.time() - start) < last:
+        for _ in range(2):
+            launch(k, sms, out, cycles)
+        cp.cuda.Device().synchronize()
+        b = int((time.time() - start) * 10)
+        if 0 <= b < len(buckets):
+            buckets[b] += 2
+    print(json.dumps([n * 10 for n in buckets]))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "calibrate":
         calibrate()
+    elif sys.argv[1] == "timeline":
+        timeline(float(sys.argv[2]), sys.argv[3], *map(float, sys.argv[4:7]))
     else:
         window(float(sys.argv[2]), sys.argv[3])

@@ -6,7 +6,8 @@
 # PyTorch CUDA graphs (torch.cuda.CUDAGraph replays reach the driver as cuGraphLaunch only), 24
 # processes of one 8 GiB claim each making a context (their contexts alone would overflow the claim:
 # nvidia-smi's per-process figures must add up to no more than 8 GiB), overhead on a bf16 8192^3
-# matmul and on cuMemAlloc latency, and start-up of 100 concurrent CUDA processes.
+# matmul and on cuMemAlloc latency, start-up of 100 concurrent CUDA processes, and runtime priority (a
+# low-priority claim's throughput before, while and after a high-priority one launches on the GPU).
 # Every section is guarded: one failing still prints the rest. Budget: under 10 minutes; with
 # arguments, only the sections named (after the build), e.g. `run.sh graph_share contexts` (~2 minutes).
 set -u
@@ -214,6 +215,35 @@ ok = w < 5 and not failed
 print(f'| start-up, 100 concurrent CUDA processes | {w:.2f} s with, {p:.2f} s without; {failed} of 200 failed | under 5 s, none failed | {\"PASS\" if ok else \"FAIL\"} |')" >> "$TABLE"
 }
 
+priority() {
+    # two claims on this GPU meet on its priority board: low (1) runs 6 s, high (0) launches from 2 s to 4 s
+    "$PY" "$HERE/gpu_sm.py" calibrate > "$WORK/pr-cal.json"
+    local base lo_pid
+    base=$("$PY" "$HERE/gpu_sm.py" window 4 "$WORK/pr-cal.json")
+    for p in 0 1; do
+        printf 'CUDA_TASK_PRIORITY=%s\nTESSERA_VGPU_PRIORITY_BOARD_0=%s\nCUDA_DEVICE_MEMORY_SHARED_CACHE=%s\n' \
+            $p "$WORK/gpu0.board" "$WORK/prio$p.cache" > "$WORK/prio$p.conf"
+    done
+    : > "$WORK/gpu0.board"
+    local start
+    start=$("$PY" -c 'import time; print(time.time() + 15)')  # both started (imports, compile) by then
+    env LD_PRELOAD="$LIB" TESSERA_VGPU_CONFIG="$WORK/prio1.conf" \
+        "$PY" "$HERE/gpu_sm.py" timeline 6 "$WORK/pr-cal.json" "$start" 0 6 > "$WORK/pr-low.json" &
+    lo_pid=$!
+    env LD_PRELOAD="$LIB" TESSERA_VGPU_CONFIG="$WORK/prio0.conf" \
+        "$PY" "$HERE/gpu_sm.py" timeline 6 "$WORK/pr-cal.json" "$start" 2 4 > "$WORK/pr-high.json"
+    wait $lo_pid
+    "$PY" - "$WORK/pr-low.json" "$WORK/pr-high.json" "$base" <<'PYEOF' >> "$TABLE"
+import json, sys
+low, high, base = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), float(sys.argv[3])
+mean = lambda r, a, b: 100 * sum(r[a:b]) / (b - a) / base  # % of unlimited, over 100 ms buckets a..b-1
+before, during, after, h = mean(low, 5, 20), mean(low, 22, 40), mean(low, 42, 60), mean(high, 22, 40)
+ok = before >= 80 and during <= 15 and after >= 80 and h >= 80
+print(f"| runtime priority: low (1) before / while / after high (0) launches | {before:.0f}% / {during:.0f}% / "
+      f"{after:.0f}% of {base:.0f}/s; high {h:.0f}% | >= 80 / <= 15 / >= 80; high >= 80 | {'PASS' if ok else 'FAIL'} |")
+PYEOF
+}
+
 section build 240 build || { echo "build failed; nothing else can run" >&2; }
 if [[ -f $LIB ]]; then
     section "memory limits" 150 mem_limits
@@ -224,6 +254,7 @@ if [[ -f $LIB ]]; then
     section "matmul overhead" 90 matmul
     section "alloc latency" 60 alloc_latency
     section "start-up" 90 startup
+    section "runtime priority" 120 priority
 fi
 
 {
