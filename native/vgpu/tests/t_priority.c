@@ -6,6 +6,8 @@
  *   t_priority show   high stops launching at 1.0 s and idles
  *   t_priority kill   high is SIGKILLed at 1.0 s while launching: its stamp must age out by itself
  *   t_priority future the board holds a stamp 10 s in the future (a hostile high claim): ignored
+ *   t_priority files LOW HIGH   as `show` without the third claim, with the claim files given (the
+ *                     enforcer's vgpu.conf of a low- and a high-priority claim on one GPU)
  * In `show` a third claim without a priority runs throughout too: it neither yields nor is yielded to.
  * Asserted (shares of device time, means over buckets; 10-20 points of slack for a loaded CPU): low
  * >= 50% before high starts and after it stops (from the second bucket after), <= 20% while high
@@ -91,15 +93,18 @@ int main(int argc, char **argv)
         return worker(argv[1], argv[2]);
     const char *mode = argv[1], *dir = getenv("VT_WORK");
     CHECK(dir);
-    CHECK(!strcmp(mode, "show") || !strcmp(mode, "kill") || !strcmp(mode, "future"));
+    int files = !strcmp(mode, "files");
+    CHECK(!strcmp(mode, "show") || !strcmp(mode, "kill") || !strcmp(mode, "future") || (files && argc == 4));
     char board[4096], conf[3][4096], node[3][4200], arg[3][64];
     snprintf(board, sizeof board, "%s/priority-%s.board", dir, mode);
-    int bfd = open(board, O_WRONLY | O_CREAT | O_TRUNC, 0666); /* as the enforcer does: empty, no stamp */
-    CHECK(bfd >= 0 && close(bfd) == 0);
+    int bfd = files ? -2 : open(board, O_WRONLY | O_CREAT | O_TRUNC, 0666); /* as the enforcer does: empty */
+    CHECK(bfd == -2 || (bfd >= 0 && close(bfd) == 0));
     /* claims: 0 low, 1 high, 2 none (no priority: neither yields nor is yielded to) */
     const char *names[3] = {"low", "high", "none"};
-    int n = !strcmp(mode, "show") ? 3 : !strcmp(mode, "kill") ? 2 : 1;
-    for (int i = 0; i < n; i++) {
+    int n = !strcmp(mode, "show") ? 3 : !strcmp(mode, "kill") || files ? 2 : 1;
+    for (int i = 0; i < n && files; i++)
+        snprintf(conf[i], sizeof conf[i], "%s", argv[2 + i]);
+    for (int i = 0; i < n && !files; i++) {
         char name[64];
         snprintf(name, sizeof name, "%s-%s", names[i], mode);
         claim_file(conf[i], sizeof conf[i], dir, name, i == 0 ? 1 : i == 1 ? 0 : -1, board);

@@ -68,7 +68,7 @@ def timeline(seconds, cal, start, first, last):
     cp.cuda.Device().synchronize()
     time.sleep(max(0.0, start + first - time.time()))
     buckets = [0] * int(seconds * 10)
-    while first <= (t := time.time() - start) < last:
+    while first <= time.time() - start < last:
         for _ in range(2):
             launch(k, sms, out, cycles)
         cp.cuda.Device().synchronize()

@@ -25,7 +25,9 @@ workload can unset them. So each claim's spec carries
   lowest limit over its sources and the cache path from that file first, so raised or unset
   variables lift nothing); the accounting file itself, writable, at its host path (which the
   limits file names; a mounted file cannot be deleted or replaced from inside, so a workload cannot
-  start itself a fresh budget);
+  start itself a fresh budget); for a claim with a runtime priority, each of its GPUs' priority
+  boards at its host path, writable for high priority and read-only for low (so a low-priority
+  workload cannot erase a high one's stamp);
 - the environment: HAMi's limit variables, the cache path, the visible GPUs by UUID
   (``CUDA_VISIBLE_DEVICES``), ``LD_PRELOAD`` (for tools that look at it),
   ``NVIDIA_VISIBLE_DEVICES=void`` (it replaces whatever the image or the pod set, so an NVIDIA
@@ -45,8 +47,9 @@ Public API (the kubelet plugin's prepare and the enforcer's NATS path both use i
 - ``NodeFiles(libvgpu, sim_driver_dir="", dev_root=Path("/dev"), driver=None, cdi_hook="",
   proc_driver=Path("/proc/driver/nvidia"))``: what this node offers containers (``driver``: the
   real driver's files, driver.find; the simulated driver's come from ``sim_driver_dir``);
-- ``claim_spec(claim, shares, directory, node, gpus={}) -> dict``: the spec (``directory`` created);
-- ``requests_spec(claim, [(request, shares, directory)], node, gpus={}) -> dict``: the spec of a claim
+- ``claim_spec(claim, shares, directory, node, gpus={}, priority=None) -> dict``: the spec
+  (``directory`` created; ``priority``: the claim's ``RuntimePriority``, whose boards it mounts);
+- ``requests_spec(claim, [(request, shares, directory)], node, gpus={}, priority=None) -> dict``: the spec of a claim
   of several requests (a pod's GPU containers), one device per request (``request_device_name``),
   each with only its request's GPUs, limits and accounting file;
 - ``min_version(spec) -> str``: the minimum ``cdiVersion`` of any spec dict;
@@ -75,7 +78,7 @@ from tessera.shared.kubeclaims import DRIVER
 from tessera.enforcer import driver as nvdriver
 from tessera.enforcer.claimdir import CONTAINER_LIBVGPU, ClaimDir
 from tessera.enforcer.driver import CONTAINER_SIM_DRIVER_DIR, SIM_DRIVER_LIBS, DriverFiles  # noqa: F401 (re-exported)
-from tessera.enforcer.limits import simulated_driver_env, workload_env
+from tessera.enforcer.limits import RuntimePriority, simulated_driver_env, workload_env
 
 VENDOR = DRIVER
 CLASS = "gpu"
@@ -151,6 +154,8 @@ def claim_spec(
     directory: ClaimDir,
     node: NodeFiles,
     gpus: Mapping[str, GpuDevice] | None = None,
+    *,
+    priority: RuntimePriority | None = None,
 ) -> dict[str, Any]:
     """The CDI spec of one prepared claim: one device, named after the claim.
 
@@ -158,7 +163,7 @@ def claim_spec(
     ``gpus`` (the node's GPUs by UUID) tell the simulated driver what to show."""
     if not shares:
         raise ValueError(f"claim {claim} has no devices: there is nothing to put into a container")
-    return _spec([{"name": device_name(claim), "containerEdits": _edits_of(shares, directory, node, gpus)}])
+    return _spec([{"name": device_name(claim), "containerEdits": _edits_of(shares, directory, node, gpus, priority)}])
 
 
 def requests_spec(
@@ -166,6 +171,8 @@ def requests_spec(
     requests: Sequence[tuple[str, Sequence[DeviceShare], ClaimDir]],
     node: NodeFiles,
     gpus: Mapping[str, GpuDevice] | None = None,
+    *,
+    priority: RuntimePriority | None = None,
 ) -> dict[str, Any]:
     """The CDI spec of a prepared claim of several requests: one device per request (its name
     `request_device_name`), each with only its own GPUs, limits and accounting file, so that a
@@ -175,7 +182,7 @@ def requests_spec(
         if not shares:
             raise ValueError(f"request {request!r} of claim {claim} has no devices")
         devices.append({"name": request_device_name(claim, request),
-                        "containerEdits": _edits_of(shares, directory, node, gpus)})
+                        "containerEdits": _edits_of(shares, directory, node, gpus, priority)})
     if not devices:
         raise ValueError(f"claim {claim} has no requests: there is nothing to put into a container")
     return _spec(devices)
@@ -188,7 +195,7 @@ def _spec(devices: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _edits_of(shares: Sequence[DeviceShare], directory: ClaimDir, node: NodeFiles,
-              gpus: Mapping[str, GpuDevice] | None) -> dict[str, Any]:
+              gpus: Mapping[str, GpuDevice] | None, priority: RuntimePriority | None = None) -> dict[str, Any]:
     """The container edits that give a container these GPU shares, held by ``directory``'s files."""
     env = workload_env(list(shares), directory.cache, libvgpu=CONTAINER_LIBVGPU)
     env["NVIDIA_VISIBLE_DEVICES"] = NVIDIA_VISIBLE_DEVICES
@@ -200,6 +207,10 @@ def _edits_of(shares: Sequence[DeviceShare], directory: ClaimDir, node: NodeFile
         _mount(directory.config, CONTAINER_LIMITS, _READ_ONLY),
         _mount(directory.cache, directory.cache, _WRITABLE),
     ]
+    if priority is not None:
+        board_options = _WRITABLE if priority.writes_boards else _READ_ONLY
+        mounts += [_mount(priority.boards[s.uuid], priority.boards[s.uuid], board_options)
+                   for s in sorted(shares, key=lambda s: s.index)]
     nodes: list[dict[str, Any]] = []
     if node.simulated:
         sim = simulated_driver_env(list(shares), gpus or {}, node.sim_driver_dir)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,7 @@ from tessera.enforcer.limits import node_config
 # Where a container of the claim finds libvgpu.so: the CDI spec mounts it there, the preload file
 # names it. Fixed, because the host's path (a checkout, /usr/local/vgpu) means nothing in an image.
 CONTAINER_LIBVGPU = "/usr/local/lib/tessera/libvgpu.so"
+_GPU_UUID = re.compile(r"GPU-[0-9A-Za-z._-]+")
 
 
 @dataclass(frozen=True)
@@ -138,10 +140,29 @@ def _write(path: Path, text: str, mode: int) -> None:
 
 
 class ClaimDirs:
-    """The claim directories under ``<state>/claims``."""
+    """The claim directories under ``<state>/claims``, and the GPUs' priority boards under
+    ``<state>/priority``."""
 
     def __init__(self, root: Path) -> None:
         self.root = root / "claims"
+        self.boards = root / "priority"
+
+    def priority_board(self, uuid: str) -> Path:
+        """The GPU's priority board (native/vgpu/src/priority.c), created empty if absent: where the
+        claims with a runtime priority on that GPU meet. Mode 0666 in a directory of 0711: a container
+        of any uid gets it through its bind mount (read-write only for a high-priority claim), and a
+        `tessera run` workload opens it by its path, which nobody can list."""
+        if not _GPU_UUID.fullmatch(uuid):
+            raise ValueError(f"GPU uuid {uuid!r} cannot name a priority board (want GPU-<hex and dashes>)")
+        self.boards.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.boards, 0o711)
+        path = self.boards / f"{uuid}.board"
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        try:
+            os.fchmod(fd, 0o666)
+        finally:
+            os.close(fd)
+        return path
 
     def install_node_config(self, path: Path) -> None:
         """Install libvgpu's node file (host mode) making enforcement mandatory for every CUDA process

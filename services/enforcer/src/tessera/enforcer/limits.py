@@ -7,11 +7,15 @@ per visible device, ``CUDA_DEVICE_SM_LIMIT`` (and per device ``CUDA_DEVICE_SM_LI
 The same limits are also written as a libvgpu config file (``TESSERA_VGPU_CONFIG``): libvgpu takes
 the lowest limit over all its sources, so the file is the ceiling a workload cannot lift by editing
 its own environment. On a simulated fleet the simulated driver is told, through its own variables,
-to show exactly the allocated GPUs (it does not read CUDA_VISIBLE_DEVICES).
+to show exactly the allocated GPUs (it does not read CUDA_VISIBLE_DEVICES). A claim with a runtime
+priority (HAMi's ``nvidia.com/priority``, ``ClaimSpec.task_priority``) has it in the file too, with
+its GPUs' priority boards (``RuntimePriority``; native/vgpu/src/priority.c): only the file can say
+it, so a workload cannot make itself high priority.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
@@ -48,18 +52,37 @@ def workload_env(
     return env
 
 
-def vgpu_config(shares: list[DeviceShare], cache_path: str | Path, *, context_overhead_mib: int = 0) -> str:
+@dataclass(frozen=True)
+class RuntimePriority:
+    """A claim's runtime priority: ``level`` 0 (high) or 1 (low), and the priority board of each of
+    its GPUs by UUID, the file where the claims of one GPU meet (high ones write it, low ones read)."""
+
+    level: int
+    boards: Mapping[str, Path]
+
+    @property
+    def writes_boards(self) -> bool:
+        return self.level == 0
+
+
+def vgpu_config(shares: list[DeviceShare], cache_path: str | Path, *, context_overhead_mib: int = 0,
+                priority: RuntimePriority | None = None) -> str:
     """The claim's limits as a libvgpu config file: ceilings a workload's own environment cannot lift.
 
     It names the claim's GPUs by UUID in the order the limits are numbered, so libvgpu applies each
     limit to its GPU (and gives a GPU outside the claim no memory) whatever order the workload's own
     CUDA_VISIBLE_DEVICES puts them in, or if it unsets it. ``context_overhead_mib``: what each CUDA
-    context is charged against the limits (a floor: a workload's own value can only raise it)."""
+    context is charged against the limits (a floor: a workload's own value can only raise it).
+    ``priority``: the claim's runtime priority and its GPUs' boards, numbered as the limits are."""
     lines = ["# written by the Tessera enforcer; libvgpu applies the lowest limit of all its sources"]
     lines.append("CUDA_VISIBLE_DEVICES=" + ",".join(s.uuid for s in sorted(shares, key=lambda s: s.index)))
     lines += [f"{k}={v}" for k, v in limit_vars(shares).items()]
     if context_overhead_mib > 0:
         lines.append(f"CUDA_DEVICE_CONTEXT_OVERHEAD={context_overhead_mib}m")
+    if priority is not None:
+        lines.append(f"CUDA_TASK_PRIORITY={priority.level}")
+        for i, share in enumerate(sorted(shares, key=lambda s: s.index)):
+            lines.append(f"TESSERA_VGPU_PRIORITY_BOARD_{i}={priority.boards[share.uuid]}")
     lines.append(f"CUDA_DEVICE_MEMORY_SHARED_CACHE={cache_path}")
     return "\n".join(lines) + "\n"
 

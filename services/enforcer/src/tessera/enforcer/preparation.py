@@ -22,7 +22,7 @@ from tessera.shared.events import DeviceShare, GpuDevice
 
 from tessera.enforcer import cdi, driver
 from tessera.enforcer.claimdir import ClaimDir, ClaimDirs
-from tessera.enforcer.limits import OWNER_LOCK_VAR, simulated_driver_env, vgpu_config, workload_env
+from tessera.enforcer.limits import OWNER_LOCK_VAR, RuntimePriority, simulated_driver_env, vgpu_config, workload_env
 from tessera.enforcer.settings import EnforcerSettings
 
 
@@ -56,18 +56,22 @@ class Preparation:
                              dev_root=self.settings.dev_root, driver=found, cdi_hook=self.settings.cdi_hook)
 
     def materialize(self, claim: str, shares: list[DeviceShare], devices: Mapping[str, GpuDevice],
-                    *, workload_uid: int | None = None) -> Prepared:
+                    *, workload_uid: int | None = None, task_priority: int | None = None) -> Prepared:
         """Write (or rewrite: it is idempotent) the claim's directory and CDI spec.
 
         ``workload_uid``: the host uid of a `tessera run` workload (the claim's spec carries it);
-        None for a claim meant for containers (the kubelet's, or one submitted without it)."""
+        None for a claim meant for containers (the kubelet's, or one submitted without it).
+        ``task_priority``: the claim's runtime priority (``ClaimSpec.task_priority``, HAMi's
+        ``nvidia.com/priority``), written into its limits file with its GPUs' priority boards."""
         node = self.node_files  # first: without a driver nothing is made (DriverNotFound)
         directory = self.dirs.of(claim)
+        priority = None if task_priority is None else RuntimePriority(
+            task_priority, {s.uuid: self.dirs.priority_board(s.uuid) for s in shares})
         requests = _by_request(shares)
         if requests is None:
             env = self._env(shares, directory, devices)
-            directory.create(env, self._limits(shares, directory), workload_uid=workload_uid)
-            spec = cdi.claim_spec(claim, shares, directory, node, devices)
+            directory.create(env, self._limits(shares, directory, priority), workload_uid=workload_uid)
+            spec = cdi.claim_spec(claim, shares, directory, node, devices, priority=priority)
             cdi.write_spec(self.settings.cdi_dir, spec)
             return Prepared(claim=claim, env=env, directory=directory, cdi_device=cdi.device_ids(spec)[0])
         # A claim of several requests (a pod's GPU containers): each request its own files and its
@@ -76,15 +80,16 @@ class Preparation:
         envs = {request: self._env(part, where, devices) for request, part, where in parts}
         directory.create_holder(envs[parts[0][0]])
         for request, part, where in parts:
-            where.create(envs[request], self._limits(part, where))
-        spec = cdi.requests_spec(claim, parts, node, devices)
+            where.create(envs[request], self._limits(part, where, priority))
+        spec = cdi.requests_spec(claim, parts, node, devices, priority=priority)
         cdi.write_spec(self.settings.cdi_dir, spec, claim)
         ids = dict(zip(requests, cdi.device_ids(spec)))
         return Prepared(claim=claim, env=envs[parts[0][0]], directory=directory, cdi_device=ids[parts[0][0]],
                         cdi_devices=ids)
 
-    def _limits(self, shares: list[DeviceShare], directory: ClaimDir) -> str:
-        return vgpu_config(shares, directory.cache, context_overhead_mib=self.settings.vgpu_context_overhead_mib)
+    def _limits(self, shares: list[DeviceShare], directory: ClaimDir, priority: RuntimePriority | None) -> str:
+        return vgpu_config(shares, directory.cache, context_overhead_mib=self.settings.vgpu_context_overhead_mib,
+                           priority=priority)
 
     def _env(self, shares: list[DeviceShare], directory: ClaimDir, devices: Mapping[str, GpuDevice]) -> dict[str, str]:
         env = workload_env(shares, directory.cache, libvgpu=self.settings.libvgpu)

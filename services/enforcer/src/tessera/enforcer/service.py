@@ -223,7 +223,8 @@ class EnforcerService:
             return
         if not self.preparation.present(record.claim):
             return  # nothing on disk to announce (the kubelet unprepared it, or it is being restored)
-        prepared = self.preparation.materialize(record.claim, record.devices, await self._devices())
+        prepared = self.preparation.materialize(record.claim, record.devices, await self._devices(),
+                                                task_priority=record.spec.task_priority)
         await self._publish_prepared(record, prepared)
         log.warning("republished prepared for %s (its event was never published)", record.claim)
 
@@ -283,7 +284,8 @@ class EnforcerService:
             # event is retried (and dead-lettered with this reason if it never is).
             raise TemporaryError(f"not preparing {record.claim}: {problem}", delay=1.0)
         prepared = self.preparation.materialize(record.claim, record.devices, await self._devices(),
-                                                workload_uid=record.spec.workload_uid)
+                                                workload_uid=record.spec.workload_uid,
+                                                task_priority=record.spec.task_priority)
         if record.state != "allocated":
             decided(record, "restored", f"the claim is {record.state}: its directory was made again")
             log.info("restored the directory of %s (%s)", record.claim, record.state)

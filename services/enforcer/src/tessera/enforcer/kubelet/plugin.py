@@ -265,7 +265,9 @@ class DraPlugin:
             return PrepareResult([], f"the checkpoint {self.checkpoint.path} could not be written ({exc}): "
                                      f"ResourceClaim {ref} was not prepared")
         try:
-            prepared = self.preparation.materialize(claim, [d.share for d in devices], await self.inventory())
+            prepared = self.preparation.materialize(
+                claim, [d.share for d in devices], await self.inventory(),
+                task_priority=record.spec.task_priority if record is not None else None)
             # Each request's CDI device carries all of the request's GPUs (a claim of one request:
             # the claim's one device): named on its first device only, so a container gets its edits
             # once. The kubelet gives a container the CDI ids of the devices whose request names
