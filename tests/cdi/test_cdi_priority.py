@@ -17,9 +17,7 @@ import pytest
 
 from cdischema import validate
 from tessera.enforcer import cdi
-from tessera.enforcer.claimdir import ClaimDirs
 from tessera.enforcer.preparation import Preparation
-from tessera.enforcer.settings import EnforcerSettings
 from tessera.shared.events import DeviceShare, GpuDevice
 
 NATIVE = Path(__file__).resolve().parents[2] / "native" / "vgpu"
@@ -30,17 +28,6 @@ GPUS = {u: GpuDevice(uuid=u, index=i, model="Sim H100", memory_mib=81920) for i,
 
 def share(uuid: str, index: int) -> DeviceShare:
     return DeviceShare(uuid=uuid, index=index, memory_mib=4096, cores=0)
-
-
-@pytest.fixture
-def preparation(tmp_path):
-    sim = tmp_path / "sim"
-    sim.mkdir()
-    for lib in cdi.SIM_DRIVER_LIBS:
-        (sim / lib).write_bytes(b"\x7fELF")
-    settings = EnforcerSettings.from_env({"TESSERA_NODE": "n1", "TESSERA_STATE_DIR": str(tmp_path / "state"),
-                                          "TESSERA_SIM_DRIVER_DIR": str(sim)})
-    return Preparation(settings, ClaimDirs(settings.state_dir))
 
 
 def mounts(preparation: Preparation, claim: str) -> dict[str, dict]:

@@ -15,10 +15,7 @@ import pytest
 
 from cdischema import validate
 from tessera.enforcer import cdi
-from tessera.enforcer.claimdir import ClaimDirs
 from tessera.enforcer.kubelet import allocation
-from tessera.enforcer.preparation import Preparation
-from tessera.enforcer.settings import EnforcerSettings
 from tessera.shared.events import DeviceShare, GpuDevice, LedgerEntry
 
 UUID0 = "GPU-5e55e7a0-0000-4000-8000-000000000000"
@@ -30,17 +27,6 @@ CLAIM = f"k8s-{UID}"
 SHARES = [DeviceShare(uuid=UUID0, index=0, memory_mib=3000, cores=0, request="train"),
           DeviceShare(uuid=UUID1, index=1, memory_mib=3000, cores=0, request="train"),
           DeviceShare(uuid=UUID0, index=0, memory_mib=1000, cores=20, request="eval")]
-
-
-@pytest.fixture
-def preparation(tmp_path):
-    sim = tmp_path / "sim"
-    sim.mkdir()
-    for lib in cdi.SIM_DRIVER_LIBS:
-        (sim / lib).write_bytes(b"\x7fELF")
-    settings = EnforcerSettings.from_env({"TESSERA_NODE": "n1", "TESSERA_STATE_DIR": str(tmp_path / "state"),
-                                          "TESSERA_SIM_DRIVER_DIR": str(sim)})
-    return Preparation(settings, ClaimDirs(settings.state_dir))
 
 
 def _env(device: dict) -> dict[str, str]:
