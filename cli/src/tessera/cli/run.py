@@ -68,7 +68,7 @@ def register(sub) -> None:
         epilog="example: tessera run --tenant alpha --gpumem 8000 --gpucores 30 -- python train.py",
     )
     p.add_argument("--tenant", required=True)
-    add_gpu_flags(p, offered=("--gpumem", "--gpumem-percent", "--gpucores", "--use-gpuuuid", "--gpu-policy"),
+    add_gpu_flags(p, offered=("--gpumem", "--gpumem-percent", "--gpucores", "--priority", "--use-gpuuuid", "--gpu-policy"),
                   exclusive_memory=True)
     p.add_argument("--node", help="the node to run on (default: $TESSERA_NODE, else the hostname)")
     add_identity_args(p)
