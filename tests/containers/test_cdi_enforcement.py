@@ -53,12 +53,17 @@ class Claims:
     def __init__(self, client, cluster) -> None:
         self.client, self.cluster, self.held = client, cluster, []
 
-    async def prepare(self, memory_mib: int, *, claim: str | None = None, gpu: str | None = None):
-        """Submit a claim of ``memory_mib`` (on GPU ``gpu`` if given); once it is prepared, its spec
-        (validated, with every other spec in the directory) and its device id."""
+    async def prepare(self, memory_mib: int, *, claim: str | None = None, gpu: str | None = None,
+                      priority: int | None = None):
+        """Submit a claim of ``memory_mib`` (on GPU ``gpu`` if given, of runtime ``priority`` if
+        given); once it is prepared, its spec (validated, with every other spec in the directory) and
+        its device id."""
+        resources = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": memory_mib, "nvidia.com/gpucores": 30}
+        if priority is not None:
+            resources["nvidia.com/priority"] = priority
         result = await self.client.submit(api.SubmitRequest(
             tenant="alpha", node=NODE, claim=claim, annotations={"nvidia.com/use-gpuuuid": gpu} if gpu else {},
-            resources={"nvidia.com/gpu": 1, "nvidia.com/gpumem": memory_mib, "nvidia.com/gpucores": 30}))
+            resources=resources))
         record = await self.client.wait_for(result["claim"], {"prepared", "unschedulable", "failed"}, timeout=60)
         assert record.state == "prepared", f"claim {record.claim} is {record.state}: {record.reason}"
         self.held.append(record.claim)
@@ -192,6 +197,24 @@ async def test_two_claims_on_one_gpu_each_get_their_own_budget(claims, podman, b
         assert first["allocated_mib"] == 1024
         other = report(await probe(podman, base_image, cuda_probe, device_b))
         assert other["allocated_mib"] == 512 and other["stopped_by"] == OUT_OF_MEMORY
+
+
+async def test_a_low_priority_container_cannot_write_its_gpus_priority_board_a_high_one_can(
+        claims, podman, base_image):
+    # (so a low-priority workload cannot erase the stamps that hold it back: native/vgpu/README.md)
+    spec_low, device_low = await claims.prepare(256, priority=1)
+    gpu = env_of(spec_low)["CUDA_VISIBLE_DEVICES"]
+    spec_high, device_high = await claims.prepare(256, gpu=gpu, priority=0)
+    board = next(m["hostPath"] for m in spec_low["devices"][0]["containerEdits"]["mounts"]
+                 if m["hostPath"].endswith(f"{gpu}.board"))
+    # opening it to append writes nothing, so the board is left as it was
+    check = f'if (true >> {board}) 2>/dev/null; then echo writable; else echo read-only; fi; cat /etc/tessera/vgpu.conf'
+    low, high = [await asyncio.to_thread(podman, *podman.run_args(base_image, device), "sh", "-c", check)
+                 for device in (device_low, device_high)]
+    assert low.code == 0 and high.code == 0, low.stderr + high.stderr
+    assert low.stdout.splitlines()[0] == "read-only" and high.stdout.splitlines()[0] == "writable"
+    assert "CUDA_TASK_PRIORITY=1" in low.stdout.splitlines() and "CUDA_TASK_PRIORITY=0" in high.stdout.splitlines()
+    assert f"TESSERA_VGPU_PRIORITY_BOARD_0={board}" in low.stdout.splitlines()
 
 
 async def test_a_released_claims_device_no_longer_resolves(claims, podman, base_image, cuda_probe):
