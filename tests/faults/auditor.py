@@ -257,9 +257,12 @@ class LedgerWatch:
                 return
             for dim in ("gpus", "memory_mib", "cores"):
                 limit = getattr(quota.quota, dim)
+                # Beyond its guarantee a tenant may borrow up to its borrowing limit (issue 26).
+                extra = 0 if quota.borrowing_limit is None else getattr(quota.borrowing_limit, dim)
                 used = sum(getattr(q, dim) or 0 for q in usage.claims.values())
-                if limit is not None and used > limit:
-                    self.findings.append(f"revision {rev}: tenant {usage.tenant} holds {dim}={used} > quota {limit}")
+                if limit is not None and extra is not None and used > limit + extra:
+                    self.findings.append(f"revision {rev}: tenant {usage.tenant} holds {dim}={used} > quota {limit}"
+                                         + (f" + borrowing limit {extra}" if extra else ""))
 
     def gap_findings(self) -> list[str]:
         return [f"ledger revisions {a}-{b} were dropped by the bucket's history before the auditor read them"
@@ -328,12 +331,18 @@ async def _bucket(js, name: str) -> dict[str, bytes]:
 
 def _preempted_by(reason: str, accepted: dict[str, Accepted], victim: Accepted) -> str | None:
     """The accepted claim of higher priority that this one was released for (placement's reason,
-    "preempted by CLAIM of tenant T (priority P > Q)"), or None: then it was lost."""
+    "preempted by CLAIM of tenant T (priority P > Q)"), or that of another tenant reclaiming its
+    guarantee ("preempted by CLAIM of tenant T: reclaimed by tenant T for its guarantee ..."), or
+    None: then it was lost."""
     words = reason.split()
     if len(words) < 3 or words[:2] != ["preempted", "by"]:
         return None
     by = accepted.get(words[2])
-    return by.claim if by is not None and by.priority > victim.priority else None
+    if by is None:
+        return None
+    if f"reclaimed by tenant {by.tenant} for its guarantee" in reason and by.tenant != victim.tenant:
+        return by.claim
+    return by.claim if by.priority > victim.priority else None
 
 
 class Auditor:

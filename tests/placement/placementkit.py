@@ -70,8 +70,10 @@ async def replicas(nats_url: str, count: int = 1, *, watch: bool = True, nodes=(
             await bus.close()
 
 
-async def tenant(bus: Bus, name: str, quota: GpuQuota | None = None) -> None:
-    await (await bus.kv(subjects.KV_TENANTS)).put(name, encode(TenantRecord(tenant=name, quota=quota or GpuQuota())))
+async def tenant(bus: Bus, name: str, quota: GpuQuota | None = None, **fair) -> None:
+    """Tenant ``name`` as the control-plane manager publishes it (``fair``: its borrowing limit, weight)."""
+    await (await bus.kv(subjects.KV_TENANTS)).put(
+        name, encode(TenantRecord(tenant=name, quota=quota or GpuQuota(), **fair)))
 
 
 async def requested(bus: Bus, claim: str, tenant_name: str = "a", **spec) -> ClaimRequested:

@@ -47,6 +47,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     create.add_argument("--gpus", type=int, help="GPU count quota")
     create.add_argument("--memory-mib", type=int, help="GPU memory quota in MiB (sum over GPUs)")
     create.add_argument("--cores", type=int, help="GPU core quota (sum of per-GPU percents)")
+    create.add_argument("--borrow-gpus", type=int, metavar="N",
+                        help="may borrow idle capacity up to N GPUs beyond its quota (preemptible by reclaim)")
+    create.add_argument("--borrow-memory-mib", type=int, metavar="MIB", help="borrowing limit in GPU memory")
+    create.add_argument("--borrow-cores", type=int, metavar="PERCENT", help="borrowing limit in GPU cores")
+    create.add_argument("--weight", type=int,
+                        help="fair-share weight: of several borrowers, the lowest share borrowed / weight goes first")
     create.add_argument("--size", choices=("small", "medium", "large"), help="control-plane size class")
     create.add_argument("--datastore", choices=("nats", "postgres", "etcd"), help="datastore driver")
     create.add_argument("--replicas", type=int, help="control-plane replicas")
@@ -180,12 +186,21 @@ def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
         spec.setdefault("kubernetes", {})["replicas"] = args.replicas
     if args.kubernetes_version:
         spec.setdefault("kubernetes", {})["version"] = args.kubernetes_version
+    limit = {k: v for k, v in (("gpus", args.borrow_gpus), ("memoryMib", args.borrow_memory_mib),
+                                ("cores", args.borrow_cores)) if v is not None}
+    if limit:
+        spec.setdefault("quota", {})["borrowingLimit"] = limit
+    if args.weight is not None:
+        spec.setdefault("quota", {})["weight"] = args.weight
     return spec
 
 
 # --- views -----------------------------------------------------------------------------------
 
-COLUMNS = ("NAME", "PHASE", "GPUS", "GPU MEM MiB", "CORES", "SIZE", "DATASTORE", "REPLICAS", "AGE")
+# GPUS, GPU MEM MiB and CORES: the quota, what the tenant is guaranteed; IN USE and BORROWED (of
+# it, beyond the guarantee) as gpus/MiB/cores.
+COLUMNS = ("NAME", "PHASE", "GPUS", "GPU MEM MiB", "CORES", "SIZE", "DATASTORE", "REPLICAS", "AGE",
+           "IN USE", "BORROWED")
 
 
 def _q(value: Any) -> str:
@@ -207,8 +222,26 @@ def _row(t: dict) -> tuple[str, ...]:
     return (
         t.get("name", ""), t.get("phase", ""), _q(q.get("gpus")), _q(q.get("memory_mib")),
         _q(q.get("cores")), t.get("size", ""), t.get("driver", ""), _q(t.get("replicas")),
-        _age(t.get("created")),
+        _age(t.get("created")), _amount(t.get("in_use")), _amount(t.get("borrowed")),
     )
+
+
+def _amount(q: dict | None) -> str:
+    """gpus/MiB/cores, or "-" where not known."""
+    if q is None:
+        return "-"
+    return "/".join(_q(q.get(k)) for k in ("gpus", "memory_mib", "cores"))
+
+
+def _quota_line(q: dict) -> str:
+    return f"gpus={_q(q.get('gpus'))} memory_mib={_q(q.get('memory_mib'))} cores={_q(q.get('cores'))}"
+
+
+def _borrowing(t: dict) -> str:
+    limit = t.get("borrowing_limit")
+    if limit is None:
+        return "none (the quota is a hard wall)"
+    return f"{_quota_line(limit)} beyond the quota, weight {t.get('weight', 1)}"
 
 
 def render_table(tenants: Sequence[dict]) -> str:
@@ -225,7 +258,10 @@ def render_detail(t: dict) -> str:
     fields = [
         ("Name", t.get("name")), ("Phase", t.get("phase")), ("Reason", t.get("reason") or "-"),
         ("Message", t.get("message") or "-"),
-        ("GPU quota", f"gpus={_q(q.get('gpus'))} memory_mib={_q(q.get('memory_mib'))} cores={_q(q.get('cores'))}"),
+        ("GPU quota", f"{_quota_line(q)} (guaranteed)"),
+        ("Borrowing limit", _borrowing(t)),
+        ("In use", "-" if t.get("in_use") is None else _quota_line(t["in_use"])),
+        ("Borrowed", "-" if t.get("borrowed") is None else f"{_quota_line(t['borrowed'])} (beyond the guarantee)"),
         ("Size", t.get("size")),
         ("Replicas", f"0 (asleep; a wake scales it to {t.get('replicas')})" if t.get("asleep") else t.get("replicas")),
         ("Last wake", f"{t['wake_seconds']:.2f} s until Ready" if t.get("wake_seconds") else "-"),

@@ -468,6 +468,13 @@ class TenantRecord(Struct, kw_only=True):
     quota: GpuQuota = GpuQuota()
     phase: str = "Ready"
     created: float = field(default_factory=now)
+    # Fair share (issue 26): ``quota`` is what the tenant is guaranteed. Idle capacity may be
+    # borrowed beyond it up to ``borrowing_limit`` more (None: no borrowing, the quota is a hard
+    # wall; a field None in it: no limit in that dimension); a claim so placed is preemptible by
+    # another tenant reclaiming its guarantee. ``weight`` decides which borrower goes first
+    # (`tessera.placement.fairshare`).
+    borrowing_limit: GpuQuota | None = None
+    weight: Annotated[int, Meta(ge=1, le=1000)] = 1
 
 
 class LedgerEntry(Struct, frozen=True, kw_only=True):
@@ -485,6 +492,9 @@ class LedgerEntry(Struct, frozen=True, kw_only=True):
     # whether it may be preempted is read from the ledger alone (`placement.preemption`).
     priority: int = 0
     preemptible: bool = True
+    # Placed beyond its tenant's guarantee (`TenantRecord.borrowing_limit`): preemptible by a
+    # tenant reclaiming its own guarantee, whatever the priorities.
+    borrowing: bool = False
 
 
 class Nomination(Struct, frozen=True, kw_only=True):
@@ -496,6 +506,9 @@ class Nomination(Struct, frozen=True, kw_only=True):
     node: NodeName
     victims: list[LedgerEntry]
     priority: Annotated[int, Meta(ge=0, le=MAX_PRIORITY)] = 0
+    # The victims were reclaimed for the claim's tenant's guarantee: their room is held against
+    # every other claim, whatever its priority (else the borrower could take it straight back).
+    reclaim: bool = False
 
 
 class NodeLedger(Struct, kw_only=True):

@@ -10,6 +10,7 @@ placement, for a claim that never reached a node) releases.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import msgspec
@@ -54,11 +55,36 @@ def claim_quota(entry: LedgerEntry) -> GpuQuota:
 
 
 def tenant_totals(usage: TenantUsage) -> GpuQuota:
-    return GpuQuota(
-        gpus=sum(q.gpus or 0 for q in usage.claims.values()),
-        memory_mib=sum(q.memory_mib or 0 for q in usage.claims.values()),
-        cores=sum(q.cores or 0 for q in usage.claims.values()),
-    )
+    return summed(usage.claims.values())
+
+
+def summed(amounts: Iterable[GpuQuota]) -> GpuQuota:
+    """The sum of amounts, per dimension (None counted as 0)."""
+    totals = [0, 0, 0]
+    for q in amounts:
+        totals[0] += q.gpus or 0
+        totals[1] += q.memory_mib or 0
+        totals[2] += q.cores or 0
+    return GpuQuota(gpus=totals[0], memory_mib=totals[1], cores=totals[2])
+
+
+def held_by_tenant(ledgers: Iterable[NodeLedger]) -> dict[str, GpuQuota]:
+    """What each tenant's ledger entries hold on these nodes, by tenant."""
+    amounts: dict[str, list[GpuQuota]] = {}
+    for ledger in ledgers:
+        for entry in ledger.entries.values():
+            amounts.setdefault(entry.tenant, []).append(claim_quota(entry))
+    return {tenant: summed(held) for tenant, held in amounts.items()}
+
+
+def borrowed(quota: GpuQuota, held: GpuQuota) -> GpuQuota:
+    """What ``held`` exceeds ``quota`` by, per dimension (0 where it is within it, or where the
+    quota has no limit): what a tenant holds beyond its guarantee, borrowed from idle capacity."""
+    def over(name: str) -> int:
+        limit = getattr(quota, name)
+        return 0 if limit is None else max(0, (getattr(held, name) or 0) - limit)
+
+    return GpuQuota(gpus=over("gpus"), memory_mib=over("memory_mib"), cores=over("cores"))
 
 
 class Ledger:

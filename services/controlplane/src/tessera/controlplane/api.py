@@ -34,6 +34,7 @@ from tessera.shared import api
 from tessera.shared.api import TenantRequest
 from tessera.shared.errors import ConflictError
 from tessera.shared.events import GpuQuota
+from tessera.shared.ledger import Ledger, borrowed, held_by_tenant
 
 log = logging.getLogger("tessera.controlplane.api")
 
@@ -67,15 +68,29 @@ class TenantView(msgspec.Struct, kw_only=True):
     wake_seconds: float = 0.0  # the last wake, until Ready
     gpu_pods: str = ""  # Kubernetes mode: its GPU pod syncer's state (Starting, Syncing, Failed: why)
     spec: dict = {}
+    # Fair share: ``quota`` is what it is guaranteed; it may borrow up to ``borrowing_limit`` more
+    # (None: no borrowing). ``in_use``: what its claims hold in the ledger; ``borrowed``: how much
+    # of that lies beyond its guarantee (None where the ledger was not read).
+    borrowing_limit: GpuQuota | None = None
+    weight: int = 1
+    in_use: GpuQuota | None = None
+    borrowed: GpuQuota | None = None
 
 
-def view(record: TenantControlPlane) -> TenantView:
+def view(record: TenantControlPlane, held: dict[str, GpuQuota] | None = None) -> TenantView:
+    """The tenant as create/get/list show it; ``held``: what each tenant's claims hold (the ledger)."""
+    quota = record.spec.quota.to_quota()
+    in_use = None if held is None else held.get(record.name, GpuQuota(gpus=0, memory_mib=0, cores=0))
     return TenantView(
         name=record.name,
         phase="Deleting" if record.deleting else record.status.phase,
         reason=record.status.reason,
         message=record.status.message,
-        quota=record.spec.quota.to_quota(),
+        quota=quota,
+        borrowing_limit=record.spec.quota.borrowing(),
+        weight=record.spec.quota.weight,
+        in_use=in_use,
+        borrowed=None if in_use is None else borrowed(quota, in_use),
         size=record.spec.size,
         driver=record.spec.datastore.driver,
         datastore=record.status.datastore,
@@ -101,7 +116,10 @@ class Removal(msgspec.Struct, frozen=True):
 
 
 class TenantApi:
-    def __init__(self, store: TenantStore, reconciler: Reconciler, capacity: HostCapacity) -> None:
+    def __init__(self, store: TenantStore, reconciler: Reconciler, capacity: HostCapacity,
+                 ledger: Ledger | None = None) -> None:
+        """``ledger``: where get and list read what each tenant's claims hold (None: not shown)."""
+        self.ledger = ledger
         self.store = store
         self.reconciler = reconciler
         self.capacity = capacity
@@ -113,7 +131,8 @@ class TenantApi:
 
     async def create(self, data: bytes, headers: Mapping[str, str]) -> bytes:
         async def act(req: TenantRequest) -> bytes:
-            return api.ok(view(await self.apply(check_name(req.name), parse_spec(req.spec, req.quota))))
+            record = await self.apply(check_name(req.name), parse_spec(req.spec, req.quota))
+            return api.ok(view(record, await self._held()))
 
         return await self._guard(data, act)
 
@@ -147,14 +166,15 @@ class TenantApi:
             stored = await self.store.controlplanes.get(name)
             if stored is None:
                 return api.error(f"tenant {name!r} does not exist", field="name", code="not-found")
-            return api.ok(view(stored.value))
+            return api.ok(view(stored.value, await self._held()))
 
         return await self._guard(data, act)
 
     async def list(self, data: bytes, headers: Mapping[str, str]) -> bytes:
         async def act(req: TenantRequest) -> bytes:
             records = await self._all()
-            return api.ok([view(r) for r in records])
+            held = await self._held()
+            return api.ok([view(r, held) for r in records])
 
         return await self._guard(data or b"{}", act)
 
@@ -261,6 +281,12 @@ class TenantApi:
             except ConflictError:
                 continue
         raise ConflictError(f"tenant {name!r} kept changing; retry")
+
+    async def _held(self) -> dict[str, GpuQuota] | None:
+        """What each tenant's claims hold, from every node's ledger (None without a ledger)."""
+        if self.ledger is None:
+            return None
+        return held_by_tenant((await self.ledger.all_nodes()).values())
 
     async def _all(self) -> builtins.list[TenantControlPlane]:
         records = []

@@ -79,7 +79,7 @@ class Manager:
         reconciler = Reconciler(store, publish, drivers, pki, host, settings.platform_namespace, claims=drain,
                                 teardown_wait=settings.teardown_wait_seconds, pods=pods)
         capacity = HostCapacity(settings.host_cpu_millis, settings.host_memory_mib)
-        tenants = TenantApi(store, reconciler, capacity)
+        tenants = TenantApi(store, reconciler, capacity, ledger=drain.ledger)
         resources = None
         if hasattr(host, "tenant_control_planes"):  # a Kubernetes host: serve its TenantControlPlane objects
             from tessera.controlplane.resources import TenantResources

@@ -144,7 +144,9 @@ class Reconciler:
         if changed:
             status.last_transition = time.time()
         quota = record.spec.quota.to_quota()
-        await self._publish_record(name, TenantRecord(tenant=name, quota=quota, phase=phase, created=record.created))
+        await self._publish_record(name, TenantRecord(tenant=name, quota=quota, phase=phase, created=record.created,
+                                                      borrowing_limit=record.spec.quota.borrowing(),
+                                                      weight=record.spec.quota.weight))
         if not changed and record.status == status and record.waking_since == waking_since:
             return record
         updated = msgspec.structs.replace(record, status=status, waking_since=waking_since)
@@ -232,7 +234,7 @@ class Reconciler:
 
     async def _publish_record(self, name: str, record: TenantRecord) -> None:
         current = await self.store.tenants.get(name)
-        if current is not None and current.value.quota == record.quota and current.value.phase == record.phase:
+        if current is not None and _published(current.value) == _published(record):
             return
         await self.store.tenants.put(name, record, revision=current.revision if current else None)
 
@@ -324,3 +326,8 @@ def _sleeping_or_waking(record: TenantControlPlane, phase: Phase, reason: str, m
     if record.waking_since and not record.asleep and phase in ("Provisioning", "Upgrading"):
         return "NotReady", "Waking", message
     return phase, reason, message
+
+
+def _published(record: TenantRecord) -> tuple:
+    """What placement reads of a tenant's record (its creation time aside)."""
+    return (record.quota, record.phase, record.borrowing_limit, record.weight)

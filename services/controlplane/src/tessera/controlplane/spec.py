@@ -82,8 +82,8 @@ class DatastoreRef(_Spec, frozen=True):
     driver: Driver = "nats"
 
 
-class QuotaSpec(_Spec, frozen=True):
-    """GPU quota; a field left out means unlimited in that dimension."""
+class GpuAmountSpec(_Spec, frozen=True):
+    """GPUs, GPU memory and GPU cores; a field left out means unlimited in that dimension."""
 
     gpus: Annotated[int, Meta(ge=0, le=100000)] | None = None
     memory_mib: Annotated[int, Meta(ge=0)] | None = None
@@ -92,9 +92,22 @@ class QuotaSpec(_Spec, frozen=True):
     def to_quota(self) -> GpuQuota:
         return GpuQuota(gpus=self.gpus, memory_mib=self.memory_mib, cores=self.cores)
 
-    @classmethod
-    def from_quota(cls, quota: GpuQuota) -> "QuotaSpec":
-        return cls(gpus=quota.gpus, memory_mib=quota.memory_mib, cores=quota.cores)
+
+class QuotaSpec(GpuAmountSpec, frozen=True):
+    """GPU quota: what the tenant is guaranteed. With ``borrowingLimit`` it may hold that much
+    more while the fleet has idle capacity, preemptible by tenants reclaiming their own guarantee
+    (left out: no borrowing, the quota is a hard wall); ``weight`` decides which of several
+    borrowers goes first (the lowest share borrowed over weight)."""
+
+    borrowing_limit: GpuAmountSpec | None = None
+    weight: Annotated[int, Meta(ge=1, le=1000)] = 1
+
+    def borrowing(self) -> GpuQuota | None:
+        return None if self.borrowing_limit is None else self.borrowing_limit.to_quota()
+
+    def with_quota(self, quota: GpuQuota) -> "QuotaSpec":
+        """This spec with its guarantee replaced by ``quota`` (its borrowing kept)."""
+        return msgspec.structs.replace(self, gpus=quota.gpus, memory_mib=quota.memory_mib, cores=quota.cores)
 
 
 class TenantControlPlaneSpec(_Spec, frozen=True):
@@ -190,13 +203,18 @@ def parse_spec(document: dict | None, quota: GpuQuota | None = None) -> TenantCo
         path = path.removeprefix("$").lstrip(".")
         raise SpecError(message, f"spec.{path}" if path else "spec") from None
     if quota is not None:
-        spec = msgspec.structs.replace(spec, quota=QuotaSpec.from_quota(quota))
+        spec = msgspec.structs.replace(spec, quota=spec.quota.with_quota(quota))
     _check_semantics(spec)
     return spec
 
 
 def _check_semantics(spec: TenantControlPlaneSpec) -> None:
-    """What a schema cannot say: CIDRs parse, ranges do not overlap, limits cover requests."""
+    """What a schema cannot say: CIDRs parse, ranges do not overlap, limits cover requests, a
+    borrowing limit has a quota to borrow beyond."""
+    quota = spec.quota
+    if quota.borrowing_limit is not None and all(v is None for v in (quota.gpus, quota.memory_mib, quota.cores)):
+        raise SpecError("a borrowing limit needs a quota to borrow beyond (a tenant without one has no ceiling): "
+                        "set quota gpus, memoryMib or cores, or leave borrowingLimit out", "spec.quota.borrowingLimit")
     nets = {}
     for name in ("service_cidr", "pod_cidr"):
         nets[name] = _network(getattr(spec.network, name), f"spec.network.{_camel(name)}")

@@ -20,6 +20,11 @@ never chosen again (a replica that loses that race chooses anew without it). Whi
 victims is still stopping (its grace period running), a retry of the preemptor waits for them
 and chooses no more; only once they are all gone and it still fits nowhere does it choose again.
 
+A claim within its tenant's guarantee may also reclaim other tenants' borrowing claims, whatever
+the priorities (`fairshare`): they are chosen among the victims on the same terms, released the
+same way, and their records, events and spans say which tenant reclaimed them for its guarantee;
+the room they free is held for the reclaiming claim against every other claim (`Nomination.reclaim`).
+
 Not done here (yet): claims of several requests, host CPU and memory.
 """
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
@@ -37,11 +43,14 @@ from tessera.shared.events import (
     ClaimRecord, ClaimReleaseRequested, ClaimRequested, ClaimSpec, GpuDevice, LedgerEntry, Nomination, now,
 )
 from tessera.shared.kubeclaims import KubeClaimRef
+from tessera.shared.ledger import held_by_tenant, tenant_totals
 from tessera.shared.lifecycle import TERMINAL, ReleaseRoute
 from tessera.shared.telemetry import NODE, claim_attributes, decided
 
+from tessera.placement.fairshare import Reclaim, amount_of
 from tessera.placement.mix import demand_of
 from tessera.placement.preemption import Need, NoVictims, Victims, choose_victims
+from tessera.placement.quota import has_limits
 
 if TYPE_CHECKING:
     from tessera.placement.kube import KubeWriter
@@ -50,6 +59,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PREEMPTED_BY = "tessera.preempted_by"  # span attribute: the claim that took the victim's place
+RECLAIMED_FOR = "tessera.reclaimed_for"  # span attribute: the tenant whose guarantee a victim was reclaimed for
 RACES = 3  # how often a choice is made anew after a peer took one of its victims first
 
 
@@ -73,10 +83,11 @@ class Preemptions:
         self._retry: asyncio.TimerHandle | None = None
 
     def choose(self, claim: str, spec: ClaimSpec, spared: set[str],
-               excluded: Collection[str] = ()) -> tuple[str, Victims] | NoVictims:
+               excluded: Collection[str] = (), reclaim: Reclaim | None = None) -> tuple[str, Victims] | NoVictims:
         """The node and victims that cost least for this claim, or why there are none; none of
         ``spared``, none on the ``excluded`` nodes (where its pod cannot be bound), and the room
-        held for other preemptors counted as taken (`FleetView`)."""
+        held for other preemptors counted as taken (`FleetView`). With ``reclaim``, other tenants'
+        borrowing claims may be chosen too where the claim is within its tenant's guarantee."""
         if spec.requests:
             return NoVictims("a claim of several requests does not preempt (not supported yet)")
         if spec.cpu_millis or spec.host_memory_mib:
@@ -92,8 +103,18 @@ class Preemptions:
             ledger, _ = self.svc.view.ledger_of(node)
             entries = {c: e for c, e in ledger.entries.items() if c != claim}
             entries.update(self.svc.view.held_for_others(node, claim, spec.priority))
-            got = choose_victims(need_of(spec, devices), devices, entries, spec.priority,
-                                 eligible={d.index for d in devices}, spared=spared)
+            need = need_of(spec, devices)
+            reclaimable: set[str] = set()
+            admissible = None
+            if reclaim is not None and reclaim.covers(amount_of(need, min(d.memory_mib for d in devices))):
+                reclaimable = reclaim.candidates(entries.values())
+                admissible = partial(reclaim.allows, reclaimed=reclaimable)
+            elif spec.priority <= 0:
+                reasons.append(f"{node}: priority 0 preempts nothing, and the claim is beyond its tenant's "
+                               "guarantee (it may reclaim only within it)")
+                continue
+            got = choose_victims(need, devices, entries, spec.priority, eligible={d.index for d in devices},
+                                 spared=spared, reclaimable=reclaimable, admissible=admissible)
             if isinstance(got, NoVictims):
                 reasons.append(f"{node}: {got.reason}")
             elif got.claims:  # (none: it fits there by GPU, and what the engine refused is not a GPU)
@@ -109,7 +130,8 @@ class Preemptions:
         what to tell about it (None: preemption is off) and its nomination (None: it has none)."""
         if not self.svc.settings.preemption:
             return None, None
-        if event.spec.priority <= 0:
+        reclaim = await self._reclaim(event.tenant)
+        if event.spec.priority <= 0 and reclaim is None:
             return "nothing to preempt: priority 0 is the lowest, and only lower priorities are preempted", None
         if not event.spec.may_preempt:
             return ("nothing preempted: this claim may not preempt (its PriorityClass says preemptionPolicy: "
@@ -124,13 +146,13 @@ class Preemptions:
         spared = self.svc.view.victims_taken(event.claim)
         excluded = self.svc.excluded_nodes(event.spec, event.kube)
         for _ in range(RACES):
-            chosen = self.choose(event.claim, event.spec, spared, excluded)
+            chosen = self.choose(event.claim, event.spec, spared, excluded, reclaim)
             if isinstance(chosen, NoVictims):
                 return f"nothing to preempt: {chosen.reason}", None
             node, victims = chosen
             ledger, _ = self.svc.view.ledger_of(node)
             entries = [ledger.entries[v] for v in victims.claims]
-            taken = await self._take(event, entries)
+            taken = await self._take(event, entries, reclaim)
             if taken:  # a peer preempted one of them for another claim first: choose without it
                 spared |= taken
                 continue
@@ -140,16 +162,35 @@ class Preemptions:
                 self._retry_later()
                 return (f"nothing preempted: {refused}; tried again in "
                         f"{self.svc.settings.preemption_retry_seconds:g}s"), None
-            await self._release(event, node, entries)
-            nomination = Nomination(node=node, victims=entries, priority=event.spec.priority)
+            await self._release(event, node, entries, reclaim)
+            nomination = Nomination(node=node, victims=entries, priority=event.spec.priority,
+                                    reclaim=any(self._reclaimed(event, e) for e in entries))
             return f"preempting {', '.join(victims.claims)} on {node}: placed once they are released", nomination
         return "nothing preempted: peers kept taking the victims chosen first; tried again with the next change", None
 
-    def _reason(self, event: ClaimRequested, entry: LedgerEntry) -> str:
+    async def _reclaim(self, tenant: str) -> Reclaim | None:
+        """What reclaiming for ``tenant`` goes by (None: it has no guarantee to reclaim)."""
+        quota = self.svc.quotas.get(tenant)
+        if quota is None or not has_limits(quota):
+            return None
+        usage, _ = await self.svc.ledger.read_tenant(tenant)
+        ledgers = [ledger for ledger, _ in self.svc.view.node_ledgers.values()]
+        return Reclaim(tenant=tenant, quota=quota, held=tenant_totals(usage), others=held_by_tenant(ledgers),
+                       records=self.svc.view.tenant_records)
+
+    @staticmethod
+    def _reclaimed(event: ClaimRequested, entry: LedgerEntry) -> bool:
+        """Whether ``entry`` is a victim for reclaim only (not of lower priority than the claim)."""
+        return not (entry.preemptible and entry.priority < event.spec.priority)
+
+    def _reason(self, event: ClaimRequested, entry: LedgerEntry, reclaim: Reclaim | None = None) -> str:
+        if reclaim is not None and self._reclaimed(event, entry):
+            return f"preempted by {event.claim} of tenant {event.tenant}: {reclaim.reason(entry)}"
         return (f"preempted by {event.claim} of tenant {event.tenant} (priority {event.spec.priority} > "
                 f"{entry.priority})")
 
-    async def _take(self, event: ClaimRequested, entries: list[LedgerEntry]) -> set[str]:
+    async def _take(self, event: ClaimRequested, entries: list[LedgerEntry], reclaim: Reclaim | None = None,
+                    ) -> set[str]:
         """Mark each victim release-requested for this claim, by compare-and-set; the victims a
         peer marked first (for another claim, or released otherwise) are given back as taken, and
         then none stays marked for this claim."""
@@ -157,7 +198,7 @@ class Preemptions:
         taken: set[str] = set()
         marked: list[LedgerEntry] = []
         for entry in entries:
-            reason = self._reason(event, entry)
+            reason = self._reason(event, entry, reclaim)
 
             def mark(record: ClaimRecord | None, reason: str = reason) -> ClaimRecord | None:
                 if record is None or record.release_requested or record.state in TERMINAL:
@@ -185,12 +226,14 @@ class Preemptions:
         for entry in entries:
             await self.svc.claims.bucket.modify(entry.claim, unmark)
 
-    async def _release(self, event: ClaimRequested, node: str, entries: list[LedgerEntry]) -> None:
+    async def _release(self, event: ClaimRequested, node: str, entries: list[LedgerEntry],
+                       reclaim: Reclaim | None = None) -> None:
         """Send each marked victim's release to its node's enforcer, told in its own trace."""
         route = ReleaseRoute("enforcer", node)
         for entry in entries:
             victim = entry.claim
-            reason = self._reason(event, entry)
+            reason = self._reason(event, entry, reclaim)
+            why = {RECLAIMED_FOR: event.tenant} if reclaim is not None and self._reclaimed(event, entry) else {}
             marked, _ = await self.svc.claims.get(victim)
             # In the victim's own trace (one claim, one trace): who took its place, and why.
             parent = {"traceparent": marked.traceparent} if marked is not None and marked.traceparent else None
@@ -201,7 +244,8 @@ class Preemptions:
                     ClaimReleaseRequested(claim=victim, tenant=entry.tenant, reason=reason),
                     msg_id=route.msg_id(victim),
                 )
-                decided(marked or entry, "preempted", reason, span=None, **{NODE: node, PREEMPTED_BY: event.claim})
+                decided(marked or entry, "preempted", reason, span=None,
+                        **{NODE: node, PREEMPTED_BY: event.claim, **why})
         log.info("%s (priority %d) preempts %s on %s", event.claim, event.spec.priority,
                  [e.claim for e in entries], node)
 

@@ -6,7 +6,9 @@ the claim only once their ledger entries are gone, so the choice itself never ov
 
 Who may be a victim: a ledger entry marked preemptible whose priority is strictly lower than the
 claim's; never one of equal or higher priority, never a non-preemptible one, never one already
-preempted for another claim (``spared``: its room is that claim's).
+preempted for another claim (``spared``: its room is that claim's). Besides, whatever their
+priority, the ``reclaimable`` ones: other tenants' borrowing claims that a claim within its own
+tenant's guarantee may reclaim, in sets its ``admissible`` allows (`tessera.placement.fairshare`).
 
 Among the victim sets that make the claim fit, the one chosen is, in this order:
 
@@ -27,7 +29,7 @@ Host CPU and memory are not freed here; a claim short of those is not helped by 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations, product
 
@@ -62,38 +64,45 @@ class NoVictims:
     reason: str
 
 
+Admissible = Callable[[Sequence[LedgerEntry]], bool]
+
+
 def choose_victims(need: Need, devices: Sequence[GpuDevice], entries: Mapping[str, LedgerEntry],
                    priority: int, eligible: Collection[int] | None = None,
-                   spared: Collection[str] = ()) -> Victims | NoVictims:
+                   spared: Collection[str] = (), reclaimable: Collection[str] = (),
+                   admissible: Admissible | None = None) -> Victims | NoVictims:
     """The victims on this node that let a claim of ``priority`` needing ``need`` fit on the GPUs
     in ``eligible`` (indexes; None: every healthy GPU), chosen in the module's stated order; none
-    of ``spared`` (claims that count where they are but may not be chosen)."""
+    of ``spared`` (claims that count where they are but may not be chosen); also any of
+    ``reclaimable``, whatever its priority, in a set ``admissible`` allows (None: any set)."""
     usable = {d.index: d for d in devices if d.healthy and (eligible is None or d.index in eligible)}
     touching = [e for e in entries.values() if any(s.index in usable for s in e.shares)]
-    allowed = [e for e in touching if e.preemptible and e.priority < priority and e.claim not in spared]
+    allowed = [e for e in touching if e.claim not in spared
+               and (e.preemptible and e.priority < priority or e.claim in reclaimable)]
+    ok = admissible or (lambda group: True)
     if _fits(need, usable, entries, set()):
         return Victims(order=_order(need, ()))
-    per_gpu = {i: _gpu_choices(need, device, entries, allowed) for i, device in usable.items()}
+    per_gpu = {i: _gpu_choices(need, device, entries, allowed, ok) for i, device in usable.items()}
     best: tuple | None = None
     for gpus in combinations(sorted(i for i, sets in per_gpu.items() if sets), need.gpus):
         # Each GPU's best few sets where two GPUs are wanted, its best one beyond (a bounded search).
         depth = _KEEP if need.gpus <= 2 else 1
         for pick in product(*(per_gpu[i][:depth] for i in gpus)):
             group = tuple({e.claim: e for g in pick for e in g}.values())
-            if len(group) > MAX_VICTIMS or not _fits(need, usable, entries, {e.claim for e in group}):
+            if len(group) > MAX_VICTIMS or not ok(group) or not _fits(need, usable, entries, {e.claim for e in group}):
                 continue
             key = _order(need, group)
             if best is None or key < best[0]:
                 best = (key, group)
     if best is None:
-        return NoVictims(reason=_why_not(need, priority, touching, allowed))
+        return NoVictims(reason=_why_not(need, priority, touching, allowed, bool(reclaimable)))
     key, group = best
     return Victims(claims=[e.claim for e in sorted(group, key=lambda e: e.claim)], freed_mib=_memory(group),
                    order=key)
 
 
 def _gpu_choices(need: Need, device: GpuDevice, entries: Mapping[str, LedgerEntry],
-                 allowed: Sequence[LedgerEntry]) -> list[tuple[LedgerEntry, ...]]:
+                 allowed: Sequence[LedgerEntry], ok: Admissible) -> list[tuple[LedgerEntry, ...]]:
     """The fewest-victim sets that make this one GPU fit, best first (at most `_KEEP`); ``[()]``
     where it fits as it is, ``[]`` where no set of at most `MAX_VICTIMS` does."""
     on = {device.index: device}
@@ -104,7 +113,7 @@ def _gpu_choices(need: Need, device: GpuDevice, entries: Mapping[str, LedgerEntr
                   key=lambda e: (e.priority, -e.ts, e.claim))[:MAX_PER_GPU]
     for size in range(1, min(MAX_VICTIMS, len(here)) + 1):
         found = [group for group in combinations(here, size)
-                 if _fits(Need(1, need.memory_mib, need.cores), on, entries, {e.claim for e in group})]
+                 if ok(group) and _fits(Need(1, need.memory_mib, need.cores), on, entries, {e.claim for e in group})]
         if found:
             return sorted(found, key=lambda g: _order(need, g))[:_KEEP]
     return []
@@ -159,14 +168,17 @@ def _describe(entry: LedgerEntry, priority: int) -> str:
         return f"{entry.claim} (non-preemptible)"
     if entry.priority < priority:
         return f"{entry.claim} (already preempted for another claim)"
-    return f"{entry.claim} (priority {entry.priority})"
+    return f"{entry.claim} (priority {entry.priority}{', borrowing' if entry.borrowing else ''})"
 
 
-def _why_not(need: Need, priority: int, touching: Sequence[LedgerEntry], allowed: Sequence[LedgerEntry]) -> str:
+def _why_not(need: Need, priority: int, touching: Sequence[LedgerEntry], allowed: Sequence[LedgerEntry],
+             reclaiming: bool = False) -> str:
     memory = "whole GPUs" if need.memory_mib is None else f"{need.memory_mib} MiB"
     wanted = f"{need.gpus} x {memory}" + (f", {need.cores}% cores" if need.cores else "")
     kept = [e for e in touching if e not in allowed]
-    parts = [f"preempting claims of priority below {priority} frees no room for {wanted} here"]
+    whom = f"claims of priority below {priority}" + (
+        " and other tenants' borrowing beyond their guarantee" if reclaiming else "")
+    parts = [f"preempting {whom} frees no room for {wanted} here"]
     if allowed:
         parts.append(f"(at most {MAX_VICTIMS} victims, {MAX_PER_GPU} lowest-priority candidates per GPU, tried)")
     if kept:

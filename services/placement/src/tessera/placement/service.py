@@ -49,16 +49,17 @@ from tessera.shared.events import (
     ClaimRequested,
     ClaimSpec,
     ClaimUnschedulable,
+    GpuQuota,
     LedgerEntry,
     claim_decoder,
 )
-from tessera.shared.ledger import Ledger, claim_quota, tenant_totals
+from tessera.shared.ledger import Ledger, claim_quota, held_by_tenant, summed, tenant_totals
 from tessera.shared.lifecycle import ON_NODE, TERMINAL, owner_of
 from tessera.shared.runner import ServiceContext
 from tessera.shared.telemetry import claim_attributes, inject
 from opentelemetry.trace import SpanKind
 
-from tessera.placement import idlework, lease, spans
+from tessera.placement import fairshare, idlework, lease, spans
 from tessera.placement.clusternodes import NO_EXCLUSIONS, ClusterNodes, Exclusions, refused
 from tessera.placement.adoption import Adoptions
 from tessera.placement.deallocation import Deallocations
@@ -66,10 +67,10 @@ from tessera.placement.engine import COMPILED_CORE, Placement, Placer, Rejection
 from tessera.placement.commit import Booking, GroupCommit
 from tessera.placement.fleet import Fleet
 from tessera.placement.outcomes import Allocation, OutcomeWriter, Refusal
-from tessera.placement.preempting import Preemptions
+from tessera.placement.preempting import Preemptions, need_of
 from tessera.placement.release import Releases
 from tessera.placement.view import FleetView
-from tessera.placement.quota import has_limits, over_quota
+from tessera.placement.quota import admit, has_limits
 from tessera.placement.kubesync import Allocated, ClaimStatusSync, Recheck, Unschedulable
 from tessera.placement.metrics import PlacementMetrics
 from tessera.placement.reconcile import Reconciler
@@ -562,11 +563,15 @@ class PlacementService:
         if has_limits(quota):
             usage, quota_revision = await self.ledger.read_tenant(event.tenant)
             if event.claim not in usage.claims:
-                over = over_quota(quota, tenant_totals(usage), claim_quota(entry))
-                if over:
-                    spans.settled(event, "unschedulable", over, placer=self.placer)
-                    await self._unschedulable(event, over, {"quota": 1}, record, revision)
+                tenant = self.view.tenant_records.get(event.tenant)
+                admitted = admit(quota, tenant.borrowing_limit if tenant is not None else None,
+                                 tenant_totals(usage), claim_quota(entry), event.spec.preemptible)
+                if isinstance(admitted, str):
+                    spans.settled(event, "unschedulable", admitted, placer=self.placer)
+                    await self._unschedulable(event, admitted, {"quota": 1}, record, revision)
                     return False
+                if admitted.borrowing:  # beyond its guarantee: another tenant may reclaim it
+                    entry = msgspec.structs.replace(entry, borrowing=True)
                 await self.ledger.reserve_quota(event.tenant, event.claim, claim_quota(entry), usage, quota_revision)
         try:
             await self._commit(decision.node, entry, record.placing_until)
@@ -689,13 +694,31 @@ class PlacementService:
         """Have the waiting (unschedulable) claims tried again soon."""
         self._retry_wanted.set()
 
+    def waiting_in_order(self) -> list[ClaimRequested]:
+        """The waiting claims in the order a retry pass tries them: by their tenants' fair-sharing
+        share once placed, lowest first (0 within its guarantee: `fairshare`), then priority, then age."""
+        records = self.view.tenant_records
+        if not any(r.borrowing_limit is not None for r in records.values()):
+            return sorted(self.pending.values(), key=lambda e: (-e.spec.priority, e.ts))
+        fleet = fairshare.capacity(self.inventories.values())
+        held = held_by_tenant(ledger for ledger, _ in self.node_ledgers.values())
+        cards = [d for inv in self.inventories.values() for d in inv.devices]
+        smallest = [min(cards, key=lambda d: d.memory_mib)] if cards else []
+
+        def key(e: ClaimRequested) -> tuple:  # (a percent of memory, or a whole card: of the smallest card)
+            amount = fairshare.amount_of(need_of(e.spec, smallest), smallest[0].memory_mib if smallest else 0)
+            after = summed([held.get(e.tenant, GpuQuota()), amount])
+            return (fairshare.share(records.get(e.tenant), after, fleet), -e.spec.priority, e.ts)
+
+        return sorted(self.pending.values(), key=key)
+
     async def _retry_loop(self) -> None:
         """Retry unschedulable claims whenever something that could make them fit has changed."""
         while True:
             await self._retry_wanted.wait()
             await asyncio.sleep(0.05)  # coalesce a burst of changes into one pass
             self._retry_wanted.clear()
-            waiting = sorted(self.pending.values(), key=lambda e: (-e.spec.priority, e.ts))
+            waiting = self.waiting_in_order()
             for event in waiting:
                 if event.claim not in self.pending:
                     continue

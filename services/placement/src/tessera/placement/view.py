@@ -42,6 +42,7 @@ class FleetView:
         # a pod placed and not yet bound counts on that node (`tessera.placement.clusternodes`).
         self.pod_nodes: dict[str, str] = {}
         self.quotas: dict[str, GpuQuota] = {}
+        self.tenant_records: dict[str, TenantRecord] = {}  # (their borrowing limits and weights)
         self.tenants_known: set[str] = set()
         self.tentative: dict[str, dict[str, LedgerEntry]] = {}  # node -> claim -> entry in flight
         # tenant -> its ``tenant.<tenant>`` ledger value, undecoded: only the metrics read it
@@ -95,12 +96,14 @@ class FleetView:
     def on_tenant(self, key: str, value: bytes | None, revision: int, op) -> bool:
         if op in _GONE or not value:
             self.quotas.pop(key, None)
+            self.tenant_records.pop(key, None)
             self.tenants_known.discard(key)
             return True
         record = _tenants.decode_or_skip(key, value)
         if record is None:
             return False
         self.quotas[record.tenant] = record.quota
+        self.tenant_records[record.tenant] = record
         self.tenants_known.add(record.tenant)
         return True
 
@@ -147,14 +150,16 @@ class FleetView:
         other than ``claim`` of no lower priority than ``priority``: they count for ``claim``."""
         ledger = self.ledger_of(node)[0].entries
         return {v.claim: v for c, n in self.nominations.items()
-                if n.node == node and c != claim and n.priority >= priority
+                if n.node == node and c != claim and (n.priority >= priority or n.reclaim)
                 for v in n.victims if v.claim not in ledger}
 
     @contextlib.contextmanager
     def unheld(self, claim: str, priority: int) -> Iterator[None]:
         """Within: the fleet without the room held for ``claim`` itself or for claims of lower
-        priority than ``priority`` (kube-scheduler's rule for nominated pods)."""
-        skip = frozenset(c for c, n in self.nominations.items() if c == claim or n.priority < priority)
+        priority than ``priority`` (kube-scheduler's rule for nominated pods); the room reclaimed
+        for a tenant's guarantee stays held whatever the priority."""
+        skip = frozenset(c for c, n in self.nominations.items()
+                         if c == claim or (n.priority < priority and not n.reclaim))
         if not skip:
             yield
             return
