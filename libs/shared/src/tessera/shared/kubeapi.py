@@ -19,15 +19,23 @@ keeps a RawExtension (a ResourceClaim's opaque device parameters) as the bytes i
 re-encodes it compactly on a merge patch, so parameters sent with spaces made every ``kubectl
 label`` of the claim look like a change to its immutable spec.
 
+Events (``Events``) are recorded here once for every service, the way client-go's event recorder
+does it: one core/v1 Event per object, source, type, reason and message, and a repeat counted on it
+(``count`` up, ``lastTimestamp`` now) rather than written as another.
+
 Imported only in Kubernetes mode: kubernetes_asyncio costs start-up time and memory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import random
+import weakref
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from datetime import datetime, timezone
 from typing import Any, Literal, Mapping
 
 import aiohttp
@@ -38,7 +46,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
 
 __all__ = ["KubeApi", "ApiException", "object_path", "KubeError", "Conflict", "AlreadyExists", "NotFound",
-           "Invalid", "Rejected", "Unavailable", "Expired", "classify"]
+           "Invalid", "Rejected", "Unavailable", "Expired", "classify", "Events", "reference", "timestamp"]
 
 PatchKind = Literal["merge", "json", "strategic"]
 PATCH_TYPES = {"merge": "application/merge-patch+json", "json": "application/json-patch+json",
@@ -50,6 +58,11 @@ def object_path(api_version: str, plural: str, name: str | None = None, namespac
     base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
     ns = f"/namespaces/{namespace}" if namespace else ""
     return f"{base}{ns}/{plural}" + (f"/{name}" if name else "")
+
+
+def timestamp(at: datetime | None = None) -> str:
+    """``at`` (default: now) as the API server writes a ``metav1.Time``: UTC, to the second."""
+    return (at or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def encode(body: Any) -> str:
@@ -411,3 +424,137 @@ def _resync(seen: dict[tuple[str, str], dict], items: list[dict]) -> list[tuple[
             events.append(("MODIFIED", item))
         seen[key] = item
     return events
+
+
+# ---- Events ------------------------------------------------------------------------------------
+
+MAX_MESSAGE = 1024  # an Event's message (the API server's NoteLengthLimit)
+MAX_INSTANCE = 128  # its reportingInstance (ReportingInstanceLengthLimit)
+EVENTS_KEPT = 4096  # Events whose count this process knows (client-go's recorder keeps as many)
+EVENT_ATTEMPTS = 8  # compare-and-set rounds a count may lose to other processes' recorders before it gives up
+
+
+def reference(obj: Mapping) -> dict:
+    """The ObjectReference an Event names ``obj`` by (its apiVersion, kind, namespace, name, uid)."""
+    meta = obj.get("metadata") or {}
+    ref = {"apiVersion": obj.get("apiVersion", ""), "kind": obj.get("kind", ""), "name": meta.get("name", "")}
+    if meta.get("namespace"):
+        ref["namespace"] = meta["namespace"]
+    if meta.get("uid"):
+        ref["uid"] = meta["uid"]
+    return ref
+
+
+class Events:
+    """core/v1 Events about objects, from one component (``source.component``), as ``kubectl
+    describe`` shows them.
+
+    Keyed as client-go's recorder keys them (its EventCorrelator): the object (by uid, else by kind,
+    namespace and name), the component, the type, the reason and the message; one key, one Event,
+    named ``<object>.<digest of the key>``. The first report creates it with ``count`` 1; each
+    repeat raises ``count`` and moves ``lastTimestamp`` on that one Event. Unlike client-go's names
+    (which carry a timestamp, so each recorder process has Events of its own), the name is the
+    key's alone: a restarted or second replica counts on the same Event, so the count is a
+    compare-and-set (a merge patch carrying the resourceVersion the count was read at; a lost race
+    is read again and counted again; within a process one Event's reports take turns, as client-go's
+    go through one queue). What this process last wrote is remembered (the last ``EVENTS_KEPT``
+    Events), so a repeat costs one patch; an Event deleted meanwhile (their time to
+    live is an hour) is made again. Needs ``create`` and ``patch`` on events, and ``get`` for an
+    Event this process has not written (another replica's, or its own before a restart).
+
+    An Event lives in its object's namespace (``default`` for an object of none); the API server
+    refuses any other, and so does `record`, before anything is sent.
+
+    ``host``: the node the component reports from (``source.host``, as a kubelet's Events say).
+    """
+
+    def __init__(self, api: KubeApi, component: str, instance: str = "", *, host: str = "") -> None:
+        self.api = api
+        self.component = component
+        self.instance = (instance or component)[:MAX_INSTANCE]
+        self.source = {"component": component, **({"host": host} if host else {})}
+        self._known: OrderedDict[tuple[str, str], tuple[int, str]] = OrderedDict()  # -> (count, resourceVersion)
+        # an Event's turn, held while one report of it is written (gone with the last report waiting)
+        self._turns: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = weakref.WeakValueDictionary()
+
+    async def record(self, about: Mapping, reason: str, message: str, *, warning: bool = False,
+                     namespace: str | None = None, count: int | None = None) -> dict:
+        """Report ``reason`` and ``message`` on the object ``about`` (an object, or an
+        ObjectReference as `reference` makes), in its namespace; the Event as stored. ``count``:
+        the count another recorder reached, written as it is (a relay of its Event) rather than
+        this report counted."""
+        regarding = dict(about) if "metadata" not in about else reference(about)
+        own = regarding.get("namespace") or "default"
+        if namespace is not None and namespace != own:
+            raise Invalid(422, f"an Event about {regarding.get('kind')} {regarding.get('namespace', '')}/"
+                               f"{regarding.get('name')} cannot be written in namespace {namespace}: an Event lives "
+                               f"in its object's namespace ({own}); record it there", "Invalid")
+        kind = "Warning" if warning else "Normal"
+        name = self._name(regarding, kind, reason, message)
+        key = (own, name)
+        turn = self._turns.get(key)
+        if turn is None:
+            turn = self._turns[key] = asyncio.Lock()
+        async with turn:
+            return await self._count(key, regarding, kind, reason, message, count)
+
+    async def _count(self, key: tuple[str, str], regarding: dict, kind: str, reason: str, message: str,
+                     count: int | None) -> dict:
+        """One report of the Event ``key``: made, or counted on, whichever it needs."""
+        own, name = key
+        known = self._known.get(key)
+        for _ in range(EVENT_ATTEMPTS):
+            now = timestamp()
+            if known is None:
+                try:
+                    return self._remember(key, await self.api.create(
+                        object_path("v1", "events", namespace=own),
+                        {**self._event(name, own, regarding, kind, reason, message, now), "count": count or 1}))
+                except AlreadyExists:  # another replica's, or this one's before a restart
+                    known = await self._read(key)
+                    if known is None:
+                        continue  # gone again meanwhile: make it
+            counted, version = known
+            try:
+                return self._remember(key, await self.api.patch(
+                    object_path("v1", "events", name, own),
+                    {"metadata": {"resourceVersion": version}, "count": count or counted + 1, "lastTimestamp": now}))
+            except NotFound:  # expired (or deleted) since: made again
+                known = None
+            except Conflict:  # counted meanwhile by another recorder: count on what it wrote
+                known = await self._read(key)
+        raise Conflict(409, f"Event {own}/{name} ({reason} on {regarding.get('kind')} {regarding.get('name')}): "
+                            f"its count lost {EVENT_ATTEMPTS} races in a row to other recorders", "Conflict")
+
+    def _name(self, regarding: dict, kind: str, reason: str, message: str) -> str:
+        subject = regarding.get("uid") or "/".join(
+            str(regarding.get(k, "")) for k in ("apiVersion", "kind", "namespace", "name"))
+        key = "\n".join((subject, self.component, kind, reason, message))
+        return f"{str(regarding.get('name') or 'object')[:200]}.{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+    def _event(self, name: str, namespace: str, regarding: dict, kind: str, reason: str, message: str,
+               now: str) -> dict:
+        return {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": name, "namespace": namespace},
+            "involvedObject": regarding,
+            "reason": reason, "message": message[:MAX_MESSAGE], "type": kind,
+            "source": self.source,
+            "reportingComponent": self.component, "reportingInstance": self.instance,
+            "firstTimestamp": now, "lastTimestamp": now,
+        }
+
+    async def _read(self, key: tuple[str, str]) -> tuple[int, str] | None:
+        stored = await self.api.get(object_path("v1", "events", key[1], key[0]))
+        if stored is None:
+            self._known.pop(key, None)
+            return None
+        self._remember(key, stored)
+        return self._known[key]
+
+    def _remember(self, key: tuple[str, str], stored: dict) -> dict:
+        self._known[key] = (int(stored.get("count") or 1), str(stored["metadata"]["resourceVersion"]))
+        self._known.move_to_end(key)
+        while len(self._known) > EVENTS_KEPT:
+            self._known.popitem(last=False)
+        return stored

@@ -24,15 +24,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from datetime import datetime, timezone
 from typing import Callable
 
 from tessera.shared.errors import ConflictError, PermanentError
-from tessera.shared.kubeapi import AlreadyExists, Invalid, KubeApi, NotFound, Unavailable, object_path
+from tessera.shared.kubeapi import Events, Invalid, KubeApi, NotFound, Unavailable, object_path, timestamp
 from tessera.shared.kubeclaims import RESOURCE_API_VERSION, SCHEDULING_GATE, KubeClaimRef, is_tessera_claim
 
 from tessera.placement.clusternodes import ClusterNodes
-from tessera.placement.podreport import condition_patch, event, pod_claims
+from tessera.placement.podreport import COMPONENT, condition_patch, pod_claims, subject
 
 log = logging.getLogger("tessera.placement.kube")
 
@@ -48,15 +47,11 @@ class ClaimGone(PermanentError):
     """The ResourceClaim no longer exists (or a new one of the same name does): nothing to write."""
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 class KubeWriter:
     def __init__(self, api: KubeApi | None = None, *, timeout: float = 10.0, instance: str = "") -> None:
         self.api = api or KubeApi()
         self.timeout = timeout
-        self.instance = instance or "tessera-placement"
+        self.events = Events(self.api, COMPONENT, instance)
         # pod uid -> the pod as our last patch of it answered, for the condition written right
         # after (`set_condition`), which then needs no read of its own
         self._patched: dict[str, dict] = {}
@@ -217,7 +212,7 @@ class KubeWriter:
             pod = await self.read_pod(ref)
             if pod is None:
                 return
-        patch = condition_patch(pod, placed, reason, message, _now())
+        patch = condition_patch(pod, placed, reason, message, timestamp())
         if patch is None:
             return
         with contextlib.suppress(NotFound):  # the pod is gone: nothing to tell
@@ -228,15 +223,9 @@ class KubeWriter:
 
     async def report(self, ref: KubeClaimRef, *, reason: str, message: str, warning: bool) -> None:
         """An Event on the claim's pod (on the claim itself when it has no pod). The same reason
-        and message again update that one Event's time rather than adding another."""
-        now = _now()
-        doc = event(ref, reason=reason, message=message, warning=warning, now=now, instance=self.instance)
-        what = f"report {reason} on {ref.namespace}/{ref.pod or ref.name}"
-        try:
-            await self._bounded(what, self.api.create(object_path("v1", "events", namespace=ref.namespace), doc))
-        except AlreadyExists:  # the Event exists (its name is the dedup key): say it again
-            path = object_path("v1", "events", doc["metadata"]["name"], ref.namespace)
-            await self._bounded(what, self.api.patch(path, {"lastTimestamp": now, "message": doc["message"]}))
+        and message again count on that one Event rather than adding another."""
+        await self._bounded(f"report {reason} on {ref.namespace}/{ref.pod or ref.name}",
+                            self.events.record(subject(ref), reason, message, warning=warning))
 
     async def close(self) -> None:
         await self.api.close()

@@ -13,51 +13,28 @@ pod; a second writer would make it flap.
 Which of a pod's claims its gate waits for is read from the pod here too (`pod_claims`): the gate is
 lifted only once all of the pod's Tessera claims are allocated.
 
-Pure: documents and JSON patches as plain values; `tessera.placement.kube` sends them.
+Pure: references and patches as plain values; `tessera.placement.kube` sends them.
 """
 
 from __future__ import annotations
-
-import hashlib
 
 from tessera.shared.kubeclaims import KubeClaimRef
 
 CONDITION = "gpu.tessera.dev/Placed"
 COMPONENT = "tessera-placement"
-MAX_MESSAGE = 1024  # an Event's message is cut at 1 KiB by the API server's conventions
+MAX_MESSAGE = 1024  # a condition's message, cut at 1 KiB as an Event's is
 
 
-def event_name(ref: KubeClaimRef, reason: str, message: str) -> str:
-    """One Event per pod, claim, reason and message: repeating an outcome updates it, as
-    kube-scheduler's event aggregation does, rather than piling up copies."""
-    digest = hashlib.sha256(f"{ref.uid}\n{reason}\n{message}".encode()).hexdigest()[:16]
-    return f"{(ref.pod or ref.name)[:200]}.{digest}"
-
-
-def event(ref: KubeClaimRef, *, reason: str, message: str, warning: bool, now: str, instance: str) -> dict:
-    """A core/v1 Event about the claim's pod (or the claim itself when it was made for no pod)."""
+def subject(ref: KubeClaimRef) -> dict:
+    """What placement's Events are about: the claim's pod, or the claim itself when it was made for
+    no pod (an ObjectReference; `tessera.shared.kubeapi.Events` keys, counts and writes them)."""
     if ref.pod:
         involved = {"apiVersion": "v1", "kind": "Pod", "name": ref.pod, "namespace": ref.namespace}
         if ref.pod_uid:
             involved["uid"] = ref.pod_uid
-    else:
-        involved = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "name": ref.name,
-                    "namespace": ref.namespace, "uid": ref.uid}
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"name": event_name(ref, reason, message), "namespace": ref.namespace},
-        "involvedObject": involved,
-        "reason": reason,
-        "message": message[:MAX_MESSAGE],
-        "type": "Warning" if warning else "Normal",
-        "source": {"component": COMPONENT},
-        "reportingComponent": COMPONENT,
-        "reportingInstance": instance[:128],
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-    }
+        return involved
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "name": ref.name,
+            "namespace": ref.namespace, "uid": ref.uid}
 
 
 def condition_patch(pod: dict, placed: bool, reason: str, message: str, now: str) -> dict | None:

@@ -16,13 +16,11 @@ Three conversations with the API server, each small:
 
 from __future__ import annotations
 
-import datetime
-import hashlib
 import logging
 from collections.abc import AsyncGenerator
 
 from tessera.shared.featuregates import FeatureGateOff, require_consumable_capacity
-from tessera.shared.kubeapi import AlreadyExists, KubeApi, object_path
+from tessera.shared.kubeapi import AlreadyExists, Events, KubeApi, object_path
 from tessera.shared.kubeclaims import RESOURCE_API_VERSION
 
 from tessera.translator.webhook import PodClaim
@@ -61,16 +59,12 @@ class TemplateWriter:
         await self.kube.close()
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 class Cluster:
     """Namespaces, ResourceClaims and Events, as the translator reads and writes them."""
 
     def __init__(self, api: KubeApi | None = None, instance: str = "") -> None:
         self.kube = api or KubeApi()
-        self.instance = instance
+        self.events = Events(self.kube, COMPONENT, instance)
 
     @classmethod
     def for_url(cls, url: str, instance: str = "") -> "Cluster":
@@ -93,47 +87,9 @@ class Cluster:
         return self.kube.watch(CLAIMS, resource_version, timeout_seconds=max(1, int(timeout)))
 
     async def event(self, obj: dict, reason: str, message: str, kind: str = "Warning") -> None:
-        """A core/v1 Event about ``obj`` (a ResourceClaim or a Pod), shown by ``kubectl describe``.
-
-        Named after the object and the message, so that repeating the same report bumps the count of
-        one Event rather than piling up new ones.
-        """
-        metadata = obj.get("metadata") or {}
-        namespace = metadata.get("namespace", "")
-        digest = hashlib.sha256(f"{metadata.get('uid')}/{reason}/{message}".encode()).hexdigest()[:16]
-        name = f"{metadata.get('name', 'object')[:200]}.{digest}"
-        path = object_path("v1", "events", name, namespace)
-        now = _now()
-        existing = await self.kube.get(path)
-        if existing is not None:
-            body = {"count": int(existing.get("count") or 1) + 1, "lastTimestamp": now}
-            await self.kube.patch(path, body)
-            return
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": name, "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": obj.get("apiVersion", ""),
-                "kind": obj.get("kind", ""),
-                "name": metadata.get("name", ""),
-                "namespace": namespace,
-                "uid": metadata.get("uid", ""),
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": kind,
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self.instance or COMPONENT,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        try:
-            await self.kube.create(object_path("v1", "events", namespace=namespace), body)
-        except AlreadyExists:  # a peer reported the same thing at the same moment
-            pass
+        """A core/v1 Event about ``obj`` (a ResourceClaim or a Pod), shown by ``kubectl describe``;
+        repeating the same report counts on that one Event rather than piling up new ones."""
+        await self.events.record(obj, reason, message, warning=kind == "Warning")
 
     async def close(self) -> None:
         await self.kube.close()
