@@ -21,8 +21,7 @@ import logging
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-from tessera.shared.kubeapi import ApiException, KubeApi
-from tessera.shared.kubeapi import object_path as _path
+from tessera.shared.kubeapi import ApiException, KubeApi, object_path
 
 from tessera.controlplane import manifests
 from tessera.controlplane.crd import GROUP, PLURAL, VERSION
@@ -37,8 +36,9 @@ _PLURALS = {
 }
 
 
-def object_path(api_version: str, kind: str, name: str | None, namespace: str | None) -> str:
-    return _path(api_version, _PLURALS[kind], name, namespace)
+def kind_path(api_version: str, kind: str, name: str | None, namespace: str | None) -> str:
+    """The REST path of a manifest's object (or, without ``name``, its collection) by its kind."""
+    return object_path(api_version, _PLURALS[kind], name, namespace)
 
 
 class KubeHost:
@@ -65,19 +65,19 @@ class KubeHost:
                 continue
             meta = obj["metadata"]
             ns = meta.get("namespace")
-            await self.kube.apply(object_path(obj["apiVersion"], obj["kind"], meta["name"], ns),
-                                  object_path(obj["apiVersion"], obj["kind"], None, ns), obj, FIELD_MANAGER)
+            await self.kube.apply(kind_path(obj["apiVersion"], obj["kind"], meta["name"], ns),
+                                  kind_path(obj["apiVersion"], obj["kind"], None, ns), obj, FIELD_MANAGER)
 
     async def read(self, api_version: str, kind: str, name: str, namespace: str) -> dict[str, Any]:
         """One object as the host stores it (kind and apiVersion set)."""
-        obj = await self.kube.call("GET", object_path(api_version, kind, name, namespace))
+        obj = await self.kube.call("GET", kind_path(api_version, kind, name, namespace))
         obj.setdefault("kind", kind)
         obj.setdefault("apiVersion", api_version)
         return obj
 
     async def ready(self, tenant: str) -> tuple[bool, str]:
         ns = manifests.namespace(tenant)
-        path = object_path("apps/v1", "Deployment", f"{tenant}-control-plane", ns)
+        path = kind_path("apps/v1", "Deployment", f"{tenant}-control-plane", ns)
         deployment = await self.kube.get(path)
         if deployment is None:
             return False, "control-plane Deployment not found"
@@ -88,7 +88,7 @@ class KubeHost:
             if kind == "Namespace" and not self.manage_namespaces:
                 continue
             try:
-                await self.kube.call("DELETE", object_path(api_version, kind, name, ns))
+                await self.kube.call("DELETE", kind_path(api_version, kind, name, ns))
             except ApiException as exc:
                 if exc.status != 404:
                     raise
@@ -120,7 +120,7 @@ class TenantControlPlanes:
 
     @staticmethod
     def path(namespace: str | None = None, name: str | None = None, sub: str = "") -> str:
-        return _path(f"{GROUP}/{VERSION}", PLURAL, name, namespace) + (f"/{sub}" if sub else "")
+        return object_path(f"{GROUP}/{VERSION}", PLURAL, name, namespace) + (f"/{sub}" if sub else "")
 
     async def list(self) -> tuple[list[dict[str, Any]], str]:
         return await self.kube.list(self.path())
@@ -157,7 +157,7 @@ class UsersSecret(UsersFile):
         self.kube = kube or KubeApi()
 
     async def load(self) -> dict[str, dict]:
-        secret = await self.kube.get(object_path("v1", "Secret", self.name, self.namespace))
+        secret = await self.kube.get(kind_path("v1", "Secret", self.name, self.namespace))
         data = ((secret or {}).get("data") or {}).get(self.KEY)
         return self.parse(base64.b64decode(data).decode()) if data else {}
 
@@ -167,8 +167,8 @@ class UsersSecret(UsersFile):
                              "labels": {"app.kubernetes.io/part-of": "tessera",
                                         "app.kubernetes.io/managed-by": FIELD_MANAGER}},
                 "data": {self.KEY: base64.b64encode(self.render(tenants).encode()).decode()}}
-        await self.kube.apply(object_path("v1", "Secret", self.name, self.namespace),
-                              object_path("v1", "Secret", None, self.namespace), body, FIELD_MANAGER)
+        await self.kube.apply(kind_path("v1", "Secret", self.name, self.namespace),
+                              kind_path("v1", "Secret", None, self.namespace), body, FIELD_MANAGER)
 
     async def close(self) -> None:
         await self.kube.close()
