@@ -20,10 +20,9 @@ to the tenant's host namespace (deploy/k8s/controlplane/tenant-pods.yaml).
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 
-from tessera.shared.kubeapi import AlreadyExists, Conflict, KubeApi, KubeError, NotFound
+from tessera.shared.kubeapi import AlreadyExists, Conflict, Events, KubeApi, KubeError, NotFound, reference
 
 from . import claims, hostpod, toleration
 from .logs import LogServer
@@ -33,6 +32,7 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (tenant namespace, tenant pod name)
 REFUSED = "HostPodRefused"
+COMPONENT = "tessera-tenant-pods"
 _RESOURCE = "/apis/resource.k8s.io/v1"
 
 
@@ -40,13 +40,14 @@ def _pod_path(namespace: str, name: str) -> str:
     return f"/api/v1/namespaces/{namespace}/pods/{name}"
 
 
+def _pod_ref(pod: dict) -> dict:
+    """What an Event on the tenant's pod names (a watch's objects need not say their kind)."""
+    return {**reference(pod), "apiVersion": "v1", "kind": "Pod"}
+
+
 def _meant_for_the_fleet(spec: dict) -> bool:
     """Whether the pod tolerates the virtual node's taint (the policy gave it, or the tenant wrote it)."""
     return any(t.get("key") == TAINT_KEY for t in spec.get("tolerations") or [])
-
-
-def _stamp() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class PodSync:
@@ -54,6 +55,7 @@ class PodSync:
                  node: VirtualNode, logs: LogServer | None = None) -> None:
         self.tenant_api, self.host_api, self.logs = tenant_api, host_api, logs
         self.tenant, self.host_namespace, self.node = tenant, host_namespace, node
+        self.events = Events(tenant_api, COMPONENT, node.name, host=node.name)  # on the tenant's pods
         self._queue: asyncio.Queue[Key] = asyncio.Queue()
         self._queued: set[Key] = set()
         # what the two pod watches last delivered (an informer's cache: reconcile reads these, not the
@@ -262,7 +264,7 @@ class PodSync:
             return  # made by an earlier pass (its watch event brings the status)
         except KubeError as exc:
             if exc.status in (400, 403, 422):  # the host's own admission said no: the tenant hears why
-                await self._event(pod, REFUSED, f"the host refused the pod: {exc}")
+                await self.events.record(_pod_ref(pod), REFUSED, f"the host refused the pod: {exc}", warning=True)
                 return
             raise
         for kind, name in refs:
@@ -324,27 +326,9 @@ class PodSync:
                                                      tenant_pod["metadata"]["name"]), {"status": wanted})
 
     async def _refuse(self, pod: dict, fields: list[str]) -> None:
-        await self._event(pod, REFUSED, f"not run on the shared fleet: {', '.join(fields)} would reach the host "
-                                        "(remove the field; a tenant's pod gets no host network, paths, "
-                                        "privileges or nodes)")
-
-    async def _event(self, pod: dict, reason: str, message: str, suffix: str | None = None,
-                     kind: str = "Warning", count: int = 1) -> None:
-        """An event on the tenant's pod (one per pod, reason and ``suffix``: repeats count up)."""
-        meta = pod["metadata"]
-        name = f"{meta['name']}.{meta['uid'][:8]}.{suffix or reason.lower()}"
-        path = f"/api/v1/namespaces/{meta['namespace']}/events"
-        now = _stamp()
-        event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": meta["namespace"]},
-                 "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": meta["namespace"],
-                                    "name": meta["name"], "uid": meta["uid"]},
-                 "reason": reason, "message": message, "type": kind, "count": count,
-                 "source": {"component": "tessera-tenant-pods", "host": self.node.name},
-                 "firstTimestamp": now, "lastTimestamp": now}
-        try:
-            await self.tenant_api.create(path, event)
-        except AlreadyExists:
-            await self.tenant_api.patch(f"{path}/{name}", {"count": count, "lastTimestamp": now, "message": message})
+        await self.events.record(_pod_ref(pod), REFUSED, f"not run on the shared fleet: {', '.join(fields)} would "
+                                 "reach the host (remove the field; a tenant's pod gets no host network, paths, "
+                                 "privileges or nodes)", warning=True)
 
     # --- the host's events, told in the tenant's cluster ---------------------------------------------
 
@@ -365,9 +349,8 @@ class PodSync:
         if tenant_pod is None or tenant_pod["metadata"]["uid"] != notes.get(hostpod.UID):
             return
         try:
-            await self._event(tenant_pod, event.get("reason", ""), event.get("message", ""),
-                              suffix=f"host.{event['metadata']['name'].rsplit('.', 1)[-1]}",
-                              kind=event.get("type", "Normal"), count=int(event.get("count") or 1))
+            await self.events.record(_pod_ref(tenant_pod), event.get("reason", ""), event.get("message", ""),
+                                     warning=event.get("type") == "Warning", count=int(event.get("count") or 1))
         except KubeError as exc:
             log.warning("tenant %s: event %s not relayed: %s", self.tenant, event["metadata"]["name"], exc)
 

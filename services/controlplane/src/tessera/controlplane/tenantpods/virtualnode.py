@@ -15,7 +15,7 @@ import datetime as dt
 from dataclasses import dataclass
 
 from tessera.shared.events import GpuQuota
-from tessera.shared.kubeapi import AlreadyExists, KubeApi, NotFound
+from tessera.shared.kubeapi import AlreadyExists, KubeApi, NotFound, timestamp
 
 TAINT_KEY = "gpu.tessera.dev/virtual-node"
 LEASE_SECONDS = 40
@@ -57,10 +57,6 @@ def labels(tenant: str) -> dict[str, str]:
             "type": "virtual-kubelet", "gpu.tessera.dev/tenant": tenant}
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _micro_now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -75,7 +71,7 @@ def node(tenant: str, share: Share) -> dict:
 
 def status(share: Share, endpoint: tuple[str, int] | None = None) -> dict:
     """The node's status; ``endpoint``: where its kubelet API (the logs, `logs.LogServer`) answers."""
-    now = _now()
+    now = timestamp()
     served = {"addresses": [{"type": "InternalIP", "address": endpoint[0]}],
               "daemonEndpoints": {"kubeletEndpoint": {"Port": endpoint[1]}}} if endpoint else {}
     return {"status": {**served,
