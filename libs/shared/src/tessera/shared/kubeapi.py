@@ -43,7 +43,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client import rest
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
+from tessera.shared.errors import ConflictError, PermanentError, TemporaryError, retry_cas
 
 __all__ = ["KubeApi", "ApiException", "object_path", "KubeError", "Conflict", "AlreadyExists", "NotFound",
            "Invalid", "Rejected", "Unavailable", "Expired", "classify", "Events", "reference", "timestamp"]
@@ -431,7 +431,6 @@ def _resync(seen: dict[tuple[str, str], dict], items: list[dict]) -> list[tuple[
 MAX_MESSAGE = 1024  # an Event's message (the API server's NoteLengthLimit)
 MAX_INSTANCE = 128  # its reportingInstance (ReportingInstanceLengthLimit)
 EVENTS_KEPT = 4096  # Events whose count this process knows (client-go's recorder keeps as many)
-EVENT_ATTEMPTS = 8  # compare-and-set rounds a count may lose to other processes' recorders before it gives up
 
 
 def reference(obj: Mapping) -> dict:
@@ -502,29 +501,33 @@ class Events:
                      count: int | None) -> dict:
         """One report of the Event ``key``: made, or counted on, whichever it needs."""
         own, name = key
-        known = self._known.get(key)
-        for _ in range(EVENT_ATTEMPTS):
+
+        async def attempt() -> dict:
             now = timestamp()
+            known = self._known.get(key)
             if known is None:
                 try:
                     return self._remember(key, await self.api.create(
                         object_path("v1", "events", namespace=own),
                         {**self._event(name, own, regarding, kind, reason, message, now), "count": count or 1}))
-                except AlreadyExists:  # another replica's, or this one's before a restart
+                except AlreadyExists:  # another replica's, or this one's before a restart: count on it
                     known = await self._read(key)
                     if known is None:
-                        continue  # gone again meanwhile: make it
+                        raise Conflict(409, f"Event {own}/{name} went as it was made", "Conflict") from None
             counted, version = known
             try:
                 return self._remember(key, await self.api.patch(
                     object_path("v1", "events", name, own),
                     {"metadata": {"resourceVersion": version}, "count": count or counted + 1, "lastTimestamp": now}))
-            except NotFound:  # expired (or deleted) since: made again
-                known = None
+            except NotFound:  # expired (their time to live is an hour) or deleted: made again
+                self._known.pop(key, None)
+                raise Conflict(409, f"Event {own}/{name} went since it was counted", "Conflict") from None
             except Conflict:  # counted meanwhile by another recorder: count on what it wrote
-                known = await self._read(key)
-        raise Conflict(409, f"Event {own}/{name} ({reason} on {regarding.get('kind')} {regarding.get('name')}): "
-                            f"its count lost {EVENT_ATTEMPTS} races in a row to other recorders", "Conflict")
+                await self._read(key)
+                raise
+
+        return await retry_cas(attempt, what=f"the count of Event {own}/{name} ({reason} on "
+                                             f"{regarding.get('kind')} {regarding.get('name')})")
 
     def _name(self, regarding: dict, kind: str, reason: str, message: str) -> str:
         subject = regarding.get("uid") or "/".join(

@@ -3,7 +3,7 @@
 Every store (claims, ledger, inventory, tenants, the control-plane manager's buckets) needs the same
 three things, and each had its own copy of them: telling a lost compare-and-set from any other
 failure (by the server's error code, never by the wording of its message), re-reading and retrying a
-lost race a bounded number of times, and decoding a stored value without letting one malformed value
+lost race a bounded number of times (`tessera.shared.errors.retry_cas`), and decoding a stored value without letting one malformed value
 crash whoever reads the whole bucket. `Bucket[T]` is that, once. A bucket whose values must not
 lie in the clear on the servers (the manager's tenant secrets) passes an ``Envelope`` that seals
 each encoded value, bound to its key, and opens it on the way back.
@@ -16,7 +16,7 @@ import contextlib
 import logging
 from collections import Counter
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Generic, Protocol, TypeVar
+from typing import Callable, Generic, Protocol, TypeVar
 
 import msgspec
 import nats.errors
@@ -24,20 +24,16 @@ import nats.js.errors
 from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from tessera.shared.errors import ConflictError, PermanentError, TemporaryError
+from tessera.shared.errors import CAS_ATTEMPTS, ConflictError, PermanentError, TemporaryError, retry_cas
 from tessera.shared.jspub import WRONG_LAST_SEQUENCE, PublishError
 from tessera.shared.kvkeys import live_entries, live_keys
 
 log = logging.getLogger("tessera.kv")
 
 T = TypeVar("T")
-R = TypeVar("R")
 
 # JetStream's codes for a failed expected-last-sequence check (10164: the per-subject variant).
 _CAS_CODES = frozenset({WRONG_LAST_SEQUENCE, 10164})
-
-# How often a lost compare-and-set is re-read and retried before the caller is told (ConflictError).
-CAS_ATTEMPTS = 20
 
 # Values left out because they did not decode, by bucket: a figure for health reports and tests.
 SKIPPED: Counter[str] = Counter()
@@ -76,17 +72,6 @@ def cas_lost(exc: BaseException) -> bool:
     if isinstance(exc, PublishError):
         return exc.err_code in _CAS_CODES
     return False
-
-
-async def retry_cas(attempt: Callable[[], Awaitable[R]], attempts: int = CAS_ATTEMPTS, what: str = "") -> R:
-    """Run ``attempt`` (which re-reads what it writes) until it does not lose a race, at most
-    ``attempts`` times; then ConflictError, so the caller's message is retried later, not forever now."""
-    for _ in range(attempts):
-        try:
-            return await attempt()
-        except ConflictError:
-            continue
-    raise ConflictError(f"{what or 'a compare-and-set'} kept losing after {attempts} attempts")
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 
 The ``ledger`` KV bucket is the single source of truth for allocations. Key ``node.<node>`` holds
 every live allocation on that node (a NodeLedger), key ``tenant.<tenant>`` what each tenant holds
-(for quota). Every write is ``kv.update(key, value, last=revision)``: two placement replicas that
-race for the same GPU cannot both win, the loser gets a ConflictError and re-reads. This is the
+(for quota). Every write is a compare-and-set at the revision read (`tessera.shared.kv.Bucket`):
+two placement replicas that race for the same GPU cannot both win, the loser gets a ConflictError
+and re-reads. This is the
 Kubernetes resourceVersion conflict, without node locks. Placement commits; the enforcer (or
 placement, for a claim that never reached a node) releases.
 """
@@ -16,11 +17,11 @@ from dataclasses import dataclass
 import msgspec
 
 from tessera.shared import subjects
-from tessera.shared.bus import KeyNotFoundError, KeyValue
-from tessera.shared.errors import ConflictError, TemporaryError
+from tessera.shared.bus import KeyValue
+from tessera.shared.errors import ConflictError
 from tessera.shared.events import GpuQuota, LedgerEntry, NodeLedger, TenantUsage, encode
 from tessera.shared.jspub import kv_update_many
-from tessera.shared.kv import Bucket, CasLost, answering, cas_lost
+from tessera.shared.kv import Bucket
 
 _node_decoder = msgspec.json.Decoder(NodeLedger)
 
@@ -97,27 +98,9 @@ class Ledger:
     # --- nodes -----------------------------------------------------------------------------
 
     async def read_node(self, node: str) -> tuple[NodeLedger, int | None]:
-        try:
-            with answering("ledger", subjects.ledger_node_key(node)):
-                entry = await self.kv.get(subjects.ledger_node_key(node))
-        except KeyNotFoundError:
-            return NodeLedger(node=node), None
-        if entry.value is None or entry.value == b"":
-            return NodeLedger(node=node), entry.revision
-        return self.nodes.decode(entry.key, entry.value), entry.revision
-
-    async def _write(self, key: str, value: bytes, revision: int | None) -> int:
-        try:
-            with answering("ledger", key):
-                if revision is None:
-                    return await self.kv.create(key, value)
-                return await self.kv.update(key, value, last=revision)
-        except TemporaryError:
-            raise
-        except Exception as exc:
-            if cas_lost(exc):
-                raise CasLost(f"{key} changed since revision {revision}") from None
-            raise
+        """The node's ledger and its revision (an empty one and None where there is none yet)."""
+        stored = await self.nodes.get(subjects.ledger_node_key(node))
+        return (stored.value, stored.revision) if stored else (NodeLedger(node=node), None)
 
     async def commit(
         self, node: str, entry: LedgerEntry, ledger: NodeLedger, revision: int | None
@@ -128,12 +111,11 @@ class Ledger:
         entries = dict(ledger.entries)
         entries[entry.claim] = entry
         new = NodeLedger(node=node, entries=entries)
-        new_revision = await self._write(subjects.ledger_node_key(node), encode(new), revision)
-        return new, new_revision
+        return new, await self.nodes.put(subjects.ledger_node_key(node), new, revision=revision)
 
     async def write_node(self, ledger: NodeLedger, revision: int | None) -> int:
         """Replace a node's ledger as read at ``revision`` (None: must not exist); ConflictError if it moved."""
-        return await self._write(subjects.ledger_node_key(ledger.node), encode(ledger), revision)
+        return await self.nodes.put(subjects.ledger_node_key(ledger.node), ledger, revision=revision)
 
     async def write_nodes(self, items: list[tuple[NodeLedger, int | None]]) -> list[int | Exception]:
         """``write_node`` for many nodes at once, pipelined: per node its new revision, a
@@ -158,51 +140,45 @@ class Ledger:
     # --- tenants (quota) -------------------------------------------------------------------
 
     async def read_tenant(self, tenant: str) -> tuple[TenantUsage, int | None]:
-        try:
-            with answering("ledger", subjects.ledger_tenant_key(tenant)):
-                entry = await self.kv.get(subjects.ledger_tenant_key(tenant))
-        except KeyNotFoundError:
-            return TenantUsage(tenant=tenant), None
-        if not entry.value:
-            return TenantUsage(tenant=tenant), entry.revision
-        return self.tenants.decode(entry.key, entry.value), entry.revision
+        """The tenant's quota usage and its revision (none used and None where there is no record yet)."""
+        stored = await self.tenants.get(subjects.ledger_tenant_key(tenant))
+        return (stored.value, stored.revision) if stored else (TenantUsage(tenant=tenant), None)
 
     async def reserve_quota(self, tenant: str, claim: str, amount: GpuQuota, usage: TenantUsage, revision: int | None) -> None:
         claims = dict(usage.claims)
         claims[claim] = amount
-        await self._write(
-            subjects.ledger_tenant_key(tenant), encode(TenantUsage(tenant=tenant, claims=claims)), revision
-        )
+        await self.tenants.put(subjects.ledger_tenant_key(tenant), TenantUsage(tenant=tenant, claims=claims),
+                               revision=revision)
 
     async def return_quota(self, tenant: str, claim: str) -> bool:
-        while True:
-            usage, revision = await self.read_tenant(tenant)
-            if claim not in usage.claims:
-                return False
-            claims = {k: v for k, v in usage.claims.items() if k != claim}
-            try:
-                await self._write(
-                    subjects.ledger_tenant_key(tenant), encode(TenantUsage(tenant=tenant, claims=claims)), revision
-                )
-                return True
-            except ConflictError:
-                continue
+        """Take the claim's reservation out of its tenant's usage: whether there was one."""
+        returned = False
 
+        def without(usage: TenantUsage | None) -> TenantUsage | None:
+            nonlocal returned
+            returned = usage is not None and claim in usage.claims
+            if usage is None or not returned:
+                return usage  # nothing to write
+            return TenantUsage(tenant=tenant, claims={k: v for k, v in usage.claims.items() if k != claim})
+
+        await self.tenants.modify(subjects.ledger_tenant_key(tenant), without)
+        return returned
 
     async def release_entry(self, node: str, claim: str, shares: list | None = None) -> LedgerEntry | None:
         """Remove a claim's entry from a node, but only if it is the one with ``shares`` (when
         given): a replica rolling back its own attempt never removes a peer's winning entry."""
-        while True:
-            ledger, revision = await self.read_node(node)
-            entry = ledger.entries.get(claim)
-            if entry is None or (shares is not None and list(entry.shares) != list(shares)):
-                return None
-            entries = {k: v for k, v in ledger.entries.items() if k != claim}
-            try:
-                await self.write_node(NodeLedger(node=node, entries=entries), revision)
-                return entry
-            except ConflictError:
-                continue
+        removed: LedgerEntry | None = None
+
+        def without(ledger: NodeLedger | None) -> NodeLedger | None:
+            nonlocal removed
+            removed = ledger.entries.get(claim) if ledger is not None else None
+            if ledger is None or removed is None or (shares is not None and list(removed.shares) != list(shares)):
+                removed = None
+                return ledger  # nothing to write
+            return NodeLedger(node=node, entries={k: v for k, v in ledger.entries.items() if k != claim})
+
+        await self.nodes.modify(subjects.ledger_node_key(node), without)
+        return removed
 
     async def give_back(self, tenant: str, claim: str, node: str | None, *, shares: list | None = None,
                         quota: bool = True) -> GiveBack:
