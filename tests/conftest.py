@@ -20,7 +20,11 @@ from kit.kubecluster import (breakable_plane, kube_cluster, kube_namespace, kube
 from kit.kubenode import kube_node, kube_session_node  # noqa: F401 - fixtures, registered by being here
 from kit.postgres import postgres  # noqa: F401 - a fixture, registered by being here
 from kit.leaks import _task_census, no_leaked_tasks, pytest_configure  # noqa: F401 - the leak check
-from kit.processes import pytest_sessionstart  # noqa: F401 - SIGTERM interrupts a run as Ctrl-C does
+from kit.processes import (  # noqa: F401 - SIGTERM interrupts a run as Ctrl-C does, even a stuck one
+    pytest_fixture_post_finalizer,
+    pytest_runtest_logreport,
+    pytest_sessionstart,
+)
 
 
 # --- `make test-fast`: the edit-test loop -----------------------------------------------------

@@ -33,6 +33,30 @@ def running(pid: int) -> bool:
     return fields[0] != "Z"
 
 
+def start_planted(tmp_path: Path, pids_file: Path, test: str) -> tuple[subprocess.Popen, Path]:
+    """The planted run of ``test`` (a name in tests/kit/interrupted_run.py), and its log."""
+    # (the outer run's PYTEST_ADDOPTS, a --basetemp for one, is not the planted run's)
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    env |= {"TESSERA_INTERRUPTED_RUN_PIDS": str(pids_file), "TESSERA_KUBE_VERSIONS": "v1.36",
+            "TESSERA_TEST_STUCK_SECONDS": "5"}
+    log = tmp_path / "run.log"
+    with open(log, "wb") as out:
+        run = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-k", test,
+                                str(PLANTED)],
+                               cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                               preexec_fn=ctrl_c_as_in_a_terminal)
+    return run, log
+
+
+def wait_for_pids(run: subprocess.Popen, log: Path, pids_file: Path) -> dict:
+    deadline = time.monotonic() + 180
+    while not pids_file.exists():
+        assert run.poll() is None, f"the planted run ended before its servers ran:\n{log.read_text()[-4000:]}"
+        assert time.monotonic() < deadline, f"no servers after 180 s:\n{log.read_text()[-4000:]}"
+        time.sleep(0.2)
+    return json.loads(pids_file.read_text())
+
+
 def ctrl_c_as_in_a_terminal() -> None:
     """SIGINT handled as a terminal's foreground job has it (this run may be a background job, whose
     children inherit SIGINT ignored)."""
@@ -43,22 +67,10 @@ def ctrl_c_as_in_a_terminal() -> None:
 @pytest.mark.parametrize("signals", [[signal.SIGTERM, signal.SIGTERM], [signal.SIGINT]], ids=["SIGTERM", "SIGINT"])
 def test_an_interrupted_run_leaves_no_server_running(tmp_path, signals):
     pids_file = tmp_path / "pids.json"
-    # (the outer run's PYTEST_ADDOPTS, a --basetemp for one, is not the planted run's)
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
-    env |= {"TESSERA_INTERRUPTED_RUN_PIDS": str(pids_file), "TESSERA_KUBE_VERSIONS": "v1.36"}
-    log = tmp_path / "run.log"
-    with open(log, "wb") as out:
-        run = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(PLANTED)],
-                               cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                               preexec_fn=ctrl_c_as_in_a_terminal)
+    run, log = start_planted(tmp_path, pids_file, "waits_to_be_interrupted")
     pids: dict[str, int] = {}
     try:
-        deadline = time.monotonic() + 180
-        while not pids_file.exists():
-            assert run.poll() is None, f"the planted run ended before its servers ran:\n{log.read_text()[-4000:]}"
-            assert time.monotonic() < deadline, f"no servers after 180 s:\n{log.read_text()[-4000:]}"
-            time.sleep(0.2)
-        started = json.loads(pids_file.read_text())
+        started = wait_for_pids(run, log, pids_file)
         pids, bridge = started["pids"], started["bridge"]
         assert {"plane kube-apiserver", "node kubelet", "node containerd", "postgres"} <= set(pids), pids
         assert all(running(pid) for pid in pids.values()), pids
@@ -81,3 +93,34 @@ def test_an_interrupted_run_leaves_no_server_running(tmp_path, signals):
         for pid in pids.values():  # (what a failing run left: not the next test's to meet)
             if running(pid):
                 os.killpg(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(300)
+def test_a_test_that_swallows_the_cancellation_is_still_interrupted(tmp_path):
+    """The interrupt's first step cancels the running test's task; a test whose code catches that
+    cancellation (a wait loop that ignores CancelledError) would run on, its servers with it, until
+    the CI runner's kill. The run must still end, interrupted, with its fixtures torn down."""
+    pids_file = tmp_path / "pids.json"
+    run, log = start_planted(tmp_path, pids_file, "swallows_the_cancellation")
+    pid = None
+    try:
+        started = wait_for_pids(run, log, pids_file)
+        pid = started["pids"]["postgres"]
+        for _ in range(2):  # (SIGTERM twice: make passes on the one its process group had)
+            run.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+        try:
+            run.wait(150)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the run went on 150 s after SIGTERM:\n{log.read_text()[-4000:]}")
+        assert run.returncode == 2, log.read_text()[-4000:]  # pytest's "interrupted"
+        assert not running(pid), f"PostgreSQL was left running:\n{log.read_text()[-4000:]}"
+        # torn down, not killed at exit: PostgreSQL removes its pid file only when it shuts down
+        assert not Path(started["postmaster_pid"]).exists(), \
+            f"PostgreSQL was killed, not stopped by its fixture:\n{log.read_text()[-4000:]}"
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+        if pid and running(pid):
+            os.killpg(pid, signal.SIGKILL)
