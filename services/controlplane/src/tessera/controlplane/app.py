@@ -15,7 +15,7 @@ from tessera.controlplane import manifests
 from tessera.controlplane.api import TenantApi
 from tessera.controlplane.capacity import HostCapacity
 from tessera.controlplane.claimdrain import ClaimDrain
-from tessera.controlplane.datastores import DatastoreDriver
+from tessera.controlplane.datastores import DatastoreDriver, ReleasesSessions
 from tessera.controlplane.host import HostCluster, NoHost, RenderedHost
 from tessera.controlplane.localplanes import LocalControlPlanes, default_bin_dirs
 from tessera.controlplane.pki import PkiAuthority
@@ -91,6 +91,7 @@ class Manager:
         planes = host if isinstance(host, LocalControlPlanes) else getattr(host, "planes", None)
         if isinstance(planes, LocalControlPlanes):  # it sees which tenants are idle: they are put to sleep
             planes.on_idle = manager._idle
+            planes.before_start = manager._before_start
         return manager
 
     async def resync_forever(self, on_first: Callable[[], None] | None = None) -> None:
@@ -141,6 +142,23 @@ class Manager:
 
     async def _idle(self, tenant: str) -> None:
         await self.api.set_asleep(tenant, True)  # (as `tessera tenant sleep`: its Deployment scaled to zero)
+
+    async def _before_start(self, tenant: str, process: str) -> None:
+        """A tenant's datastore shim is about to start: free what its dead predecessor left held."""
+        if process != manifests.DATASTORE_SHIM:
+            return
+        stored = await self.store.secrets.get(tenant)
+        creds = stored.value.datastore if stored is not None else None
+        driver = self.drivers.get(creds.driver) if creds is not None else None
+        if creds is None or not isinstance(driver, ReleasesSessions):
+            return
+        try:
+            freed = await driver.release_sessions(tenant, creds)
+        except Exception as exc:  # (the shim may still start; its log says why not)
+            log.warning("tenant %s: what its last datastore shim held was not freed: %s", tenant, exc)
+            return
+        if freed:
+            log.info("tenant %s: freed %d consumers its last datastore shim left behind", tenant, freed)
 
     def _pods_changed(self, tenant: str) -> None:
         task = asyncio.get_running_loop().create_task(self._on_host_change(tenant), name=f"pods-changed-{tenant}")

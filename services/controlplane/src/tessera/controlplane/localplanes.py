@@ -35,7 +35,7 @@ from typing import Any, Awaitable, Callable
 
 import aiohttp
 
-from tessera.controlplane import processes
+from tessera.controlplane import manifests, processes
 from tessera.controlplane.host import HostFault
 from tessera.controlplane.limits import Limits
 from tessera.controlplane.localpod import LocalPod, PodError, Ports, translate
@@ -96,6 +96,9 @@ class LocalControlPlanes:
         self._session: aiohttp.ClientSession | None = None
         # Told of a tenant idle for ``idle_seconds`` (the manager puts it to sleep); unset: none is.
         self.on_idle: Callable[[str], Awaitable[None]] | None = None
+        # Told before one of a tenant's processes is started (tenant, process name): the manager frees
+        # what the datastore still holds for a shim that died or slept.
+        self.before_start: Callable[[str, str], Awaitable[None]] | None = None
 
     # --- where things are --------------------------------------------------------------------
 
@@ -346,6 +349,8 @@ class LocalControlPlanes:
                                        "taken by another process; the tenant gets a new port on the next resync")
                 self._move_port(tenant, record, process.listens)
                 raise seen.fault
+            if self.before_start is not None:
+                await self.before_start(tenant, process.name)
             env = {**os.environ, **process.env}
             record.pids[process.name] = processes.spawn(
                 [str(binary), *process.argv], self.home(tenant) / f"{process.name}.log", owner, env)
@@ -381,7 +386,7 @@ class LocalControlPlanes:
 
     async def _stop_all(self, tenant: str, record: PlaneRecord) -> None:
         # the API server's clients first, its storage last
-        for name in sorted(record.pids, key=lambda n: n == "datastore-shim"):
+        for name in sorted(record.pids, key=lambda n: n == manifests.DATASTORE_SHIM):
             await processes.stop(record.pids[name], self.owner(tenant, name))
         record.pids.clear()
         self._write(tenant, record)

@@ -24,6 +24,8 @@ from tessera.controlplane.credentials import DatastoreCredentials, TenantSecrets
 from tessera.controlplane.sizes import effective_resources
 from tessera.controlplane.spec import Resources, TenantControlPlane
 
+DATASTORE_SHIM = "datastore-shim"  # the container that is kine, where the datastore needs it
+
 HOST_SCHEMA_VERSION = "1.33.0"
 MANAGER = "tessera-controlplane"
 KINE_IMAGE = "docker.io/rancher/kine:v0.17.5"  # the version tools/kube/kine/go.mod pins
@@ -219,7 +221,7 @@ def render(record: TenantControlPlane, secrets: TenantSecrets, platform_namespac
     if ds is None or ds.driver != "etcd":  # NATS and PostgreSQL are reached through kine
         containers.append(
             {
-                "name": "datastore-shim",
+                "name": DATASTORE_SHIM,
                 "image": KINE_IMAGE,
                 # (kine's metrics port, the same in every pod, is off: nothing scrapes it)
                 "args": ["--listen-address=127.0.0.1:2379", "--endpoint=$(DATASTORE_ENDPOINT)",

@@ -9,7 +9,7 @@ a no-op, which is what lets the reconciler run them again and again.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from tessera.controlplane.credentials import DatastoreCredentials
 
@@ -26,6 +26,16 @@ class DatastoreDriver(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class ReleasesSessions(Protocol):
+    """A driver whose datastore keeps what a dead client held (NATS: the ordered consumers of a killed
+    kine live on until their inactivity threshold): freed before that client's successor starts."""
+
+    async def release_sessions(self, tenant: str, creds: DatastoreCredentials) -> int:
+        """Free what the tenant's stopped datastore client left behind; how many were freed."""
+        ...
 
 
 class DatastoreFault(Exception):

@@ -199,6 +199,9 @@ class NatsKvDriver:
             if self.users.confirm:
                 await self._wait_for(user, password, tenant, accepted=False)
 
+    async def release_sessions(self, tenant: str, creds: DatastoreCredentials) -> int:
+        return await release_consumers(creds, tenant)
+
     async def close(self) -> None:
         if self.users is not None:
             await self.users.close()
@@ -271,6 +274,31 @@ async def delete_own_bucket(url: str, user: str, password: str, tenant: str) -> 
         pass
     finally:
         await nc.close()
+
+
+async def release_consumers(creds: DatastoreCredentials, tenant: str) -> int:
+    """Delete every consumer of the tenant's bucket, as the tenant; how many. Only while its kine is
+    stopped: kine watches the bucket through ordered consumers that nats.go leaves to the server to
+    expire after five minutes of inactivity, so each kine that was killed or put to sleep leaves its
+    set behind, and two or three restarts in a row fill the account's ``max_consumers`` (the next kine
+    then fails with "maximum consumers limit reached", err_code 10026, and each failed start adds
+    nothing but delay)."""
+    nc = await connect_tenant(creds)
+    try:
+        js = nc.jetstream(timeout=5)
+        stream = f"KV_{bucket_name(tenant)}"
+        try:
+            found = await js.consumers_info(stream)
+        except NotFoundError:  # no bucket yet: kine has not made it
+            return 0
+        for consumer in found:
+            try:
+                await js.delete_consumer(stream, consumer.name)
+            except NotFoundError:  # (it expired meanwhile)
+                pass
+        return len(found)
+    finally:
+        await _close_quietly(nc)
 
 
 async def _close_quietly(nc: NatsClient) -> None:
