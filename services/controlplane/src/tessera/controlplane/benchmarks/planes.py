@@ -38,6 +38,7 @@ import aiohttp
 import msgspec
 
 from tessera.controlplane import processes
+from tessera.controlplane.api import WAKE_TIMEOUT as WAKE_TIMEOUT_S
 from tessera.controlplane.benchmarks.tenants import peak_rss_mib, percentile, start_platform, wait_ready
 from tessera.controlplane.localplanes import default_bin_dirs
 from tessera.shared import api, subjects
@@ -76,6 +77,23 @@ async def _request(bus: Bus, verb: str, body: dict, timeout: float = 120) -> api
             break
         await asyncio.sleep(1 + attempt)
     raise RuntimeError(f"{verb} {body}: {reply.error}")
+
+
+async def _not_serving(bus: Bus, kubectl: Path, workdir: Path, made: int) -> list[str]:
+    """The tenants that served once and do not now (not Ready, or kubectl refused), each with why."""
+    lost = []
+    for i in range(made):
+        name = f"t{i:03d}"
+        got = api.decode_reply(await bus.request(f"{subjects.API_TENANTS}.get",
+                                                 msgspec.json.encode({"name": name}), timeout=30))
+        tenant = got.result if got.ok else {"phase": "?", "reason": str(got.error), "message": ""}
+        if tenant["phase"] != "Ready":
+            lost.append(f"{name}: {tenant['phase']} ({tenant['reason']}: {tenant['message'][:120]})")
+        elif not await _kubectl_ok(kubectl, workdir / f"{name}.kubeconfig"):
+            lost.append(f"{name}: Ready, but `kubectl get ns` failed")
+    for line in lost:
+        _progress(f"not serving at rest: {line}")
+    return lost
 
 
 async def _kubectl_ok(kubectl: Path, kubeconfig: Path) -> bool:
@@ -126,8 +144,9 @@ def _port(planes: Path, name: str) -> int:
     return json.loads((planes / name / "plane.json").read_text())["apiserver_port"]
 
 
-async def _reads(planes: Path, name: str, seconds: float) -> list[float]:
-    """GET one ConfigMap of ``name``'s, back to back, for ``seconds``; each latency."""
+async def _reads(planes: Path, name: str, seconds: float, failed: dict[str, int]) -> list[float]:
+    """GET one ConfigMap of ``name``'s, back to back, for ``seconds``; each answered read's latency (the
+    others are counted in ``failed``)."""
     url = f"https://127.0.0.1:{_port(planes, name)}/api/v1/namespaces/default/configmaps/bench-read"
     ctx = _tls(planes, name)
     out: list[float] = []
@@ -138,16 +157,23 @@ async def _reads(planes: Path, name: str, seconds: float) -> list[float]:
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
             t0 = time.perf_counter()
-            async with http.get(url, ssl=ctx) as resp:
-                await resp.read()
-                if resp.status != 200:
-                    raise RuntimeError(f"read {name}: {resp.status}")
-            out.append(time.perf_counter() - t0)
+            try:
+                async with http.get(url, ssl=ctx) as resp:
+                    await resp.read()
+                    ok = resp.status == 200
+            except aiohttp.ClientError:
+                ok = False
+            if ok:
+                out.append(time.perf_counter() - t0)
+            else:  # an answer that is not the object is not a read time
+                failed[name] = failed.get(name, 0) + 1
+                await asyncio.sleep(0.1)
     return out
 
 
-async def _writes(planes: Path, name: str, stop: asyncio.Event) -> int:
-    """Create ConfigMaps in ``name``'s API server, 4 at a time, until ``stop``; how many."""
+async def _writes(planes: Path, name: str, stop: asyncio.Event, failed: dict[str, int]) -> int:
+    """Create ConfigMaps in ``name``'s API server, 4 at a time, until ``stop``; how many were created (the
+    refused are counted in ``failed``)."""
     url = f"https://127.0.0.1:{_port(planes, name)}/api/v1/namespaces/default/configmaps"
     ctx = _tls(planes, name)
     count = 0
@@ -159,10 +185,18 @@ async def _writes(planes: Path, name: str, stop: asyncio.Event) -> int:
             while not stop.is_set():
                 body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"w{worker}-{i}"},
                         "data": {"payload": "x" * 1024}}
-                async with http.post(url, json=body, ssl=ctx) as resp:
-                    await resp.read()
                 i += 1
-                count += 1
+                try:
+                    async with http.post(url, json=body, ssl=ctx) as resp:
+                        await resp.read()
+                        ok = resp.status == 201
+                except aiohttp.ClientError:
+                    ok = False
+                if ok:
+                    count += 1
+                else:
+                    failed[name] = failed.get(name, 0) + 1
+                    await asyncio.sleep(0.1)
 
     await asyncio.gather(*(loop(w) for w in range(4)))
     return count
@@ -221,31 +255,41 @@ async def run(sizes: list[int], wakes: int, workdir: Path, to_max: bool = False,
                                     "load_start": load_start, "load_end": _load()})
             _progress(f"{size} tenants serving after {max(times):.1f} s")
         await asyncio.sleep(20)  # at rest
+        result["not_serving_at_rest"] = await _not_serving(bus, kube_bin / "kubectl", workdir, made)
         rss = [_tenant_rss_mib(planes, f"t{i:03d}") for i in range(made)]
         result["rss_tenant_mib_p50"] = statistics.median(rss)
         result["rss_tenant_mib_max"] = max(rss)
         woken: list[float] = []
+        result["wakes_failed"] = unwoken = []
         for i in range(min(wakes, made)):
             name = f"t{i:03d}"
             await _request(bus, "sleep", {"name": name})
-            woken.append((await _request(bus, "wake", {"name": name}, timeout=300)).result["seconds"])
+            reply = (await _request(bus, "wake", {"name": name}, timeout=300)).result
+            tenant = reply["tenant"]
+            if tenant["phase"] != "Ready":  # the wake gave up waiting: not a wake time
+                unwoken.append(f"{name}: {tenant['phase']} after {reply['seconds']:.0f} s "
+                               f"({tenant['reason']}: {tenant['message'][:120]})")
+                _progress(f"{name} did not wake: {unwoken[-1]}")
+                continue
+            woken.append(reply["seconds"])
             _progress(f"{name} slept and woke: {woken[-1]:.1f} s to the first answered request")
         result["wake_p50_s"] = statistics.median(woken) if woken else float("nan")
         result["wake_p99_s"] = percentile(woken, 0.99) if woken else float("nan")
         result["wakes"] = len(woken)
         if made >= 2:
             _progress("timing t001's reads alone, then beside t000's writes")
-            alone = await _reads(planes, "t001", 10)
+            failed: dict[str, int] = {}
+            alone = await _reads(planes, "t001", 10, failed)
             stop = asyncio.Event()
-            writer = asyncio.create_task(_writes(planes, "t000", stop))
+            writer = asyncio.create_task(_writes(planes, "t000", stop, failed))
             await asyncio.sleep(2)
-            loaded = await _reads(planes, "t001", 10)
+            loaded = await _reads(planes, "t001", 10, failed)
             stop.set()
             writes = await writer
-            result["reads"] = {"alone_p50_ms": statistics.median(alone) * 1000,
-                               "alone_p99_ms": percentile(alone, 0.99) * 1000,
-                               "loaded_p50_ms": statistics.median(loaded) * 1000,
-                               "loaded_p99_ms": percentile(loaded, 0.99) * 1000, "writes": writes}
+            result["reads"] = {"alone_p50_ms": _ms(alone, 0.5), "alone_p99_ms": _ms(alone, 0.99),
+                               "loaded_p50_ms": _ms(loaded, 0.5), "loaded_p99_ms": _ms(loaded, 0.99),
+                               "writes": writes,
+                               "failed": failed}
         result["manager_rss_peak_mib"] = peak_rss_mib(manager.pid)
         return result
     finally:
@@ -257,6 +301,10 @@ async def run(sizes: list[int], wakes: int, workdir: Path, to_max: bool = False,
             manager.kill()
             manager.wait()
         server.stop()
+
+
+def _ms(seconds: list[float], q: float) -> float:
+    return percentile(seconds, q) * 1000 if seconds else float("nan")
 
 
 def render(r: dict) -> str:
@@ -272,11 +320,16 @@ def render(r: dict) -> str:
               f"- manager peak RSS: {r['manager_rss_peak_mib']:.0f} MiB (Kamaji's operator ~600 MiB at 100)",
               f"- wake from sleep to first answered request ({r['wakes']} tenants): p50 {r['wake_p50_s']:.1f} s, "
               f"p99 {r['wake_p99_s']:.1f} s"]
+    lines += [f"- did not wake (the wake's {WAKE_TIMEOUT_S:.0f} s wait ended first): {w}" for w in r["wakes_failed"]]
+    lost = r["not_serving_at_rest"]
+    lines.append(f"- serving at rest, 20 s after the last step: {r['sizes'][-1]['tenants'] - len(lost)} of "
+                 f"{r['sizes'][-1]['tenants']}" + "".join(f"; {x}" for x in lost))
     if "reads" in r:
         rd = r["reads"]
         lines.append(f"- tenant t001's reads (GET one ConfigMap, back to back, 10 s each): alone p50 "
                      f"{rd['alone_p50_ms']:.1f} ms / p99 {rd['alone_p99_ms']:.1f} ms; while t000 took {rd['writes']} "
-                     f"writes (4 in flight): p50 {rd['loaded_p50_ms']:.1f} ms / p99 {rd['loaded_p99_ms']:.1f} ms")
+                     f"writes (4 in flight): p50 {rd['loaded_p50_ms']:.1f} ms / p99 {rd['loaded_p99_ms']:.1f} ms"
+                     + "".join(f"; {n} failed {k} requests" for n, k in sorted(rd["failed"].items())))
     return "\n".join(lines) + "\n"
 
 
