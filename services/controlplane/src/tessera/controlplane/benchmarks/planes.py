@@ -278,18 +278,18 @@ async def run(sizes: list[int], wakes: int, workdir: Path, to_max: bool = False,
         result["wakes"] = len(woken)
         if made >= 2:
             _progress("timing t001's reads alone, then beside t000's writes")
-            failed: dict[str, int] = {}
-            alone = await _reads(planes, "t001", 10, failed)
+            refused: dict[str, int] = {}
+            alone = await _reads(planes, "t001", 10, refused)
             stop = asyncio.Event()
-            writer = asyncio.create_task(_writes(planes, "t000", stop, failed))
+            writer = asyncio.create_task(_writes(planes, "t000", stop, refused))
             await asyncio.sleep(2)
-            loaded = await _reads(planes, "t001", 10, failed)
+            loaded = await _reads(planes, "t001", 10, refused)
             stop.set()
             writes = await writer
             result["reads"] = {"alone_p50_ms": _ms(alone, 0.5), "alone_p99_ms": _ms(alone, 0.99),
                                "loaded_p50_ms": _ms(loaded, 0.5), "loaded_p99_ms": _ms(loaded, 0.99),
                                "writes": writes,
-                               "failed": failed}
+                               "failed": refused}
         result["manager_rss_peak_mib"] = peak_rss_mib(manager.pid)
         return result
     finally:
