@@ -46,6 +46,10 @@ def fault(exc: psycopg.Error, server: str) -> DatastoreFault:
         return DatastoreFull(f"PostgreSQL at {server} is full ({text}): free connections (close idle clients, lower "
                              "TESSERA_CP_POSTGRES_CONNECTION_LIMIT) or raise the server's max_connections; if its "
                              "disk is full, free space there")
+    if "does not match host name" in text:
+        return CertificateMismatch(f"TLS to PostgreSQL at {server} failed ({text}): the server's certificate is not "
+                                   "for the host TESSERA_CP_POSTGRES_DSN names: connect by a name the certificate "
+                                   "carries, or issue the server a certificate with this host among its names")
     if "certificate" in text or "SSL" in text:
         return CertificateMismatch(f"TLS to PostgreSQL at {server} failed ({text}): the sslrootcert in "
                                    "TESSERA_CP_POSTGRES_DSN must be the CA that signed the server's certificate")
