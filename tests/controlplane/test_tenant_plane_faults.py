@@ -1,5 +1,5 @@
-"""Faults of a tenant's control plane: a binary missing, its port taken, its datastore password
-changed behind the manager's back, its datastore full. The tenant's status names what is wrong, the other tenant is
+"""Faults of a tenant's control plane: a binary missing, its port taken, its serving certificate
+replaced underneath it, its datastore password changed behind the manager's back, its datastore full. The tenant's status names what is wrong, the other tenant is
 not harmed, and a later resync repairs what can be repaired."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from tessera.controlplane.datastores import DatastoreAuthFailed, DatastoreFull
 from tessera.controlplane.datastores import etcd as etcd_store
 from tessera.controlplane.datastores import postgres as pg_store
 from tessera.controlplane.datastores.etcd_dedicated import DedicatedEtcdDriver
+from tessera.controlplane.pki import PkiAuthority
 
 QUOTA = 16 * 1024 * 1024  # a dedicated etcd's: room for a control plane, soon filled on purpose
 VALUE = b"x" * (64 * 1024)
@@ -65,6 +66,32 @@ async def test_a_taken_port_is_named_and_the_tenant_moves(planes: Planes, tmp_pa
         assert (await planes.record("steady")).status.phase == "Ready"  # type: ignore[union-attr]
     finally:
         squatter.close()
+
+
+@pytest.mark.timeout(900)
+# (the process watch finds it: no resync may write the files back first, before the API server reloaded them)
+@pytest.mark.parametrize("planes", [("etcd", {"resync_seconds": 3600.0})], indirect=True)
+async def test_a_replaced_serving_certificate_is_named_and_repaired(planes: Planes, tmp_path):
+    await planes.create("steady")
+    await planes.create("rotated")
+    kubeconfig = await planes.kubeconfig("rotated", tmp_path)
+    # A certificate for every name the API server answers to, from a CA that is not the tenant's,
+    # written over its own (a rotation gone wrong): the real kube-apiserver reloads and serves it.
+    authority = PkiAuthority()
+    ca, ca_key = authority.new_ca("someone-else-ca")
+    crt, key = authority.issue_serving(ca, ca_key, "kube-apiserver", ["localhost"], ["127.0.0.1"])
+    pki = planes.host.home("rotated") / "volumes" / "pki"
+    for name, pem in (("apiserver.key", key), ("apiserver.crt", crt)):
+        (pki / f".{name}.new").write_text(pem)
+        os.replace(pki / f".{name}.new", pki / name)
+
+    record = await planes.wait_phase("rotated", "NotReady", "ServingCertificateMismatch", timeout=120)
+    assert "someone-else-ca" in record.status.message and "rotated-ca" in record.status.message, record.status
+    assert "apiserver.crt" in record.status.message, record.status.message
+    await planes.wait_phase("rotated", "Ready")  # its own certificate again: the tenant's kubeconfig works
+    assert (await planes.kubectl(kubeconfig, "get", "ns")).returncode == 0
+    assert (await planes.record("steady")).status.phase == "Ready"  # type: ignore[union-attr]
+    assert "ServingCertificateMismatch" not in await planes.reasons("steady")
 
 
 @pytest.mark.timeout(900)
