@@ -11,13 +11,11 @@ import pytest
 from tessera.controlplane.app import Manager
 from tessera.controlplane.settings import ControlPlaneSettings
 from tessera.shared import api, subjects
-from tessera.controlplane.datastores.natskv import UsersFile
-from tessera.shared import identities
 from tessera.shared.bus import Bus
-from tessera.shared.natsserver import NatsServer
 from tessera.shared.settings import BusSettings
 
 from kit import open_bus
+from controlplane.planes import PLATFORM, secured_nats_server
 from controlplane.planes import binaries, kube_mode, planes  # noqa: F401 - fixtures, registered by being here
 
 
@@ -42,18 +40,11 @@ def call_api():
     return call
 
 
-PLATFORM = ("platform", "platform-secret")
-
-
 @pytest.fixture
 def secured_nats(tmp_path):
-    users = tmp_path / "users.conf"
-    UsersFile(users, None).write({})
-    conf = tmp_path / "nats.conf"
-    conf.write_text(identities.operator_only_config(*PLATFORM, "users.conf", pid_file=str(tmp_path / "nats.pid")))
-    server = NatsServer(tmp_path / "store", config_file=conf).start()
+    server, users, pid = secured_nats_server(tmp_path)
     try:
-        yield server, users, tmp_path / "nats.pid"
+        yield server, users, pid
     finally:
         server.stop()
 

@@ -43,10 +43,10 @@ from tessera.controlplane.settings import ControlPlaneSettings
 from tessera.controlplane.spec import TenantControlPlane, parse_spec
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from tessera.shared import api, subjects
+from tessera.shared import api, identities, subjects
 from tessera.shared.cancelling import cancel_and_wait
 from tessera.shared.kubeapi import KubeApi
-from tessera.shared.natsserver import free_port, wait_for_port
+from tessera.shared.natsserver import NatsServer, free_port, wait_for_port
 from tessera.shared.settings import BusSettings
 
 DATASTORES = ("etcd", "postgres", "nats")
@@ -129,6 +129,20 @@ async def etcdctl(creds: DatastoreCredentials, directory: Path, *args: str) -> s
         "--command-timeout=10s", *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 30)
     return subprocess.CompletedProcess(args, proc.returncode, out.decode(), err.decode())
+
+
+PLATFORM = ("platform", "platform-secret")  # the manager's NATS user
+
+
+def secured_nats_server(directory: Path) -> tuple[NatsServer, Path, Path]:
+    """The manager's nats-server: an operator-only config with a users file the manager writes each
+    tenant's account into; (server, users file, pid file)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    users = directory / "users.conf"
+    natskv.UsersFile(users, None).write({})
+    conf = directory / "nats.conf"
+    conf.write_text(identities.operator_only_config(*PLATFORM, "users.conf", pid_file=str(directory / "nats.pid")))
+    return NatsServer(directory / "store", config_file=conf).start(), users, directory / "nats.pid"
 
 
 class Planes:

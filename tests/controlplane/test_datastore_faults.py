@@ -4,14 +4,16 @@ match), against the real servers — PostgreSQL, etcd over TLS with client-certi
 The reconciler puts the fault's reason and message in the status; the tenants on other datastores
 stay Ready, and the next resync after the fault is mended makes the tenant Ready again.
 
-(A tenant's API server port taken and a binary missing: test_tenant_plane_faults.py; a dedicated
-etcd's own: test_etcd_dedicated.py; etcd full: test_etcd_quota.py.)
+(A tenant's API server port taken, a binary missing, its serving certificate replaced, PostgreSQL's
+disk full: test_tenant_plane_faults.py; a dedicated etcd's own: test_etcd_dedicated.py; etcd full:
+test_etcd_quota.py.)
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import uuid
 
 import msgspec
@@ -22,12 +24,14 @@ from psycopg import sql
 from controlplane.planes import ETCD_ROOT_PASSWORD, start_etcd_tls
 from kit import eventually
 from kit.kubecluster import Pki, terminate
+from kit.postgres import Postgres, start_postgres, stop_postgres
 from tessera.controlplane.app import Manager
 from tessera.controlplane.datastores import (CertificateMismatch, DatastoreAuthFailed, DatastoreFull,
                                              DatastoreUnavailable)
 from tessera.controlplane.datastores.etcd import EtcdCa, EtcdClient, EtcdDriver, tls_context
 from tessera.controlplane.datastores.natskv import NatsKvDriver, UsersFile
 from tessera.controlplane.datastores.postgres import PostgresDriver
+from tessera.controlplane.pki import PkiAuthority
 from tessera.shared.natsserver import free_port
 
 
@@ -68,6 +72,65 @@ async def test_postgres_out_of_connections_is_full(postgres):
             with pytest.raises(DatastoreFull, match="too many connections") as caught:
                 await PostgresDriver(dsn, postgres.host).ensure("crowded", None)
     assert caught.value.reason == "DatastoreFull"
+
+
+@contextlib.contextmanager
+def serving_tls(postgres: Postgres, cert: str, key: str):
+    """The server answers TLS with this certificate (reloaded, as an administrator rotates it)."""
+    data = postgres.datadir / "data"
+    owner = data.stat().st_uid
+    for name, pem in (("server.crt", cert), ("server.key", key)):
+        (data / name).write_text(pem)
+        os.chown(data / name, owner, -1)
+        (data / name).chmod(0o600)
+    with psycopg.connect(postgres.admin_url, autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET ssl = on")
+        conn.execute("SELECT pg_reload_conf()")
+    try:
+        yield
+    finally:
+        with psycopg.connect(postgres.admin_url, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM RESET ssl")
+            conn.execute("SELECT pg_reload_conf()")
+
+
+@pytest.fixture
+def own_postgres():
+    """A server of this test's own (its TLS settings changed; the session's server is left alone)."""
+    server, proc = start_postgres()
+    try:
+        yield server
+    finally:
+        stop_postgres(server, proc)
+
+
+async def test_postgres_tls_from_another_ca_or_for_another_host_is_a_certificate_mismatch(own_postgres, tmp_path):
+    authority = PkiAuthority()
+    ca, ca_key = authority.new_ca("postgres-ca")
+    crt, key = authority.issue_serving(ca, ca_key, "db.example", ["db.example"], [])
+    other, _ = authority.new_ca("not-postgres-ca")
+    (tmp_path / "ca.crt").write_text(ca)
+    (tmp_path / "other.crt").write_text(other)
+    server = own_postgres.host
+
+    def dsn(mode: str, root: str) -> str:
+        return f"{own_postgres.admin_url}?sslmode={mode}&sslrootcert={tmp_path / root}"
+
+    with serving_tls(own_postgres, crt, key):
+        async def serves_tls() -> bool:  # (the reload takes a moment)
+            try:
+                await PostgresDriver(dsn("verify-ca", "ca.crt"), server).ensure("trusting", None)
+            except CertificateMismatch:
+                return False
+            return True
+        await eventually(serves_tls, timeout=30, what="PostgreSQL serving TLS with its new certificate")
+
+        with pytest.raises(CertificateMismatch, match="must be the CA that signed") as caught:
+            await PostgresDriver(dsn("verify-full", "other.crt"), server).ensure("alpha", None)
+        assert caught.value.reason == "CertificateMismatch" and "certificate verify failed" in str(caught.value)
+        with pytest.raises(CertificateMismatch, match="a name the certificate carries") as caught:
+            await PostgresDriver(dsn("verify-full", "ca.crt"), server).ensure("alpha", None)
+        assert "db.example" in str(caught.value), caught.value
 
 
 async def test_a_refused_admin_password_is_named_the_others_stay_ready_and_resync_repairs(

@@ -100,6 +100,23 @@ def test_leaves_rotate_before_expiry_and_on_name_change_while_the_ca_stays():
     assert secrets.pki["admin.crt"] == rotated["admin.crt"]
 
 
+def test_leaves_a_replaced_ca_did_not_sign_are_issued_again_from_it():
+    authority = PkiAuthority()
+    secrets = TenantSecrets(tenant="alpha")
+    authority.ensure(record(), secrets, "https://x:6443", "tenant-alpha")
+    # the CA replaced underneath its leaves (a restore, a hand rotation): same name, another key
+    ca, key = authority.new_ca("alpha-ca")
+    secrets.pki.update({"ca.crt": ca, "ca.key": key})
+    stale = dict(secrets.pki)
+    assert authority.ensure(record(), secrets, "https://x:6443", "tenant-alpha")
+    for leaf in ("apiserver", "datastore-client", "admin"):  # what that CA signs
+        assert secrets.pki[f"{leaf}.crt"] != stale[f"{leaf}.crt"]
+        load_cert(secrets.pki[f"{leaf}.crt"]).verify_directly_issued_by(load_cert(ca))
+    assert secrets.pki["front-proxy-client.crt"] == stale["front-proxy-client.crt"]  # (its CA stayed)
+    kubeconfig = yaml.safe_load(secrets.kubeconfig)
+    assert base64.b64decode(kubeconfig["clusters"][0]["cluster"]["certificate-authority-data"]).decode() == ca
+
+
 def test_a_ca_key_that_cannot_sign_is_refused_saying_what_to_do():
     secrets = TenantSecrets(tenant="alpha")
     PkiAuthority().ensure(record(), secrets, "https://203.0.113.7:6443", "tenant-alpha")

@@ -1,13 +1,20 @@
-"""Faults of a tenant's control plane: a binary missing, its port taken, its datastore password
-changed behind the manager's back, its datastore full. The tenant's status names what is wrong, the other tenant is
+"""Faults of a tenant's control plane: a binary missing, its port taken, its serving certificate
+replaced underneath it, its datastore password changed behind the manager's back, its datastore full
+(etcd past its quota; PostgreSQL's disk, a real one: a tablespace on a small tmpfs). The tenant's status names what is wrong, the other tenant is
 not harmed, and a later resync repairs what can be repaired."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import pwd
 import shutil
 import signal
 import socket
+import subprocess
+import tempfile
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -19,9 +26,11 @@ from tessera.controlplane.datastores import DatastoreAuthFailed, DatastoreFull
 from tessera.controlplane.datastores import etcd as etcd_store
 from tessera.controlplane.datastores import postgres as pg_store
 from tessera.controlplane.datastores.etcd_dedicated import DedicatedEtcdDriver
+from tessera.controlplane.pki import PkiAuthority
 
 QUOTA = 16 * 1024 * 1024  # a dedicated etcd's: room for a control plane, soon filled on purpose
 VALUE = b"x" * (64 * 1024)
+DISK = 64 * 1024 * 1024  # PostgreSQL's template database (~8 MiB) and a control plane's first writes fit
 
 
 @pytest.mark.timeout(900)
@@ -65,6 +74,32 @@ async def test_a_taken_port_is_named_and_the_tenant_moves(planes: Planes, tmp_pa
         assert (await planes.record("steady")).status.phase == "Ready"  # type: ignore[union-attr]
     finally:
         squatter.close()
+
+
+@pytest.mark.timeout(900)
+# (the process watch finds it: no resync may write the files back first, before the API server reloaded them)
+@pytest.mark.parametrize("planes", [("etcd", {"resync_seconds": 3600.0})], indirect=True)
+async def test_a_replaced_serving_certificate_is_named_and_repaired(planes: Planes, tmp_path):
+    await planes.create("steady")
+    await planes.create("rotated")
+    kubeconfig = await planes.kubeconfig("rotated", tmp_path)
+    # A certificate for every name the API server answers to, from a CA that is not the tenant's,
+    # written over its own (a rotation gone wrong): the real kube-apiserver reloads and serves it.
+    authority = PkiAuthority()
+    ca, ca_key = authority.new_ca("someone-else-ca")
+    crt, key = authority.issue_serving(ca, ca_key, "kube-apiserver", ["localhost"], ["127.0.0.1"])
+    pki = planes.host.home("rotated") / "volumes" / "pki"
+    for name, pem in (("apiserver.key", key), ("apiserver.crt", crt)):
+        (pki / f".{name}.new").write_text(pem)
+        os.replace(pki / f".{name}.new", pki / name)
+
+    record = await planes.wait_phase("rotated", "NotReady", "ServingCertificateMismatch", timeout=120)
+    assert "someone-else-ca" in record.status.message and "rotated-ca" in record.status.message, record.status
+    assert "apiserver.crt" in record.status.message, record.status.message
+    await planes.wait_phase("rotated", "Ready")  # its own certificate again: the tenant's kubeconfig works
+    assert (await planes.kubectl(kubeconfig, "get", "ns")).returncode == 0
+    assert (await planes.record("steady")).status.phase == "Ready"  # type: ignore[union-attr]
+    assert "ServingCertificateMismatch" not in await planes.reasons("steady")
 
 
 @pytest.mark.timeout(900)
@@ -138,6 +173,65 @@ async def test_a_full_datastore_is_named_and_freeing_it_repairs(planes: Planes, 
     finally:
         await tenant.close()
         await root.close()
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("planes", ["postgres"], indirect=True)
+async def test_a_full_postgres_disk_is_named_and_freeing_room_repairs(planes: Planes, tmp_path):
+    await planes.create("steady")
+    db, role = pg_store.database_name("filler"), pg_store.role_name("filler")
+    admin = await psycopg.AsyncConnection.connect(planes.postgres_admin, autocommit=True)
+    async with admin:
+        with small_disk(DISK) as disk:
+            try:
+                # the tenant's database on a volume of its own (placed there by the DBA, before the tenant)
+                await admin.execute(sql.SQL("CREATE TABLESPACE tessera_small LOCATION {}").format(sql.Literal(str(disk))))
+                await admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+                await admin.execute(sql.SQL("CREATE DATABASE {} OWNER {} TABLESPACE tessera_small").format(
+                    sql.Identifier(db), sql.Identifier(role)))
+                await planes.create("filler")
+                kubeconfig = await planes.kubeconfig("filler", tmp_path)
+
+                filler = disk / "filler"  # the volume filled by someone else, to the last byte
+                with open(filler, "wb", buffering=0) as f:
+                    try:
+                        while True:  # (a write that fits part only writes that part; then none fits)
+                            f.write(bytes(1 << 16))
+                    except OSError as exc:
+                        assert exc.errno == errno.ENOSPC, exc
+                record = await planes.wait_phase("filler", "NotReady", "DatastoreFull", timeout=120)
+                assert "out of disk" in record.status.message and "tablespace" in record.status.message, record.status
+                assert (await planes.record("steady")).status.phase == "Ready"  # type: ignore[union-attr]
+
+                filler.unlink()  # room again: the next resync finds it
+                await planes.wait_phase("filler", "Ready")
+                made = await planes.kubectl(kubeconfig, "create", "namespace", "after-the-fill")
+                assert made.returncode == 0, made.stderr  # it writes again
+            finally:
+                await planes.manager.api.remove("filler")
+                await admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db)))
+                await admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+                await admin.execute("DROP TABLESPACE IF EXISTS tessera_small")
+
+
+@contextlib.contextmanager
+def small_disk(size: int):
+    """A tmpfs of ``size`` bytes, the PostgreSQL server's user's to write, unmounted even on failure
+    (a mount needs root: the tests' PostgreSQL already runs as the `postgres` user for that reason)."""
+    if os.geteuid() != 0:
+        pytest.fail("mounting a small tmpfs for PostgreSQL's full disk needs root: run the tests as root")
+    point = Path(tempfile.mkdtemp(prefix="tessera-pg-disk-"))  # (not under pytest's 0700 basetemp)
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(point)], check=True,
+                       capture_output=True)
+        try:
+            owner = pwd.getpwnam("postgres")
+            os.chown(point, owner.pw_uid, owner.pw_gid)
+            yield point
+        finally:
+            subprocess.run(["umount", "--lazy", str(point)], check=True, capture_output=True)
+    finally:
+        point.rmdir()
 
 
 def planes_spec(planes: Planes):

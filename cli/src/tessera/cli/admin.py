@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--check", action="store_true", help="fail if the document is out of date")
     a.set_defaults(func=cmd_asyncapi)
 
-    b = sub.add_parser("bench", help="run a benchmark: all, placement, placement-families, placement-dynamic, placement-speed, placement-nats, tenants, tenant-planes, vgpu-launch, kubernetes, tenant-pods")
+    b = sub.add_parser("bench", help="run a benchmark: all, placement, placement-families, placement-dynamic, placement-speed, placement-nats, tenants, tenant-planes, vgpu-launch, kubernetes, tenant-pods, tenant-wake-kubernetes")
     b.add_argument("what")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments passed to the benchmark")
     b.set_defaults(func=cmd_bench)
@@ -134,10 +134,12 @@ def cmd_bench(args) -> int:
         "tenant-planes": [sys.executable, "-m", "tessera.controlplane.benchmarks.planes"],
         # tenants' own API servers running GPU pods on the fleet (the tests' kit too: with the tests)
         "tenant-pods": [sys.executable, "tests/kubernetes/tenantbench.py"],
+        # tenants woken from sleep in Kubernetes mode, on a real host control plane (the tests' kit too)
+        "tenant-wake-kubernetes": [sys.executable, "tests/controlplane/wakebench.py"],
     }
 
     def command(name: str, rest: list[str]) -> list[str]:
-        if name in ("kubernetes", "tenant-pods"):
+        if name in ("kubernetes", "tenant-pods", "tenant-wake-kubernetes"):
             return [sys.executable, str(checkout.require(f"tessera bench {name}") / targets[name][1]), *rest]
         if name in ("placement", "placement-speed", "placement-families", "placement-dynamic") and "--nodes" not in rest:
             openb = openb_dir()

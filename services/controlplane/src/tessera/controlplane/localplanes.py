@@ -12,6 +12,13 @@ that died is started again on the next apply (the watch loop notices within a se
 one); what stops answering is NotReady with the reason. The processes outlive the manager, like
 dedicated etcd servers: a restarted manager finds them from ``plane.json`` (`processes.running`).
 
+An API server that answers with a certificate the tenant's CA does not verify (its serving
+certificate or key replaced underneath it) is ``ServingCertificateMismatch``, not "not answering":
+the pass that finds it says so, and the next apply writes the tenant's own certificates back and
+restarts the processes (a fresh start reads its files, whatever the API server's reload did). An
+apply that finds the files changed asks the API server first, with the CA still on disk: a rotation
+of the manager's is still verified by it, a certificate written over the tenant's is not.
+
 Sleeping (scale to zero) is the rendered Deployment's zero replicas: ``apply`` then stops the
 processes and keeps the directory, the ports and the datastore; replicas again start them. Whether a
 tenant sleeps is the tenant's record (the reconciler's to render), so the watch loop only reports an
@@ -22,6 +29,7 @@ request counter) to ``on_idle``, which puts it to sleep the way `tessera tenant 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -34,11 +42,13 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import aiohttp
+from cryptography import x509
 
 from tessera.controlplane import manifests, processes
 from tessera.controlplane.host import HostFault
 from tessera.controlplane.limits import Limits
 from tessera.controlplane.localpod import LocalPod, PodError, Ports, translate
+from tessera.controlplane.pki import load_cert
 from tessera.controlplane.spec import TenantControlPlane
 from tessera.shared.natsserver import free_port
 
@@ -47,6 +57,7 @@ log = logging.getLogger("tessera.controlplane.localplanes")
 SHIM_START_TIMEOUT = 20.0
 RESTART_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0)  # seconds before restarting a process that died again
 PROBE_TIMEOUT = 3.0
+SERVING_MISMATCH = "ServingCertificateMismatch"  # not the datastore's CertificateMismatch: this one the manager mends
 # The datastore round trip of a readiness probe: a list, which the API server serves from storage.
 PROBE_PATH = "/api/v1/namespaces/kube-system/resourcequotas"
 _BACKGROUND = {"", "leases", "resourcequotas"}  # what an idle control plane asks for by itself
@@ -75,6 +86,7 @@ class _Seen:
     started: dict[str, float] = field(default_factory=dict)
     fault: HostFault | None = None
     exited: dict[str, str] = field(default_factory=dict)  # what died and was started again, with its log
+    mismatch: str = ""  # the last probe's: the certificate it was served, which the tenant's CA does not verify
     requests: float = -1.0  # the API server's request count at the last look (idle timeout)
     busy_at: float = field(default_factory=time.monotonic)
     counted_at: float = 0.0
@@ -157,8 +169,16 @@ class LocalControlPlanes:
                 record.asleep = False
                 self._write(tenant, record)
                 self._seen.pop(tenant, None)
-            changed = self._write_files(pod)
-            await self._run(tenant, record, pod, restart=changed)
+            seen = self._seen.setdefault(tenant, _Seen())
+            stale = self._stale_files(pod)
+            if stale and record.pids:  # rotated by the manager, or replaced underneath: the API server's answer says
+                await self.probe(tenant, record, round_trip=False)
+            mismatch, seen.mismatch = seen.mismatch, ""
+            self._write_files(stale)
+            await self._run(tenant, record, pod, restart=bool(stale or mismatch))
+            if mismatch:  # repaired, as far as this host can: said until the next pass finds it serving
+                seen.fault = HostFault(SERVING_MISMATCH, f"{mismatch}; the manager wrote the tenant's own "
+                                       "certificates back and restarted its control plane")
 
     async def ready(self, tenant: str) -> tuple[bool, str]:
         record = self._read(tenant)
@@ -178,6 +198,9 @@ class LocalControlPlanes:
             seen.deaths.clear()
             seen.exited.clear()
             return True, ""
+        if seen.mismatch:  # (the next apply restarts it)
+            raise HostFault(SERVING_MISMATCH, f"{seen.mismatch}; the manager writes the tenant's own certificates "
+                                              "back and restarts its control plane on the next resync")
         if seen.exited:
             said = "; ".join(f"{name} exited ({tail})" for name, tail in seen.exited.items())
             raise HostFault("ProcessExited", f"{said}; started again, waiting for the API server: {problem}")
@@ -296,22 +319,28 @@ class LocalControlPlanes:
 
     # --- the processes -------------------------------------------------------------------------
 
-    def _write_files(self, pod: LocalPod) -> bool:
-        changed = False
+    @staticmethod
+    def _stale_files(pod: LocalPod) -> dict[Path, bytes]:
+        """The pod's files not on disk as rendered (new certificates, or someone else's written over them)."""
+        stale = {}
         for path, data in pod.files.items():
             try:
                 if path.read_bytes() == data:
                     continue
             except FileNotFoundError:
                 pass
+            stale[path] = data
+        return stale
+
+    @staticmethod
+    def _write_files(files: dict[Path, bytes]) -> None:
+        for path, data in files.items():
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             tmp = path.with_name(f".{path.name}.tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # private keys among them
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             os.replace(tmp, path)
-            changed = True
-        return changed
 
     async def _run(self, tenant: str, record: PlaneRecord, pod: LocalPod, *, restart: bool) -> None:
         """Start what is not running (all of it again when its files changed: new certificates)."""
@@ -426,13 +455,50 @@ class LocalControlPlanes:
         record = record or self._read(tenant)
         if record is None:
             return "not started"
+        seen = self._seen.setdefault(tenant, _Seen())
         try:
             await self._get(tenant, record, "/readyz")
             if round_trip:
                 await self._get(tenant, record, PROBE_PATH)
+        except (aiohttp.ClientConnectorCertificateError, ssl.SSLCertVerificationError) as exc:
+            seen.mismatch = await self._mismatch(tenant, record, exc)
+            return seen.mismatch
         except (aiohttp.ClientError, TimeoutError, RuntimeError, ssl.SSLError, OSError) as exc:
+            seen.mismatch = ""
             return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        seen.mismatch = ""
         return None
+
+    async def _mismatch(self, tenant: str, record: PlaneRecord, exc: Exception) -> str:
+        """What the API server presented instead of a certificate from the tenant's CA, and where that
+        CA and the API server's own certificate are (the files the rendered pod mounts)."""
+        pki = self.home(tenant) / "volumes" / "pki"
+        ours = "the tenant's CA"
+        try:
+            ours = f"the tenant's CA ({load_cert((pki / 'ca.crt').read_text()).subject.rfc4514_string()})"
+            presented = await served_certificate(record.apiserver_port)
+            served = (f"a certificate for {presented.subject.rfc4514_string()} issued by "
+                      f"{presented.issuer.rfc4514_string()}")
+        except (OSError, ValueError, ssl.SSLError):
+            served = "a certificate"
+        cause = getattr(exc, "certificate_error", exc)
+        return (f"the API server at https://127.0.0.1:{record.apiserver_port} presents {served}, which {ours} does "
+                f"not verify ({cause}): its serving certificate or key ({pki}/apiserver.crt, apiserver.key) or the "
+                "CA was replaced underneath it")
+
+
+async def served_certificate(port: int) -> x509.Certificate:
+    """The certificate a server on a loopback port presents, unverified (to say what it is)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port, ssl=ctx), PROBE_TIMEOUT)
+    try:
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError, ssl.SSLError, TimeoutError):
+            await asyncio.wait_for(writer.wait_closed(), PROBE_TIMEOUT)
+    return x509.load_der_x509_certificate(der)
 
 
 SUPPORTED_MINOR = "v1.36"  # the Kubernetes release Tessera supports (tools/kube/v1.36)

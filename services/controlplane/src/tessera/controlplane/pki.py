@@ -6,8 +6,9 @@ service-CIDR IP, extra SANs from the spec), a front-proxy CA and client (aggrega
 service-account signing key pair, a client certificate for the datastore, and an admin kubeconfig.
 Keys are ECDSA P-256: as strong as RSA-3072 for these purposes and ~100x faster to generate, which
 matters at a hundred tenants. ``ensure`` is idempotent: it fills what is missing, reissues leaf
-certificates when they are within ``rotate_before`` of expiry or when their names changed, and keeps
-the CAs (so existing kubeconfigs stay valid across a leaf rotation).
+certificates when they are within ``rotate_before`` of expiry, when their names changed or when
+their CA did not sign them (a CA replaced underneath them), and keeps the CAs (so existing
+kubeconfigs stay valid across a leaf rotation).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Callable
 
 import yaml
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -116,7 +118,7 @@ class PkiAuthority:
         }
         for leaf, (ca, subject, usage, sans) in wanted.items():
             current = pki.get(f"{leaf}.crt")
-            if current is not None and not self._stale(load_cert(current), sans):
+            if current is not None and not self._stale(load_cert(current), sans, load_cert(pki[f"{ca}.crt"])):
                 continue
             key = _key()
             cert = self._leaf(pki[f"{ca}.crt"], pki[f"{ca}.key"], key, subject, usage, sans)
@@ -166,8 +168,12 @@ class PkiAuthority:
     def _expiring(self, cert: x509.Certificate) -> bool:
         return cert.not_valid_after_utc - self.rotate_before <= self.clock()
 
-    def _stale(self, cert: x509.Certificate, sans: tuple[list[str], list[str]] | None) -> bool:
+    def _stale(self, cert: x509.Certificate, sans: tuple[list[str], list[str]] | None, ca: x509.Certificate) -> bool:
         if self._expiring(cert):
+            return True
+        try:  # (a CA replaced underneath its leaves: the API server would serve what no client verifies)
+            cert.verify_directly_issued_by(ca)
+        except (ValueError, TypeError, InvalidSignature):
             return True
         if sans is None:
             return False

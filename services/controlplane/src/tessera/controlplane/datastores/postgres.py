@@ -9,11 +9,17 @@ Each tenant role carries a CONNECTION LIMIT, so one tenant (a kine with an unbou
 its own control planes) cannot take every connection of the shared server: PostgreSQL refuses its
 next one with "too many connections for role" while the others still connect. A role created before
 the limit existed, or with another, gets it on the next reconcile (ALTER ROLE).
+
+A full disk has no alarm to read (etcd's NOSPACE): PostgreSQL says so only to a write that needs
+new storage (SQLSTATE 53100), and an API server's reads go on working. So each ensure asks, as the
+tenant's role in its own database (where kine writes), for one new page in a transaction it rolls
+back: a full tablespace is ``DatastoreFull`` before the tenant's writes fail, and nothing is left.
 """
 
 from __future__ import annotations
 
 import secrets
+from typing import Any
 from urllib.parse import quote
 
 import psycopg
@@ -42,10 +48,17 @@ def fault(exc: psycopg.Error, server: str) -> DatastoreFault:
         return DatastoreAuthFailed(f"PostgreSQL at {server} refuses the manager's administrator login ({text}): set "
                                    "TESSERA_CP_POSTGRES_DSN to a role and password the server accepts, or set that "
                                    "role's password back")
+    if state == "53100" or "No space left on device" in text:
+        return DatastoreFull(f"PostgreSQL at {server} is out of disk ({text}): free space on the volume of the "
+                             "tenant's database (its tablespace or the data directory) or grow it; the tenant is "
+                             "Ready again on the next resync")
     if state.startswith("53") or "too many connections" in text or "connection slots" in text:
         return DatastoreFull(f"PostgreSQL at {server} is full ({text}): free connections (close idle clients, lower "
-                             "TESSERA_CP_POSTGRES_CONNECTION_LIMIT) or raise the server's max_connections; if its "
-                             "disk is full, free space there")
+                             "TESSERA_CP_POSTGRES_CONNECTION_LIMIT) or raise the server's max_connections")
+    if "does not match host name" in text:
+        return CertificateMismatch(f"TLS to PostgreSQL at {server} failed ({text}): the server's certificate is not "
+                                   "for the host TESSERA_CP_POSTGRES_DSN names: connect by a name the certificate "
+                                   "carries, or issue the server a certificate with this host among its names")
     if "certificate" in text or "SSL" in text:
         return CertificateMismatch(f"TLS to PostgreSQL at {server} failed ({text}): the sslrootcert in "
                                    "TESSERA_CP_POSTGRES_DSN must be the CA that signed the server's certificate")
@@ -101,8 +114,19 @@ class PostgresDriver:
             await conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(db)))
             await conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(db), sql.Identifier(role)))
         dsn = f"postgresql://{quote(role)}:{quote(password)}@{self.tenant_host}/{db}"
+        await self._room(conninfo_to_dict(self.admin_dsn), db, role, password)
         return DatastoreCredentials(driver=self.name, endpoint=dsn, username=role, password=password, scope=db,
                                     connection_limit=self.connection_limit)
+
+    async def _room(self, admin: dict[str, Any], db: str, role: str, password: str) -> None:
+        """One new page in the tenant's database, as its role, rolled back (a full disk is 53100)."""
+        where = {k: v for k, v in admin.items() if k not in ("user", "password", "passfile")}
+        where.update(dbname=db, user=role, password=password)
+        where.setdefault("connect_timeout", 5)
+        async with await psycopg.AsyncConnection.connect(**where) as conn:
+            async with conn.transaction(force_rollback=True):
+                await conn.execute("CREATE TABLE tessera_room (page bytea)")
+                await conn.execute("INSERT INTO tessera_room VALUES (%s)", (secrets.token_bytes(64),))
 
     async def remove(self, tenant: str) -> None:
         db, role = database_name(tenant), role_name(tenant)
