@@ -133,6 +133,22 @@ def _tenant_rss_mib(planes: Path, name: str) -> float:
     return sum(processes.rss_bytes(pid) for pid in record["pids"].values()) / 2**20
 
 
+def _tenant_cpu_seconds(planes: Path, name: str) -> float:
+    """CPU time (user + system) its processes have used so far, from /proc/<pid>/stat."""
+    try:
+        record = json.loads((planes / name / "plane.json").read_text())
+    except FileNotFoundError:
+        return float("nan")
+    ticks = 0
+    for pid in record["pids"].values():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def _tls(planes: Path, name: str) -> ssl.SSLContext:
     pki = planes / name / "volumes" / "pki"
     ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
@@ -254,7 +270,14 @@ async def run(sizes: list[int], wakes: int, workdir: Path, to_max: bool = False,
                                     "p50_s": statistics.median(times), "p99_s": percentile(times, 0.99),
                                     "load_start": load_start, "load_end": _load()})
             _progress(f"{size} tenants serving after {max(times):.1f} s")
+        cpu_before = [_tenant_cpu_seconds(planes, f"t{i:03d}") for i in range(made)]
+        rest_started = time.perf_counter()
         await asyncio.sleep(20)  # at rest
+        rested = time.perf_counter() - rest_started
+        cpu = [(_tenant_cpu_seconds(planes, f"t{i:03d}") - before) / rested * 1000
+               for i, before in enumerate(cpu_before)]
+        result["cpu_tenant_millis_p50"] = statistics.median(cpu)
+        result["cpu_tenant_millis_max"] = max(cpu)
         result["not_serving_at_rest"] = await _not_serving(bus, kube_bin / "kubectl", workdir, made)
         rss = [_tenant_rss_mib(planes, f"t{i:03d}") for i in range(made)]
         result["rss_tenant_mib_p50"] = statistics.median(rss)
@@ -317,6 +340,8 @@ def render(r: dict) -> str:
     lines += ["", f"- RSS of one idle tenant's processes (kube-apiserver, controller manager, scheduler, kine): "
               f"p50 {r['rss_tenant_mib_p50']:.0f} MiB, max {r['rss_tenant_mib_max']:.0f} MiB (Kamaji: ~6 MiB per "
               f"control plane at rest, its figure)",
+              f"- CPU of one idle tenant's processes over 20 s at rest: p50 {r['cpu_tenant_millis_p50']:.0f} mCPU, "
+              f"max {r['cpu_tenant_millis_max']:.0f} mCPU (Kamaji: ~12 mCPU)",
               f"- manager peak RSS: {r['manager_rss_peak_mib']:.0f} MiB (Kamaji's operator ~600 MiB at 100)",
               f"- wake from sleep to first answered request ({r['wakes']} tenants): p50 {r['wake_p50_s']:.1f} s, "
               f"p99 {r['wake_p99_s']:.1f} s"]
