@@ -5,7 +5,7 @@ and placement in this process on the real control plane, and Node objects for th
 ``syncing_manager``: the control-plane manager running each Ready tenant's pod syncer; and the
 manager's tenant planes (tests/controlplane: ``planes``, with ``binaries`` and ``secured_nats``)."""
 
-from kubefixtures import apiserver, kube  # noqa: F401 - fixtures, registered by being here
+from kubefixtures import admin, apiserver, kube  # noqa: F401 - fixtures, registered by being here
 from tesseraworld import world  # noqa: F401 - a fixture, registered by being here
 from tenantpodsync import syncing_manager, tenant_cluster  # noqa: F401 - fixtures, registered by being here
 from controlplane.conftest import secured_nats  # noqa: F401 - a fixture, registered by being here

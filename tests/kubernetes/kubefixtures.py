@@ -34,3 +34,13 @@ async def kube(apiserver):
         yield api
     finally:
         await api.close()
+
+
+@pytest.fixture
+async def admin(kube_plane):
+    """The test's own hands on the real host cluster (a user's kubectl, cluster admin)."""
+    api = KubeApi.for_kubeconfig(str(kube_plane.admin_kubeconfig))
+    try:
+        yield api
+    finally:
+        await api.close()

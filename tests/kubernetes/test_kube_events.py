@@ -27,14 +27,6 @@ RULES = [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
 COMPONENT = "tessera-test"
 
 
-@pytest.fixture
-async def admin(kube_plane):
-    api = KubeApi.for_kubeconfig(kube_plane.admin_kubeconfig)
-    try:
-        yield api
-    finally:
-        await api.close()
-
 
 @pytest.fixture
 async def sides(kube_plane, plane_namespace, admin):

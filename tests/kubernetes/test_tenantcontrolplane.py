@@ -90,15 +90,6 @@ async def users_listed(admin: KubeApi) -> str:
     return base64.b64decode(secret["data"]["users.conf"]).decode() if secret else ""
 
 
-@pytest.fixture
-async def admin(kube_plane):
-    """The test's own hands on the host cluster (a user's kubectl, cluster admin)."""
-    api = KubeApi.for_kubeconfig(str(kube_plane.admin_kubeconfig))
-    try:
-        yield api
-    finally:
-        await api.close()
-
 
 @pytest.fixture
 def start_manager(kube_plane, plane_namespace, admin, nats_url, binaries, tmp_path):  # noqa: F811

@@ -48,14 +48,6 @@ def namespaces_removed(kube_plane):
         kube_plane.kubectl("delete", *sorted(made), "--wait=false", check=False)
 
 
-@pytest.fixture
-async def admin(kube_plane):
-    api = KubeApi.for_kubeconfig(kube_plane.admin_kubeconfig)
-    try:
-        yield api
-    finally:
-        await api.close()
-
 
 @pytest.fixture
 async def translator(nats_url, kube_plane, tmp_path):
