@@ -161,6 +161,9 @@ class PodSync:
         if refused and not tenant_pod["metadata"].get("deletionTimestamp"):
             await self._refuse(tenant_pod, refused)  # (said before binding too: a host-node selector never binds)
             return
+        if toleration.patch(spec) and not tenant_pod["metadata"].get("deletionTimestamp"):
+            await self._tolerate(tenant_pod)  # never evicted for the node's Lease (`toleration`)
+            return  # (its update brings it back)
         if not ours:
             if drawn:  # the tenant's scheduler cannot allocate Tessera's devices (they are the host's): bind it
                 await self._bind(tenant_pod)
@@ -247,7 +250,8 @@ class PodSync:
                                                 "status": {"allocation": None, "reservedFor": None}})
 
     async def _tolerate(self, pod: dict) -> None:
-        """Add the node's toleration, as the policy would have (a pod may gain tolerations)."""
+        """Give the pod the node's tolerations, as the policy would have (a pod may gain tolerations,
+        and an existing one's tolerationSeconds may go)."""
         meta = pod["metadata"]
         patch = [{"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
                  *toleration.patch(pod["spec"])]
