@@ -80,10 +80,14 @@ def _secured_nats(directory: Path) -> tuple[NatsServer, Path, Path]:
     return NatsServer(directory / "store", config_file=conf).start(), users, directory / "nats.pid"
 
 
-async def _watch_running(api: KubeApi, path: str, seen: dict[str, float], key, **selectors) -> None:
+async def _watch_running(api: KubeApi, path: str, seen: dict[str, float], key, deleting: dict | None = None,
+                         **selectors) -> None:
+    """When each pod was first seen Running (and, into ``deleting``, first seen being deleted)."""
     async for _, pod in api.watch(path, **selectors):
         if (pod.get("status") or {}).get("phase") == "Running":
             seen.setdefault(key(pod), time.perf_counter())
+        if deleting is not None and pod["metadata"].get("deletionTimestamp"):
+            deleting.setdefault(key(pod), time.perf_counter())
 
 
 async def measure(tenants: int, pods: int, workdir: Path, progress=print) -> dict:
@@ -144,6 +148,7 @@ async def _run(plane, node, planes, client, tessera, tenants: int, pods: int, wo
     created: dict[tuple[str, str], float] = {}
     on_host: dict[tuple[str, str], float] = {}
     in_tenant: dict[tuple[str, str], float] = {}
+    terminating: dict[tuple[str, str], float] = {}  # first seen deleting (before the bench deletes: unasked)
 
     def host_key(pod: dict) -> tuple[str, str]:
         notes = pod["metadata"].get("annotations") or {}
@@ -151,7 +156,8 @@ async def _run(plane, node, planes, client, tessera, tenants: int, pods: int, wo
     watchers = [asyncio.create_task(_watch_running(admin, "/api/v1/pods", on_host, host_key,
                                                    label_selector=hostpod.TENANT))]
     watchers += [asyncio.create_task(_watch_running(api, "/api/v1/namespaces/default/pods", in_tenant,
-                                                    lambda pod, name=name: (name, pod["metadata"]["name"])))
+                                                    lambda pod, name=name: (name, pod["metadata"]["name"]),
+                                                    terminating))
                  for name, api in apis.items()]
     before = await asyncio.to_thread(request_counts, plane)
     wanted = [(names[i % tenants], f"p{i:03d}") for i in range(pods)]
@@ -195,6 +201,9 @@ async def _run(plane, node, planes, client, tessera, tenants: int, pods: int, wo
                 progress(f"deleting {tenant}/{name}: {exc}; again")
                 return False
             return True
+        unasked = sorted(f"{t}/{n}" for t, n in terminating)  # (nothing was deleted by the bench yet)
+        if unasked:
+            progress(f"tenant pods Terminating unasked: {unasked}")
         for tenant, name in wanted:  # given back
             await eventually(lambda tenant=tenant, name=name: delete(tenant, name), timeout=120,
                              what=f"{tenant}/{name} deleted")
@@ -225,7 +234,7 @@ async def _run(plane, node, planes, client, tessera, tenants: int, pods: int, wo
             "running_on_host": len(host), "running_in_tenant": len(tenant),
             "host_p50_s": percentile(host, 0.5), "host_p99_s": percentile(host, 0.99),
             "tenant_p50_s": percentile(tenant, 0.5), "tenant_p99_s": percentile(tenant, 0.99),
-            "all_running_s": all_running_s, "given_back": back,
+            "all_running_s": all_running_s, "given_back": back, "terminating_unasked": unasked,
             "syncer_requests": {k: v / pods for k, v in sorted(asked.items())},
             "syncer_requests_per_pod": sum(asked.values()) / pods,
             "host_requests_per_pod": (after["all"] - before["all"]) / pods,
@@ -256,6 +265,8 @@ def page(x: dict, label: str, command: str, before: list[str], after: list[str])
         f"{f(x['host_p50_s'])} / {f(x['host_p99_s'])} | {f(x['tenant_p50_s'])} / {f(x['tenant_p99_s'])} | "
         f"{f(x['all_running_s'], 1)} | {'yes' if x['given_back'] else 'no'} | {f(x['syncer_requests_per_pod'])} | "
         f"{f(x['host_requests_per_pod'])} ({f(x['host_writes_per_pod'])}) |", "",
+        f"Tenant pods that went Terminating before the run deleted them: "
+        f"{', '.join(x['terminating_unasked']) or 'none'}.", "",
         "The syncers' host requests per tenant pod, by verb and resource, from the first list of each syncer to "
         "the last pod's deletion (the host's audit log, each tenant's host identity; a watch is one request "
         "however long it runs, and each tenant's list and watch of pods and events are shared by its pods):", "",

@@ -25,8 +25,10 @@ import json
 from tessera.controlplane.tenantpods import hostpod, toleration
 from tessera.controlplane.tenantpods.virtualnode import TAINT_KEY, node_name
 from tessera.shared.events import GpuQuota
+from tessera.shared.kubeclaims import DEVICE_CLASS
 
 from kit import eventually
+from kit.kubecluster import manifests
 from tenantpodsync import host_identity, syncing
 
 TENANT = "mirrored"
@@ -217,6 +219,7 @@ async def test_clearing_a_tenant_removes_its_node_policy_and_mirrored_objects(te
         assert await sides.tenant_json("get", "node", NODE, check=False) is None
         assert await sides.tenant_json("get", "lease", "-n", "kube-node-lease", NODE, check=False) is None
         assert await sides.tenant_json("get", "mutatingadmissionpolicy", toleration.NAME, check=False) is None
+        assert await sides.tenant_json("get", "deviceclass", DEVICE_CLASS, check=False) is None
     finally:
         await asyncio.to_thread(tenant_cluster.kubectl, "delete", "pod", "doomed", "--grace-period=0", "--force",
                                 "--ignore-not-found", check=False)
@@ -245,3 +248,24 @@ async def test_a_gpu_pod_admitted_before_the_policy_is_sent_to_the_node(tenant_c
     finally:
         await asyncio.to_thread(tenant_cluster.kubectl, "delete", "pod", "early", "--grace-period=0", "--force",
                                 "--ignore-not-found", check=False)
+
+
+async def test_the_tenant_sees_tesseras_device_class_and_keeps_it(tenant_cluster, kube_plane, plane_namespace):
+    """`kubectl get deviceclass gpu.tessera.dev` in the tenant's cluster: the host's selectors; deleted
+    or changed by the tenant, it comes back as it was."""
+    identity = await asyncio.to_thread(host_identity, kube_plane, plane_namespace)
+    sides = Sides(tenant_cluster, kube_plane, plane_namespace)
+    [host_class] = manifests("deviceclass.yaml", ("DeviceClass",))
+
+    async def as_the_host():
+        got = await sides.tenant_json("get", "deviceclass", DEVICE_CLASS, check=False)
+        return got if got is not None and got["spec"] == host_class["spec"] else None
+    async with syncing(tenant_cluster.admin_kubeconfig, identity, TENANT, plane_namespace, QUOTA):
+        first = await as_the_host()
+        assert first is not None, await sides.tenant_json("get", "deviceclass", check=False)
+        await asyncio.to_thread(tenant_cluster.kubectl, "delete", "deviceclass", DEVICE_CLASS)
+        back = await eventually(as_the_host, timeout=30, what="the class put back after its deletion")
+        assert back["metadata"]["uid"] != first["metadata"]["uid"]
+        await asyncio.to_thread(tenant_cluster.kubectl, "patch", "deviceclass", DEVICE_CLASS, "--type=merge", "-p",
+                                json.dumps({"spec": {"selectors": [{"cel": {"expression": "true"}}]}}))
+        await eventually(as_the_host, timeout=30, what="the class's selectors put back after a change")

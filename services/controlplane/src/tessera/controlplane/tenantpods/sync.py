@@ -24,7 +24,7 @@ import logging
 
 from tessera.shared.kubeapi import AlreadyExists, Conflict, Events, KubeApi, KubeError, NotFound, reference
 
-from . import claims, hostpod, toleration
+from . import claims, deviceclass, hostpod, toleration
 from .logs import LogServer
 from .virtualnode import TAINT_KEY, VirtualNode, labels
 
@@ -68,8 +68,8 @@ class PodSync:
     # --- the loops ---------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Register the node and its toleration policy, then watch both sides and reconcile what they
-        name, until cancelled."""
+        """Register the node, its toleration policy and Tessera's DeviceClass, then watch both sides
+        and reconcile what they name, until cancelled."""
         if self.logs is not None:
             self.node.endpoint = (self.logs.address, await self.logs.start())
         try:
@@ -81,9 +81,11 @@ class PodSync:
     async def _run(self) -> None:
         await self.node.register()
         await toleration.install(self.tenant_api)
+        since = await deviceclass.install(self.tenant_api)
         self.ready.set()
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self.node.keep_ready(), name=f"node-{self.tenant}")
+            tasks.create_task(deviceclass.keep(self.tenant_api, since), name=f"device-class-{self.tenant}")
             tasks.create_task(self._watch_tenant(), name=f"tenant-pods-{self.tenant}")
             tasks.create_task(self._watch_host(), name=f"host-pods-{self.tenant}")
             tasks.create_task(self._watch_host_events(), name=f"host-events-{self.tenant}")
@@ -161,6 +163,9 @@ class PodSync:
         if refused and not tenant_pod["metadata"].get("deletionTimestamp"):
             await self._refuse(tenant_pod, refused)  # (said before binding too: a host-node selector never binds)
             return
+        if toleration.patch(spec) and not tenant_pod["metadata"].get("deletionTimestamp"):
+            await self._tolerate(tenant_pod)  # never evicted for the node's Lease (`toleration`)
+            return  # (its update brings it back)
         if not ours:
             if drawn:  # the tenant's scheduler cannot allocate Tessera's devices (they are the host's): bind it
                 await self._bind(tenant_pod)
@@ -247,7 +252,8 @@ class PodSync:
                                                 "status": {"allocation": None, "reservedFor": None}})
 
     async def _tolerate(self, pod: dict) -> None:
-        """Add the node's toleration, as the policy would have (a pod may gain tolerations)."""
+        """Give the pod the node's tolerations, as the policy would have (a pod may gain tolerations,
+        and an existing one's tolerationSeconds may go)."""
         meta = pod["metadata"]
         patch = [{"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
                  *toleration.patch(pod["spec"])]
@@ -363,4 +369,5 @@ class PodSync:
             await self.host_api.call("DELETE", f"/api/v1/namespaces/{self.host_namespace}/{plural}",
                                      query=[("labelSelector", selector)])
         await toleration.remove(self.tenant_api)
+        await deviceclass.remove(self.tenant_api)
         await self.node.remove()

@@ -6,6 +6,17 @@ a HAMi resource (`nvidia.com/*`). The tenant's own scheduler then binds those po
 within its allocatable (the tenant's quota), and leaves every other pod off it. A GPU pod admitted
 before the policy was in force gets the same toleration from the syncer (`patch`): a pod may gain
 tolerations after it is made.
+
+A pod on the node also tolerates the node being unreachable or not ready (NoExecute) for good.
+Those taints mean the syncer stopped renewing the node's Lease (a manager restart, an upgrade), not
+that the pod's node is gone: the host's kubelet runs the real pod, and the host's own node
+lifecycle decides its fate, which the syncer copies back. With the 300 s that the tenant API
+server's DefaultTolerationSeconds admission gives every pod, the tenant's taint-eviction
+controller would delete the tenant's pod once the syncer was away that long (unless every node of
+the tenant's cluster were down: its "master disruption mode"), and the syncer, back, would then
+delete the running host pod. The eviction time is the least tolerationSeconds of the tolerations
+that match, so the defaults are replaced, not joined: at admission the policy drops them; after
+admission only a toleration's tolerationSeconds may change, so the syncer removes it there.
 """
 
 from __future__ import annotations
@@ -24,10 +35,24 @@ BINDINGS = "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicybinding
 _ASKS_FOR_GPUS = ("object.spec.containers.exists(c, has(c.resources) && ("
                   "(has(c.resources.limits) && c.resources.limits.exists(k, k.startsWith('nvidia.com/'))) || "
                   "(has(c.resources.requests) && c.resources.requests.exists(k, k.startsWith('nvidia.com/')))))")
-_TOLERATION = f'Object.spec.tolerations{{key: "{TAINT_KEY}", operator: "Exists", effect: "NoSchedule"}}'
-_PATCH = (f'has(object.spec.tolerations) ? '
-          f'[JSONPatch{{op: "add", path: "/spec/tolerations/-", value: {_TOLERATION}}}] : '
-          f'[JSONPatch{{op: "add", path: "/spec/tolerations", value: [{_TOLERATION}]}}]')
+NOT_READY, UNREACHABLE = "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"
+NODE_HEALTH = (NOT_READY, UNREACHABLE)  # the node lifecycle controller's NoExecute taints
+_WANTED = [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
+           *({"key": key, "operator": "Exists", "effect": "NoExecute"} for key in NODE_HEALTH)]
+
+
+def _cel(toleration: dict) -> str:
+    return "Object.spec.tolerations{" + ", ".join(f'{k}: "{v}"' for k, v in toleration.items()) + "}"
+
+
+_HEALTH_KEYS = ", ".join(f'"{key}"' for key in NODE_HEALTH)
+_TIMED = f"has(t.key) && t.key in [{_HEALTH_KEYS}] && has(t.tolerationSeconds)"
+_ADDED = ", ".join(f'JSONPatch{{op: "add", path: "/spec/tolerations/-", value: {_cel(t)}}}' for t in _WANTED)
+# (one list of the pod's own tolerations and literal ones makes the API server panic as it turns
+# the value into JSON, v1.36.3: so the pod's kept ones are put back first, then each of ours added)
+_PATCH = (f'has(object.spec.tolerations) ? [JSONPatch{{op: "replace", path: "/spec/tolerations", '
+          f'value: object.spec.tolerations.filter(t, !({_TIMED}))}}, {_ADDED}] : '
+          f'[JSONPatch{{op: "add", path: "/spec/tolerations", value: []}}, {_ADDED}]')
 
 
 def asks_for_gpus(pod: dict) -> bool:
@@ -41,11 +66,18 @@ def asks_for_gpus(pod: dict) -> bool:
 
 
 def patch(spec: dict) -> list[dict]:
-    """The JSON patch the policy applies, for a pod the syncer reads."""
-    value = {"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
-    if spec.get("tolerations"):
-        return [{"op": "add", "path": "/spec/tolerations/-", "value": value}]
-    return [{"op": "add", "path": "/spec/tolerations", "value": [value]}]
+    """The JSON patch that gives an admitted pod what the policy gives one at admission, as far as a
+    pod's update may (tolerations added; an existing one's tolerationSeconds removed). Empty: it
+    has them."""
+    have = spec.get("tolerations") or []
+    ops: list[dict] = [] if have else [{"op": "add", "path": "/spec/tolerations", "value": []}]
+    ops += [{"op": "remove", "path": f"/spec/tolerations/{i}/tolerationSeconds"} for i, t in enumerate(have)
+            if t.get("key") in NODE_HEALTH and "tolerationSeconds" in t]
+    for wanted in _WANTED:
+        if not any(t.get("key") == wanted["key"] and t.get("effect", wanted["effect"]) in ("", wanted["effect"])
+                   for t in have):
+            ops.append({"op": "add", "path": "/spec/tolerations/-", "value": wanted})
+    return ops
 
 
 def policy() -> dict:
@@ -81,7 +113,7 @@ async def install(api: KubeApi, timeout: float = 60.0) -> None:
 
 
 async def _in_force(api: KubeApi) -> bool:
-    """A GPU pod created as a dry run comes back with the toleration."""
+    """A GPU pod created as a dry run comes back with the tolerations (this version's policy)."""
     probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tessera-toleration-probe"},
              "spec": {"automountServiceAccountToken": False, "containers": [{
                  "name": "probe", "image": "tessera.invalid/probe",
@@ -90,7 +122,7 @@ async def _in_force(api: KubeApi) -> bool:
         made = await api.call("POST", "/api/v1/namespaces/default/pods", probe, query=[("dryRun", "All")])
     except KubeError:
         return False  # not yet (the namespace's service account may not exist yet either)
-    return any(t.get("key") == TAINT_KEY for t in made["spec"].get("tolerations") or [])
+    return not patch(made["spec"])
 
 
 async def remove(api: KubeApi) -> None:
