@@ -113,13 +113,15 @@ async def _preempted(on: TesseraOnNode, auditor: Auditor, classes: dict) -> None
     assert placed.node == on.kube_node.name
 
     # The kubelet stopped the low pod's container and unprepared its claim before the enforcer
-    # released it: the enforcer's log says so in that order.
+    # released it: the enforcer's log says so in that order. (It logs the release after the ledger
+    # entry is gone, which is what let the high pod in: the line may come after the high pod runs.)
+    await eventually(lambda: log_has(on.enforcer_log, f"released {low} on"), timeout=30,
+                     what="the enforcer's log of the release")
     log = on.enforcer_log.read_text()
     ref = f"{ns}/{low_name}"
     unprepared = log.find(f"unprepared ResourceClaim {ref} ({low})")
     released_at = log.find(f"released {low} on")
     assert 0 <= unprepared < released_at, log[-4000:]
-    assert log_has(on.enforcer_log, f"released {low} on")
     events = (await on.get("events"))["items"]
     killing = [e for e in events if e["involvedObject"].get("name") == "low" and e["reason"] == "Killing"]
     assert killing, [(e["reason"], e["message"]) for e in events]
