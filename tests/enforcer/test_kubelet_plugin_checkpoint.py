@@ -244,7 +244,7 @@ async def test_two_plugins_on_one_node_prepare_a_claim_once(in_process):
     made = []
     for plugin in (first, second):
         real = plugin.preparation.materialize
-        plugin.preparation.materialize = lambda *a, real=real: made.append(a[0]) or real(*a)
+        plugin.preparation.materialize = lambda *a, real=real, **kw: made.append(a[0]) or real(*a, **kw)
     claim = ClaimRef(**await node.allocate("contended"))
     a, b = await asyncio.gather(first.prepare([claim]), second.prepare([claim]))
     assert a[claim.uid] == b[claim.uid] and a[claim.uid].error == ""
