@@ -192,6 +192,11 @@ async def test_a_full_postgres_disk_is_named_and_freeing_room_repairs(planes: Pl
                 await planes.create("filler")
                 kubeconfig = await planes.kubeconfig("filler", tmp_path)
 
+                # PostgreSQL drops a database's relation-cache file when its catalogs change (the
+                # manager's own check makes a table), and the next login writes it again: on a full
+                # disk that login fails ("FATAL: could not write init file"), which is still full
+                for init in disk.rglob("pg_internal.init"):
+                    init.unlink()
                 filler = disk / "filler"  # the volume filled by someone else, to the last byte
                 with open(filler, "wb", buffering=0) as f:
                     try:

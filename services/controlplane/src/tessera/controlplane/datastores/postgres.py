@@ -48,7 +48,9 @@ def fault(exc: psycopg.Error, server: str) -> DatastoreFault:
         return DatastoreAuthFailed(f"PostgreSQL at {server} refuses the manager's administrator login ({text}): set "
                                    "TESSERA_CP_POSTGRES_DSN to a role and password the server accepts, or set that "
                                    "role's password back")
-    if state == "53100" or "No space left on device" in text:
+    # (a login to a database whose relation-cache file must be written again fails with FATAL "could
+    # not write init file" and no SQLSTATE of class 53 when the disk under that database is full)
+    if state == "53100" or "No space left on device" in text or "could not write init file" in text:
         return DatastoreFull(f"PostgreSQL at {server} is out of disk ({text}): free space on the volume of the "
                              "tenant's database (its tablespace or the data directory) or grow it; the tenant is "
                              "Ready again on the next resync")
