@@ -19,6 +19,7 @@ import uuid
 import pytest
 
 from tessera.controlplane import manifests
+from tessera.controlplane.spec import parse_spec
 from tessera.controlplane.tenantpods import hostpod
 from tessera.controlplane.tenantpods.running import ACCOUNT
 from tessera.controlplane.tenantpods.virtualnode import TAINT_KEY, node_name
@@ -51,7 +52,10 @@ async def test_the_manager_runs_a_ready_tenants_pod_syncer_and_removes_it_with_t
     namespace = manifests.namespace(tenant)
     admin = KubeApi.for_kubeconfig(str(kube_plane.admin_kubeconfig))
     try:
-        record = await planes.create(tenant)
+        # guaranteed one GPU, and two more it may borrow while the fleet has them idle
+        await planes.manager.api.apply(tenant, parse_spec({"datastore": {"driver": planes.driver},
+                                                           "quota": {"gpus": 1, "borrowingLimit": {"gpus": 2}}}))
+        record = await planes.wait_phase(tenant, "Ready")
 
         async def syncing():
             now = await planes.record(tenant)
@@ -70,6 +74,8 @@ async def test_the_manager_runs_a_ready_tenants_pod_syncer_and_removes_it_with_t
         conf = cross_kubeconfig(tmp_path / "tenant.kubeconfig", planes.host.endpoint(record), pki["ca.crt"], pki)
         node = json.loads((await planes.kubectl(conf, "get", "node", node_name(tenant), "-o", "json")).stdout)
         assert node["spec"]["taints"][0]["key"] == TAINT_KEY
+        # its own scheduler may place what the host's placement lets it borrow; the host decides the rest
+        assert node["status"]["allocatable"]["nvidia.com/gpu"] == "3", node["status"]
 
         applied = await planes.kubectl(conf, "apply", "-f", "-", stdin=json.dumps(_pod("work")))
         assert applied.returncode == 0, applied.stderr

@@ -105,6 +105,17 @@ class QuotaSpec(GpuAmountSpec, frozen=True):
     def borrowing(self) -> GpuQuota | None:
         return None if self.borrowing_limit is None else self.borrowing_limit.to_quota()
 
+    def ceiling(self) -> GpuQuota:
+        """The most the tenant may hold at once: its guarantee plus its borrowing limit, per dimension
+        (unlimited where the guarantee is; the guarantee alone where nothing is borrowed)."""
+        limit = self.borrowing() or GpuQuota(gpus=None, memory_mib=None, cores=None)
+
+        def most(guaranteed: int | None, borrowed: int | None) -> int | None:
+            return None if guaranteed is None else guaranteed + (borrowed or 0)
+
+        return GpuQuota(gpus=most(self.gpus, limit.gpus), memory_mib=most(self.memory_mib, limit.memory_mib),
+                        cores=most(self.cores, limit.cores))
+
     def with_quota(self, quota: GpuQuota) -> "QuotaSpec":
         """This spec with its guarantee replaced by ``quota`` (its borrowing kept)."""
         return msgspec.structs.replace(self, gpus=quota.gpus, memory_mib=quota.memory_mib, cores=quota.cores)

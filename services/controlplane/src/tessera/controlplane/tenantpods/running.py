@@ -91,7 +91,7 @@ class TenantPods:
         namespace = manifests.namespace(tenant)
         try:
             async with self._apis(record, tenant, identity=True) as (tenant_api, host_api):
-                share = Share(record.spec.quota.to_quota() if record else GpuQuota(gpus=0, memory_mib=0, cores=0))
+                share = Share(record.spec.quota.ceiling() if record else GpuQuota(gpus=0, memory_mib=0, cores=0))
                 await PodSync(tenant_api, host_api, tenant, namespace, VirtualNode(tenant_api, tenant, share)).clear()
         except Exception as exc:  # the tenant's API server may be gone already (the host side is cleared first)
             log.warning("tenant %s: clearing its pods: %s", tenant, exc)
@@ -132,7 +132,7 @@ class TenantPods:
             cert, key = PkiAuthority().issue_serving(secrets.pki["ca.crt"], secrets.pki["ca.key"],
                                                      node_name(record.name), [node_name(record.name)], ["127.0.0.1"])
             sync = PodSync(tenant_api, host_api, record.name, namespace,
-                           VirtualNode(tenant_api, record.name, Share(record.spec.quota.to_quota())),
+                           VirtualNode(tenant_api, record.name, Share(record.spec.quota.ceiling())),
                            LogServer(host_api, namespace, cert, key))
             async with asyncio.TaskGroup() as tasks:
                 running = tasks.create_task(sync.run(), name=f"pod-sync-{record.name}")
