@@ -88,6 +88,19 @@ def borrowed(quota: GpuQuota, held: GpuQuota) -> GpuQuota:
     return GpuQuota(gpus=over("gpus"), memory_mib=over("memory_mib"), cores=over("cores"))
 
 
+def ceiling(quota: GpuQuota, limit: GpuQuota | None) -> GpuQuota:
+    """The most a tenant may hold: its guarantee ``quota`` plus its borrowing ``limit`` (None: it
+    borrows nothing); unlimited in a dimension either leaves unlimited."""
+    if limit is None:
+        return quota
+
+    def most(name: str) -> int | None:
+        guaranteed, extra = getattr(quota, name), getattr(limit, name)
+        return None if guaranteed is None or extra is None else guaranteed + extra
+
+    return GpuQuota(gpus=most("gpus"), memory_mib=most("memory_mib"), cores=most("cores"))
+
+
 class Ledger:
     def __init__(self, kv: KeyValue) -> None:
         self.kv = kv

@@ -17,6 +17,7 @@ from msgspec import Meta, Struct, field
 
 from tessera.shared.api import describe_validation_error
 from tessera.shared.events import GpuQuota, TenantName, now
+from tessera.shared.ledger import ceiling
 
 SizeClass = Literal["small", "medium", "large"]
 Phase = Literal["Provisioning", "Ready", "NotReady", "Upgrading", "Deleting"]
@@ -106,15 +107,8 @@ class QuotaSpec(GpuAmountSpec, frozen=True):
         return None if self.borrowing_limit is None else self.borrowing_limit.to_quota()
 
     def ceiling(self) -> GpuQuota:
-        """The most the tenant may hold at once: its guarantee plus its borrowing limit, per dimension
-        (unlimited where the guarantee is; the guarantee alone where nothing is borrowed)."""
-        limit = self.borrowing() or GpuQuota(gpus=None, memory_mib=None, cores=None)
-
-        def most(guaranteed: int | None, borrowed: int | None) -> int | None:
-            return None if guaranteed is None else guaranteed + (borrowed or 0)
-
-        return GpuQuota(gpus=most(self.gpus, limit.gpus), memory_mib=most(self.memory_mib, limit.memory_mib),
-                        cores=most(self.cores, limit.cores))
+        """The most the tenant may hold at once, as placement admits it (`tessera.shared.ledger.ceiling`)."""
+        return ceiling(self.to_quota(), self.borrowing())
 
     def with_quota(self, quota: GpuQuota) -> "QuotaSpec":
         """This spec with its guarantee replaced by ``quota`` (its borrowing kept)."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TypeGuard
 
 from tessera.shared.events import GpuQuota
+from tessera.shared.ledger import ceiling
 
 
 def over_quota(quota: GpuQuota, held: GpuQuota, amount: GpuQuota) -> str | None:
@@ -64,10 +65,3 @@ def admit(quota: GpuQuota, limit: GpuQuota | None, held: GpuQuota, amount: GpuQu
     return Admitted(borrowing=True)
 
 
-def ceiling(quota: GpuQuota, limit: GpuQuota) -> GpuQuota:
-    """The most a tenant may hold: its guarantee plus its borrowing limit (None: no limit)."""
-    def most(name: str) -> int | None:
-        guaranteed, extra = getattr(quota, name), getattr(limit, name)
-        return None if guaranteed is None or extra is None else guaranteed + extra
-
-    return GpuQuota(gpus=most("gpus"), memory_mib=most("memory_mib"), cores=most("cores"))
