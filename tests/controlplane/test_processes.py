@@ -37,3 +37,18 @@ async def test_stopping_together_kills_what_is_left_even_when_cancelled(tmp_path
         await asyncio.sleep(0.05)
     assert [pid for pid, owner in owned if processes.running(pid, owner)] == []
 
+
+
+
+def test_cpu_seconds_counts_a_busy_process_and_none_once_it_is_gone():
+    import subprocess
+    import sys
+
+    spin = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass\ntime.sleep(60)"
+    with subprocess.Popen([sys.executable, "-c", spin]) as busy:
+        try:
+            while processes.cpu_seconds(busy.pid) < 0.4:  # (the pytest timeout bounds it)
+                pass
+        finally:
+            busy.kill()
+    assert processes.cpu_seconds(busy.pid) == 0.0

@@ -108,6 +108,15 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) ``pid`` has used so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15
+
+
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
     """Whether a server of the manager's could listen on ``port`` now (before one is started there:
     a port taken by another process is a fault the tenant's status names)."""

@@ -125,28 +125,23 @@ async def _served(bus: Bus, name: str, kubectl: Path, workdir: Path, started: fl
     raise RuntimeError(f"tenant {name} did not serve within {SERVE_TIMEOUT:.0f} s")
 
 
-def _tenant_rss_mib(planes: Path, name: str) -> float:
+def _tenant_pids(planes: Path, name: str) -> list[int] | None:
+    """The pids of the tenant's processes (None: it has no plane)."""
     try:
-        record = json.loads((planes / name / "plane.json").read_text())
+        return list(json.loads((planes / name / "plane.json").read_text())["pids"].values())
     except FileNotFoundError:
-        return float("nan")
-    return sum(processes.rss_bytes(pid) for pid in record["pids"].values()) / 2**20
+        return None
+
+
+def _tenant_rss_mib(planes: Path, name: str) -> float:
+    pids = _tenant_pids(planes, name)
+    return float("nan") if pids is None else sum(processes.rss_bytes(pid) for pid in pids) / 2**20
 
 
 def _tenant_cpu_seconds(planes: Path, name: str) -> float:
-    """CPU time (user + system) its processes have used so far, from /proc/<pid>/stat."""
-    try:
-        record = json.loads((planes / name / "plane.json").read_text())
-    except FileNotFoundError:
-        return float("nan")
-    ticks = 0
-    for pid in record["pids"].values():
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-    return ticks / os.sysconf("SC_CLK_TCK")
+    """CPU time (user + system) its processes have used so far."""
+    pids = _tenant_pids(planes, name)
+    return float("nan") if pids is None else sum(processes.cpu_seconds(pid) for pid in pids)
 
 
 def _tls(planes: Path, name: str) -> ssl.SSLContext:
